@@ -122,6 +122,7 @@ impl<'de> Deserialize<'de> for IdList {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

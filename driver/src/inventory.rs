@@ -248,6 +248,7 @@ impl Inventory {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -255,7 +256,10 @@ mod tests {
     fn cuda_version_decodes_nvml_encoding() {
         assert_eq!(
             CudaVersion::from_nvml(12040),
-            Some(CudaVersion { major: 12, minor: 4 })
+            Some(CudaVersion {
+                major: 12,
+                minor: 4
+            })
         );
         assert_eq!(CudaVersion::from_nvml(0), None);
         assert_eq!(CudaVersion::from_nvml(11080).unwrap().to_string(), "11.8");

@@ -4,6 +4,9 @@
 //! their topology ([`discovery`]), keeps them in an [`inventory`], and turns that into
 //! ResourceSlice content ([`slice`]). Binaries wire it to the kubelet and the API.
 
+pub mod cdi;
+pub mod checkpoint;
+pub mod config;
 pub mod cpuset;
 pub mod discovery;
 pub mod inventory;

@@ -168,6 +168,7 @@ impl<'de> Deserialize<'de> for PcieRoot {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -190,7 +191,15 @@ mod tests {
 
     #[test]
     fn malformed_addresses_are_rejected() {
-        for bad in ["", "18:00.0", "0000:18:00", "0000:1:00.0", "0000:18:20.0", "0000:zz:00.0", "0000:18:00.8"] {
+        for bad in [
+            "",
+            "18:00.0",
+            "0000:18:00",
+            "0000:1:00.0",
+            "0000:18:20.0",
+            "0000:zz:00.0",
+            "0000:18:00.8",
+        ] {
             assert!(bad.parse::<PciAddress>().is_err(), "{bad} accepted");
         }
     }
@@ -198,7 +207,13 @@ mod tests {
     #[test]
     fn pcie_root_round_trips() {
         let r: PcieRoot = "pci0000:15".parse().unwrap();
-        assert_eq!(r, PcieRoot { domain: 0, bus: 0x15 });
+        assert_eq!(
+            r,
+            PcieRoot {
+                domain: 0,
+                bus: 0x15
+            }
+        );
         assert_eq!(r.to_string(), "pci0000:15");
         assert!("0000:15".parse::<PcieRoot>().is_err());
     }

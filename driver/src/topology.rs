@@ -124,10 +124,8 @@ pub fn nvlink_domains(links: &BTreeMap<PciAddress, Vec<PciAddress>>) -> NvlinkDo
     for (n, group) in groups.iter().enumerate() {
         for gpu in group {
             out.domain_of.insert(*gpu, format!("nvl{n}"));
-            out.peers_of.insert(
-                *gpu,
-                group.iter().filter(|p| *p != gpu).copied().collect(),
-            );
+            out.peers_of
+                .insert(*gpu, group.iter().filter(|p| *p != gpu).copied().collect());
         }
     }
     out
@@ -176,9 +174,15 @@ mod tests {
             }
         }
         let d = DistanceMatrix::new((0..8).collect(), values).unwrap();
-        assert_eq!(same_socket_numa_nodes(0, &nodes, Some(&d)), vec![0, 1, 2, 3]);
+        assert_eq!(
+            same_socket_numa_nodes(0, &nodes, Some(&d)),
+            vec![0, 1, 2, 3]
+        );
         assert_eq!(same_socket_numa_nodes(2, &nodes, Some(&d)), vec![2, 3]);
-        assert_eq!(same_socket_numa_nodes(5, &nodes, Some(&d)), vec![5, 4, 6, 7]);
+        assert_eq!(
+            same_socket_numa_nodes(5, &nodes, Some(&d)),
+            vec![5, 4, 6, 7]
+        );
         assert_eq!(same_socket_numa_nodes(5, &nodes, None), vec![5]);
     }
 
@@ -189,8 +193,8 @@ mod tests {
             node(2, 0, NumaKind::GpuMemory),
             node(1, 1, NumaKind::Cpu),
         ];
-        let d = DistanceMatrix::new(vec![0, 1, 2], vec![10, 40, 80, 40, 10, 120, 80, 120, 10])
-            .unwrap();
+        let d =
+            DistanceMatrix::new(vec![0, 1, 2], vec![10, 40, 80, 40, 10, 120, 80, 120, 10]).unwrap();
         assert_eq!(same_socket_numa_nodes(0, &nodes, Some(&d)), vec![0]);
     }
 
@@ -198,8 +202,22 @@ mod tests {
     fn switch_is_the_first_bridge_two_gpus_share() {
         // Two GPUs behind one switch (upstream 0000:16:00.0), a third alone on a root port.
         let chains = BTreeMap::from([
-            (addr("0000:18:00.0"), vec![addr("0000:17:00.0"), addr("0000:16:00.0"), addr("0000:15:01.0")]),
-            (addr("0000:19:00.0"), vec![addr("0000:17:04.0"), addr("0000:16:00.0"), addr("0000:15:01.0")]),
+            (
+                addr("0000:18:00.0"),
+                vec![
+                    addr("0000:17:00.0"),
+                    addr("0000:16:00.0"),
+                    addr("0000:15:01.0"),
+                ],
+            ),
+            (
+                addr("0000:19:00.0"),
+                vec![
+                    addr("0000:17:04.0"),
+                    addr("0000:16:00.0"),
+                    addr("0000:15:01.0"),
+                ],
+            ),
             (addr("0000:40:00.0"), vec![addr("0000:3f:01.0")]),
         ]);
         let sw = shared_pcie_switches(&chains);
@@ -230,7 +248,10 @@ mod tests {
         assert_eq!(d.domain_of[&addr("0000:02:00.0")], "nvl0");
         assert_eq!(d.domain_of[&addr("0000:81:00.0")], "nvl1");
         assert!(!d.domain_of.contains_key(&addr("0000:90:00.0")));
-        assert_eq!(d.peers_of[&addr("0000:82:00.0")], vec![addr("0000:81:00.0")]);
+        assert_eq!(
+            d.peers_of[&addr("0000:82:00.0")],
+            vec![addr("0000:81:00.0")]
+        );
     }
 
     #[test]

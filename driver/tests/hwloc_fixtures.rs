@@ -66,7 +66,10 @@ fn expected_gpu_numa(xml: &str) -> BTreeMap<PciAddress, IdList> {
     };
     let doc = roxmltree::Document::parse_with_options(xml, options).unwrap();
     let mut out = BTreeMap::new();
-    for node in doc.descendants().filter(|n| n.attribute("type") == Some("PCIDev")) {
+    for node in doc
+        .descendants()
+        .filter(|n| n.attribute("type") == Some("PCIDev"))
+    {
         let pci_type = node.attribute("pci_type").unwrap_or_default();
         // "0302 [10de:1db1] [10de:1212] a1": class, then [vendor:device].
         let class = &pci_type[..2];
@@ -107,10 +110,21 @@ fn every_fixture_maps_gpus_to_the_numa_nodes_the_xml_says() {
         for gpu in &inv.gpus {
             let want = &expected[&gpu.pci_bus_id];
             if want.len() == 1 {
-                assert_eq!(gpu.numa_node, want.first(), "{} {}", path.display(), gpu.pci_bus_id);
+                assert_eq!(
+                    gpu.numa_node,
+                    want.first(),
+                    "{} {}",
+                    path.display(),
+                    gpu.pci_bus_id
+                );
                 assert_eq!(gpu.same_socket_numa_nodes.first().copied(), want.first());
             }
-            assert!(gpu.pcie_root.is_some(), "{} {} has a root", path.display(), gpu.pci_bus_id);
+            assert!(
+                gpu.pcie_root.is_some(),
+                "{} {} has a root",
+                path.display(),
+                gpu.pci_bus_id
+            );
         }
     }
 }
@@ -127,7 +141,9 @@ fn fixture(name: &str) -> Option<PathBuf> {
 
 #[test]
 fn g4dn_metal_has_four_t4_per_socket() {
-    let Some(path) = fixture("g4dnmetal.xml") else { return };
+    let Some(path) = fixture("g4dnmetal.xml") else {
+        return;
+    };
     let inv = assemble(None, HwlocSource::from_xml(&path).topology().unwrap()).unwrap();
     assert_eq!(inv.gpus.len(), 8);
     let per_socket = |s| inv.gpus.iter().filter(|g| g.socket == Some(s)).count();
@@ -142,7 +158,9 @@ fn g4dn_metal_has_four_t4_per_socket() {
 
 #[test]
 fn lassen_keeps_sparse_numa_ids() {
-    let Some(path) = fixture("coral-lassen.xml") else { return };
+    let Some(path) = fixture("coral-lassen.xml") else {
+        return;
+    };
     let inv = assemble(None, HwlocSource::from_xml(&path).topology().unwrap()).unwrap();
     let nodes: Vec<u32> = inv
         .numa_nodes
@@ -157,12 +175,21 @@ fn lassen_keeps_sparse_numa_ids() {
 
 #[test]
 fn gpus_behind_bridge_chains_get_their_root_complex() {
-    let Some(path) = fixture("power8gpudistances.xml") else { return };
+    let Some(path) = fixture("power8gpudistances.xml") else {
+        return;
+    };
     let topo = HwlocSource::from_xml(&path).topology().unwrap();
     assert_eq!(topo.gpus.len(), 4);
     for gpu in &topo.gpus {
         let root = gpu.pcie_root.unwrap();
-        assert_eq!(root.domain, gpu.pci_bus_id.domain, "root shares the GPU's domain");
-        assert!(!gpu.upstream_bridges.is_empty(), "{} sits behind bridges", gpu.pci_bus_id);
+        assert_eq!(
+            root.domain, gpu.pci_bus_id.domain,
+            "root shares the GPU's domain"
+        );
+        assert!(
+            !gpu.upstream_bridges.is_empty(),
+            "{} sits behind bridges",
+            gpu.pci_bus_id
+        );
     }
 }

@@ -23,7 +23,9 @@ pub fn assemble(
     let mut gpus: Vec<Gpu> = match &identity {
         Some(snapshot) => {
             for reason in &snapshot.unusable {
-                warnings.push(format!("NVML reports a GPU it cannot describe, not published: {reason}"));
+                warnings.push(format!(
+                    "NVML reports a GPU it cannot describe, not published: {reason}"
+                ));
             }
             for pci in &topology.gpus {
                 if !snapshot.gpus.iter().any(|g| g.pci_bus_id == pci.pci_bus_id) {
@@ -72,7 +74,11 @@ pub fn assemble(
                 topology.gpus.len(),
                 topology.source
             ));
-            topology.gpus.iter().map(|p| Gpu::at(p.pci_bus_id)).collect()
+            topology
+                .gpus
+                .iter()
+                .map(|p| Gpu::at(p.pci_bus_id))
+                .collect()
         }
     };
 
@@ -114,7 +120,11 @@ pub fn assemble(
         let domains = topology::nvlink_domains(&links);
         for gpu in &mut gpus {
             gpu.nvlink_domain = domains.domain_of.get(&gpu.pci_bus_id).cloned();
-            gpu.nvlink_peers = domains.peers_of.get(&gpu.pci_bus_id).cloned().unwrap_or_default();
+            gpu.nvlink_peers = domains
+                .peers_of
+                .get(&gpu.pci_bus_id)
+                .cloned()
+                .unwrap_or_default();
         }
     }
 
@@ -140,7 +150,11 @@ pub fn assemble(
 /// The one NUMA node a GPU is attached to. hwloc attaches a PCI device to the
 /// smallest object covering its locality; when that covers several CPU nodes (a
 /// whole SNC socket, say) the attachment is ambiguous and no node is claimed.
-fn attached_numa_node(pci: &PciGpu, topology: &HostTopology, warnings: &mut Vec<String>) -> Option<u32> {
+fn attached_numa_node(
+    pci: &PciGpu,
+    topology: &HostTopology,
+    warnings: &mut Vec<String>,
+) -> Option<u32> {
     let nodes: Vec<u32> = pci.locality_numa_nodes.iter().collect();
     if nodes.len() <= 1 {
         return nodes.first().copied();
@@ -181,7 +195,11 @@ mod tests {
         NumaNode {
             id,
             socket: Some(socket),
-            cpus: if id == 0 { "0-3".parse().unwrap() } else { "4-7".parse().unwrap() },
+            cpus: if id == 0 {
+                "0-3".parse().unwrap()
+            } else {
+                "4-7".parse().unwrap()
+            },
             memory_bytes: 1 << 30,
             kind: NumaKind::Cpu,
         }
@@ -260,7 +278,11 @@ mod tests {
         assert_eq!(g0.nvlink_peers, vec![addr("0000:9a:00.0")]);
         let g2 = inv.gpu(addr("0000:9a:00.0")).unwrap();
         assert_eq!((g2.numa_node, g2.pcie_switch), (Some(1), None));
-        assert_eq!(inv.gpus[0].pci_bus_id, addr("0000:18:00.0"), "sorted by bus id");
+        assert_eq!(
+            inv.gpus[0].pci_bus_id,
+            addr("0000:18:00.0"),
+            "sorted by bus id"
+        );
         assert_eq!(inv.sources.identity.as_deref(), Some("nvml"));
     }
 
@@ -282,10 +304,16 @@ mod tests {
             gpus: vec![ident("0000:18:00.0", 0, &[])],
             ..Default::default()
         };
-        let topo = host(vec![pci("0000:18:00.0", "0", None), pci("0000:9a:00.0", "1", None)]);
+        let topo = host(vec![
+            pci("0000:18:00.0", "0", None),
+            pci("0000:9a:00.0", "1", None),
+        ]);
         let inv = assemble(Some(id), topo).unwrap();
         assert_eq!(inv.gpus.len(), 1);
-        assert!(inv.warnings[0].contains("0000:9a:00.0 is in the hwloc topology but NVML does not report it"));
+        assert!(
+            inv.warnings[0]
+                .contains("0000:9a:00.0 is in the hwloc topology but NVML does not report it")
+        );
     }
 
     #[test]
@@ -312,6 +340,10 @@ mod tests {
     fn ambiguous_locality_leaves_numa_out() {
         let inv = assemble(None, host(vec![pci("0000:18:00.0", "0-1", None)])).unwrap();
         assert_eq!(inv.gpus[0].numa_node, None);
-        assert!(inv.warnings.iter().any(|w| w.contains("local to NUMA nodes 0-1")));
+        assert!(
+            inv.warnings
+                .iter()
+                .any(|w| w.contains("local to NUMA nodes 0-1"))
+        );
     }
 }

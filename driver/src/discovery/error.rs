@@ -25,6 +25,8 @@ pub enum DiscoveryError {
     #[error("sysfs at {}: {reason}", path.display())]
     Sysfs { path: PathBuf, reason: String },
 
-    #[error("the topology ({source_name}) names no NVIDIA GPUs and NVML is not available, so there is nothing to list")]
+    #[error(
+        "the topology ({source_name}) names no NVIDIA GPUs and NVML is not available, so there is nothing to list"
+    )]
     NoGpus { source_name: String },
 }

@@ -231,7 +231,9 @@ fn pci_gpu(obj: &TopologyObject, pci: &PCIDeviceAttributes) -> PciGpu {
 
 /// The NUMA latency matrix the OS reported (ACPI SLIT), if hwloc has one.
 fn numa_distances(topology: &Topology, warnings: &mut Vec<String>) -> Option<DistanceMatrix> {
-    let matrices = match topology.distances_with_type(Some(DistancesKind::MEANS_LATENCY), ObjectType::NUMANode) {
+    let matrices = match topology
+        .distances_with_type(Some(DistancesKind::MEANS_LATENCY), ObjectType::NUMANode)
+    {
         Ok(m) => m,
         Err(e) => {
             warnings.push(format!("hwloc has no NUMA distances: {e}"));
@@ -288,7 +290,10 @@ mod tests {
         for (content, want) in [
             (&b"GPU0 NUMA 0\n"[..], "is not an XML document"),
             (&b"\xff\xfe\x00binary"[..], "is not UTF-8"),
-            (&b"<?xml version=\"1.0\"?><html></html>"[..], "not an hwloc topology"),
+            (
+                &b"<?xml version=\"1.0\"?><html></html>"[..],
+                "not an hwloc topology",
+            ),
         ] {
             let err = load(content).unwrap_err();
             assert!(matches!(err, DiscoveryError::HwlocXml { .. }));
@@ -304,7 +309,9 @@ mod tests {
 
     #[test]
     fn missing_file_names_the_path() {
-        let err = HwlocSource::from_xml("/nonexistent/topo.xml").topology().unwrap_err();
+        let err = HwlocSource::from_xml("/nonexistent/topo.xml")
+            .topology()
+            .unwrap_err();
         assert!(err.to_string().contains("/nonexistent/topo.xml"), "{err}");
         assert!(err.to_string().contains("cannot be read"), "{err}");
     }

@@ -18,7 +18,9 @@ pub use assemble::assemble;
 pub use error::DiscoveryError;
 
 use crate::cpuset::IdList;
-use crate::inventory::{ComputeCapability, CudaVersion, DistanceMatrix, Inventory, MigMode, NumaNode};
+use crate::inventory::{
+    ComputeCapability, CudaVersion, DistanceMatrix, Inventory, MigMode, NumaNode,
+};
 use crate::pci::{PciAddress, PcieRoot};
 
 /// What NVML says about the node's GPUs.
@@ -153,7 +155,9 @@ pub fn discover(config: &DiscoveryConfig) -> Result<Inventory, DiscoveryError> {
         TopologyInput::Live => match hwloc::HwlocSource::live().topology() {
             Ok(t) => t,
             Err(e) => {
-                warnings.push(format!("{e}; falling back to sysfs for NUMA and PCIe topology"));
+                warnings.push(format!(
+                    "{e}; falling back to sysfs for NUMA and PCIe topology"
+                ));
                 sysfs::SysfsSource::new(&config.sysfs_root).topology()?
             }
         },

@@ -74,7 +74,9 @@ fn call_error(call: &str) -> impl FnOnce(NvmlError) -> DiscoveryError + '_ {
 /// has no readable address or UUID is listed in `unusable` rather than failing the
 /// whole node: the other GPUs are still worth publishing.
 pub fn snapshot(nvml: &Nvml) -> Result<IdentitySnapshot, DiscoveryError> {
-    let count = nvml.device_count().map_err(call_error("nvmlDeviceGetCount"))?;
+    let count = nvml
+        .device_count()
+        .map_err(call_error("nvmlDeviceGetCount"))?;
     let mut out = IdentitySnapshot {
         driver_version: nvml.sys_driver_version().ok(),
         cuda_driver_version: nvml

@@ -55,9 +55,9 @@ impl SysfsSource {
                 .parse()
                 .map_err(|e| self.err(&cpulist, e))?;
             let socket = cpus.first().and_then(|cpu| {
-                let p = self
-                    .root
-                    .join(format!("devices/system/cpu/cpu{cpu}/topology/physical_package_id"));
+                let p = self.root.join(format!(
+                    "devices/system/cpu/cpu{cpu}/topology/physical_package_id"
+                ));
                 self.read(&p).ok()?.parse().ok()
             });
             let memory_bytes = self
@@ -69,13 +69,20 @@ impl SysfsSource {
             let row: Vec<u64> = self
                 .read(&distance)?
                 .split_whitespace()
-                .map(|d| d.parse().map_err(|_| self.err(&distance, "not a list of numbers")))
+                .map(|d| {
+                    d.parse()
+                        .map_err(|_| self.err(&distance, "not a list of numbers"))
+                })
                 .collect::<Result<_, _>>()?;
             values.extend(row);
             nodes.push(NumaNode {
                 id: *id,
                 socket,
-                kind: if cpus.is_empty() { NumaKind::CpuLess } else { NumaKind::Cpu },
+                kind: if cpus.is_empty() {
+                    NumaKind::CpuLess
+                } else {
+                    NumaKind::Cpu
+                },
                 cpus,
                 memory_bytes,
             });
@@ -89,7 +96,10 @@ impl SysfsSource {
         let entries = fs::read_dir(&dir).map_err(|e| self.err(&dir, e))?;
         let mut gpus = Vec::new();
         for entry in entries.filter_map(|e| e.ok()) {
-            let Some(addr) = entry.file_name().to_str().and_then(|n| n.parse::<PciAddress>().ok())
+            let Some(addr) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<PciAddress>().ok())
             else {
                 continue;
             };
@@ -160,10 +170,11 @@ fn pci_path(real: &Path, device: PciAddress) -> (Option<PcieRoot>, Vec<PciAddres
         if let Ok(r) = name.parse::<PcieRoot>() {
             root = Some(r);
             bridges.clear();
-        } else if let Ok(a) = name.parse::<PciAddress>() {
-            if root.is_some() && a != device {
-                bridges.push(a);
-            }
+        } else if let Ok(a) = name.parse::<PciAddress>()
+            && root.is_some()
+            && a != device
+        {
+            bridges.push(a);
         }
     }
     bridges.reverse();
@@ -195,19 +206,48 @@ mod tests {
             let d = root.join(format!("devices/system/node/node{node}"));
             write(&d.join("cpulist"), cpus);
             write(&d.join("distance"), dist);
-            write(&d.join("meminfo"), &format!("Node {node} MemTotal:       1048576 kB\n"));
+            write(
+                &d.join("meminfo"),
+                &format!("Node {node} MemTotal:       1048576 kB\n"),
+            );
         }
         for cpu in 0..8 {
             write(
-                &root.join(format!("devices/system/cpu/cpu{cpu}/topology/physical_package_id")),
+                &root.join(format!(
+                    "devices/system/cpu/cpu{cpu}/topology/physical_package_id"
+                )),
                 &(cpu / 4).to_string(),
             );
         }
         let devices = [
-            ("pci0000:80/0000:80:01.0/0000:81:00.0/0000:82:08.0/0000:83:00.0", "0x10de", "0x030200", "1", "4-7"),
-            ("pci0000:80/0000:80:02.0/0000:90:00.0", "0x10de", "0x068000", "1", "4-7"),
-            ("pci0000:00/0000:00:03.0/0000:05:00.0", "0x15b3", "0x020000", "0", "0-3"),
-            ("pci0000:00/0000:00:01.0/0000:01:00.0", "0x10de", "0x030000", "-1", ""),
+            (
+                "pci0000:80/0000:80:01.0/0000:81:00.0/0000:82:08.0/0000:83:00.0",
+                "0x10de",
+                "0x030200",
+                "1",
+                "4-7",
+            ),
+            (
+                "pci0000:80/0000:80:02.0/0000:90:00.0",
+                "0x10de",
+                "0x068000",
+                "1",
+                "4-7",
+            ),
+            (
+                "pci0000:00/0000:00:03.0/0000:05:00.0",
+                "0x15b3",
+                "0x020000",
+                "0",
+                "0-3",
+            ),
+            (
+                "pci0000:00/0000:00:01.0/0000:01:00.0",
+                "0x10de",
+                "0x030000",
+                "-1",
+                "",
+            ),
         ];
         for (path, vendor, class, numa, cpus) in devices {
             let dev = root.join("devices").join(path);
@@ -238,7 +278,11 @@ mod tests {
         assert_eq!(behind_switch.pcie_root.unwrap().to_string(), "pci0000:80");
         assert_eq!(behind_switch.locality_numa_nodes.to_string(), "1");
         assert_eq!(behind_switch.socket, Some(1));
-        let chain: Vec<String> = behind_switch.upstream_bridges.iter().map(|b| b.to_string()).collect();
+        let chain: Vec<String> = behind_switch
+            .upstream_bridges
+            .iter()
+            .map(|b| b.to_string())
+            .collect();
         assert_eq!(chain, ["0000:82:08.0", "0000:81:00.0", "0000:80:01.0"]);
 
         let no_numa = &topo.gpus[0];

@@ -1,0 +1,418 @@
+//! The attribute schema: what one GPU says about itself in a ResourceSlice.
+//!
+//! An attribute is published only when the inventory knows its value; a selector that
+//! tests a missing attribute fails to match, which is the honest answer, whereas a
+//! made-up default would let the scheduler align devices that are not aligned.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::{DeviceAttribute, DeviceCapacity};
+
+use super::quantity;
+use super::validate::{MAX_VALUE_LEN, check_version};
+use super::{NumaNodeFormat, SliceOptions};
+use crate::inventory::{Gpu, Inventory};
+
+// Standard names, shared with other drivers so that a claim can align a GPU with a NIC
+// or CPU from another driver through `matchAttribute`.
+pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+pub const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
+pub const NUMA_NODE: &str = "resource.kubernetes.io/numaNode";
+
+// Driver-domain names are unqualified: the API reads them as `<driver>/<name>`, so they
+// follow the driver name an operator configures. The first group matches NVIDIA's
+// driver so that CEL selectors written for it keep working.
+pub const TYPE: &str = "type";
+pub const UUID: &str = "uuid";
+pub const INDEX: &str = "index";
+pub const MINOR: &str = "minor";
+pub const PRODUCT_NAME: &str = "productName";
+pub const BRAND: &str = "brand";
+pub const ARCHITECTURE: &str = "architecture";
+pub const CUDA_COMPUTE_CAPABILITY: &str = "cudaComputeCapability";
+pub const DRIVER_VERSION: &str = "driverVersion";
+pub const CUDA_DRIVER_VERSION: &str = "cudaDriverVersion";
+
+// Topology no other driver publishes.
+pub const SOCKET: &str = "socket";
+pub const PCIE_SWITCH: &str = "pcieSwitch";
+pub const NVLINK_DOMAIN: &str = "nvlinkDomain";
+pub const MEMORY_NUMA_NODE: &str = "memoryNumaNode";
+
+/// Capacity name for the GPU's memory.
+pub const MEMORY: &str = "memory";
+
+/// Value of [`TYPE`] for a whole GPU (MIG partitions would get their own).
+pub const TYPE_GPU: &str = "gpu";
+
+/// The attributes of one GPU, keyed by attribute name.
+///
+/// A string the API would refuse (over 64 bytes) is left out with a warning rather than
+/// cut short: a truncated product name or domain id would be a value nobody reported,
+/// and refusing the whole slice would hide every GPU of the node over one label.
+pub fn device_attributes(
+    gpu: &Gpu,
+    inv: &Inventory,
+    opts: &SliceOptions,
+) -> BTreeMap<String, DeviceAttribute> {
+    let mut a = Attributes::new(gpu);
+
+    a.string(PCI_BUS_ID, Some(gpu.pci_bus_id.to_string()));
+    a.string(PCIE_ROOT, gpu.pcie_root.map(|r| r.to_string()));
+    match opts.numa_node_format {
+        NumaNodeFormat::Int => a.int(NUMA_NODE, gpu.numa_node),
+        NumaNodeFormat::List => a.ints(NUMA_NODE, numa_node_list(gpu)),
+    }
+
+    a.string(TYPE, Some(TYPE_GPU.to_owned()));
+    a.string(UUID, gpu.uuid.clone());
+    a.int(INDEX, gpu.index);
+    a.int(MINOR, gpu.minor);
+    a.string(PRODUCT_NAME, gpu.product_name.clone());
+    a.string(BRAND, gpu.brand.clone());
+    a.string(ARCHITECTURE, gpu.architecture.clone());
+    a.version(
+        CUDA_COMPUTE_CAPABILITY,
+        gpu.cuda_compute_capability
+            .map(|c| format!("{}.{}.0", c.major, c.minor)),
+    );
+    a.version(
+        DRIVER_VERSION,
+        inv.driver_version.as_deref().and_then(normalize_version),
+    );
+    a.version(
+        CUDA_DRIVER_VERSION,
+        inv.cuda_driver_version
+            .map(|v| format!("{}.{}.0", v.major, v.minor)),
+    );
+
+    a.int(SOCKET, socket(gpu, inv));
+    a.string(PCIE_SWITCH, gpu.pcie_switch.map(|s| s.to_string()));
+    a.string(NVLINK_DOMAIN, gpu.nvlink_domain.clone());
+    a.int(MEMORY_NUMA_NODE, gpu.memory_numa_node);
+
+    a.map
+}
+
+/// The capacities of one GPU: its memory, when NVML reported it.
+pub fn device_capacity(gpu: &Gpu) -> BTreeMap<String, DeviceCapacity> {
+    gpu.memory_bytes
+        .map(|b| {
+            (
+                MEMORY.to_owned(),
+                DeviceCapacity {
+                    value: quantity::bytes(b),
+                    ..Default::default()
+                },
+            )
+        })
+        .into_iter()
+        .collect()
+}
+
+/// A dotted numeric version as semver 2.0.0 (`550.90.07` → `550.90.7`, `560.35` →
+/// `560.35.0`), or `None` when it is not one to three numbers.
+///
+/// NVIDIA pads driver versions with zeros, which semver forbids; the number is what
+/// matters, so a selector like `>= 550.90.7` compares the way an operator means it.
+pub fn normalize_version(raw: &str) -> Option<String> {
+    let parts: Vec<&str> = raw.trim().split('.').collect();
+    if parts.len() > 3 {
+        return None;
+    }
+    let mut nums = parts
+        .iter()
+        .map(|p| {
+            if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            p.parse::<u64>().ok()
+        })
+        .collect::<Option<Vec<u64>>>()?;
+    nums.resize(3, 0);
+    Some(format!("{}.{}.{}", nums[0], nums[1], nums[2]))
+}
+
+/// The GPU's socket, or that of its NUMA node when discovery only placed it there.
+pub(crate) fn socket(gpu: &Gpu, inv: &Inventory) -> Option<u32> {
+    gpu.socket
+        .or_else(|| inv.numa_node(gpu.numa_node?).and_then(|n| n.socket))
+}
+
+/// KEP-6072 list form: the own node first, whatever order discovery produced.
+fn numa_node_list(gpu: &Gpu) -> Option<Vec<u32>> {
+    let own = gpu.numa_node?;
+    let mut list = vec![own];
+    list.extend(gpu.same_socket_numa_nodes.iter().filter(|n| **n != own));
+    Some(list)
+}
+
+struct Attributes<'a> {
+    gpu: &'a Gpu,
+    map: BTreeMap<String, DeviceAttribute>,
+}
+
+impl<'a> Attributes<'a> {
+    fn new(gpu: &'a Gpu) -> Self {
+        Self {
+            gpu,
+            map: BTreeMap::new(),
+        }
+    }
+
+    fn string(&mut self, name: &str, value: Option<String>) {
+        let Some(value) = value.filter(|v| !v.is_empty()) else {
+            return;
+        };
+        if value.len() > MAX_VALUE_LEN {
+            self.skip(name, &value, "longer than 64 bytes");
+            return;
+        }
+        self.map.insert(
+            name.to_owned(),
+            DeviceAttribute {
+                string: Some(value),
+                ..Default::default()
+            },
+        );
+    }
+
+    fn version(&mut self, name: &str, value: Option<String>) {
+        let Some(value) = value else { return };
+        if let Err(reason) = check_version(&value) {
+            self.skip(name, &value, reason);
+            return;
+        }
+        self.map.insert(
+            name.to_owned(),
+            DeviceAttribute {
+                version: Some(value),
+                ..Default::default()
+            },
+        );
+    }
+
+    fn int(&mut self, name: &str, value: Option<u32>) {
+        if let Some(v) = value {
+            self.map.insert(
+                name.to_owned(),
+                DeviceAttribute {
+                    int: Some(i64::from(v)),
+                    ..Default::default()
+                },
+            );
+        }
+    }
+
+    fn ints(&mut self, name: &str, values: Option<Vec<u32>>) {
+        if let Some(v) = values.filter(|v| !v.is_empty()) {
+            self.map.insert(
+                name.to_owned(),
+                DeviceAttribute {
+                    ints: Some(v.into_iter().map(i64::from).collect()),
+                    ..Default::default()
+                },
+            );
+        }
+    }
+
+    fn skip(&self, name: &str, value: &str, reason: &str) {
+        tracing::warn!(
+            device = %self.gpu.device_name(),
+            attribute = name,
+            value,
+            reason,
+            "attribute not published: the API would refuse its value"
+        );
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::slice::fixtures::{addr, dgx_h100, snc};
+
+    fn opts(format: NumaNodeFormat) -> SliceOptions {
+        SliceOptions {
+            numa_node_format: format,
+            ..SliceOptions::new("node-a")
+        }
+    }
+
+    fn string(v: &str) -> DeviceAttribute {
+        DeviceAttribute {
+            string: Some(v.to_owned()),
+            ..Default::default()
+        }
+    }
+
+    fn int(v: i64) -> DeviceAttribute {
+        DeviceAttribute {
+            int: Some(v),
+            ..Default::default()
+        }
+    }
+
+    fn version(v: &str) -> DeviceAttribute {
+        DeviceAttribute {
+            version: Some(v.to_owned()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn every_attribute_of_a_known_gpu() {
+        let inv = dgx_h100();
+        let gpu = &inv.gpus[5];
+        let got = device_attributes(gpu, &inv, &opts(NumaNodeFormat::Int));
+        let want: BTreeMap<String, DeviceAttribute> = [
+            (PCI_BUS_ID, string("0000:ab:00.0")),
+            (PCIE_ROOT, string("pci0000:a8")),
+            (NUMA_NODE, int(1)),
+            (TYPE, string("gpu")),
+            (UUID, string("GPU-7f1c2b3a-0000-4e5f-8a9b-000000000005")),
+            (INDEX, int(5)),
+            (MINOR, int(5)),
+            (PRODUCT_NAME, string("NVIDIA H100 80GB HBM3")),
+            (BRAND, string("Nvidia")),
+            (ARCHITECTURE, string("Hopper")),
+            (CUDA_COMPUTE_CAPABILITY, version("9.0.0")),
+            (DRIVER_VERSION, version("550.90.7")),
+            (CUDA_DRIVER_VERSION, version("12.4.0")),
+            (SOCKET, int(1)),
+            (PCIE_SWITCH, string("0000:a9:00.0")),
+            (NVLINK_DOMAIN, string("nvls-0")),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        assert_eq!(got, want);
+
+        let cap = device_capacity(gpu);
+        assert_eq!(cap.len(), 1);
+        assert_eq!(cap[MEMORY].value.0, "81559Mi");
+        assert!(cap[MEMORY].request_policy.is_none());
+    }
+
+    #[test]
+    fn memory_numa_node_is_published_for_c2c_gpus() {
+        let mut inv = dgx_h100();
+        inv.gpus[0].memory_numa_node = Some(4);
+        let got = device_attributes(&inv.gpus[0], &inv, &opts(NumaNodeFormat::Int));
+        assert_eq!(got[MEMORY_NUMA_NODE], int(4));
+    }
+
+    #[test]
+    fn unknown_values_are_omitted() {
+        let inv = Inventory::default();
+        let gpu = Gpu::at(addr("0000:18:00.0"));
+        for format in [NumaNodeFormat::Int, NumaNodeFormat::List] {
+            let got = device_attributes(&gpu, &inv, &opts(format));
+            let names: Vec<&str> = got.keys().map(String::as_str).collect();
+            assert_eq!(names, [PCI_BUS_ID, TYPE]);
+        }
+        assert!(device_capacity(&gpu).is_empty());
+    }
+
+    #[test]
+    fn socket_falls_back_to_the_numa_nodes_socket() {
+        let mut inv = dgx_h100();
+        inv.gpus[6].socket = None;
+        let got = device_attributes(&inv.gpus[6], &inv, &opts(NumaNodeFormat::Int));
+        assert_eq!(got[SOCKET], int(1));
+
+        inv.gpus[6].numa_node = None;
+        let got = device_attributes(&inv.gpus[6], &inv, &opts(NumaNodeFormat::Int));
+        assert!(!got.contains_key(SOCKET));
+        assert!(!got.contains_key(NUMA_NODE));
+    }
+
+    #[test]
+    fn list_form_puts_the_own_node_first() {
+        let inv = snc();
+        let ints = |g: &Gpu| {
+            device_attributes(g, &inv, &opts(NumaNodeFormat::List))
+                .remove(NUMA_NODE)
+                .unwrap()
+        };
+        let list = |v: &[i64]| DeviceAttribute {
+            ints: Some(v.to_vec()),
+            ..Default::default()
+        };
+        assert_eq!(ints(&inv.gpus[1]), list(&[1, 0, 2, 3]));
+        assert_eq!(ints(&inv.gpus[6]), list(&[6, 4, 5, 7]));
+
+        // Discovery's order is not trusted to lead with the own node.
+        let mut g = inv.gpus[2].clone();
+        g.same_socket_numa_nodes = vec![0, 1, 2, 3];
+        assert_eq!(ints(&g), list(&[2, 0, 1, 3]));
+
+        g.same_socket_numa_nodes.clear();
+        assert_eq!(ints(&g), list(&[2]));
+
+        // The int form ignores the list.
+        let got = device_attributes(&inv.gpus[1], &inv, &opts(NumaNodeFormat::Int));
+        assert_eq!(got[NUMA_NODE], int(1));
+    }
+
+    #[test]
+    fn driver_versions_normalize_to_semver() {
+        for (raw, want) in [
+            ("550.90.07", "550.90.7"),
+            ("560.35", "560.35.0"),
+            ("535", "535.0.0"),
+            (" 570.124.06\n", "570.124.6"),
+            ("0.0.0", "0.0.0"),
+            ("00.01.000", "0.1.0"),
+        ] {
+            assert_eq!(normalize_version(raw).as_deref(), Some(want), "{raw:?}");
+        }
+        for bad in [
+            "",
+            "550.90.07.1",
+            "550..1",
+            "r550",
+            "550.90.07-beta",
+            "5 50",
+            "abc",
+            "99999999999999999999.1",
+        ] {
+            assert_eq!(normalize_version(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_driver_version_that_cannot_be_normalized_is_omitted() {
+        let mut inv = dgx_h100();
+        inv.driver_version = Some("550.90.07-custom".to_owned());
+        let got = device_attributes(&inv.gpus[0], &inv, &opts(NumaNodeFormat::Int));
+        assert!(!got.contains_key(DRIVER_VERSION));
+        inv.driver_version = Some("560.35".to_owned());
+        let got = device_attributes(&inv.gpus[0], &inv, &opts(NumaNodeFormat::Int));
+        assert_eq!(got[DRIVER_VERSION], version("560.35.0"));
+    }
+
+    #[test]
+    fn strings_the_api_would_refuse_are_omitted() {
+        let mut inv = dgx_h100();
+        inv.gpus[0].product_name = Some("N".repeat(65));
+        inv.gpus[0].brand = Some(String::new());
+        inv.gpus[0].nvlink_domain = Some("d".repeat(64));
+        let got = device_attributes(&inv.gpus[0], &inv, &opts(NumaNodeFormat::Int));
+        assert!(!got.contains_key(PRODUCT_NAME));
+        assert!(!got.contains_key(BRAND));
+        assert_eq!(got[NVLINK_DOMAIN], string(&"d".repeat(64)));
+    }
+
+    #[test]
+    fn schema_stays_within_the_per_device_limit() {
+        let inv = dgx_h100();
+        let mut gpu = inv.gpus[0].clone();
+        gpu.memory_numa_node = Some(2);
+        let n = device_attributes(&gpu, &inv, &opts(NumaNodeFormat::List)).len()
+            + device_capacity(&gpu).len();
+        assert_eq!(n, 18);
+        assert!(n <= crate::slice::validate::MAX_ATTRIBUTES);
+    }
+}

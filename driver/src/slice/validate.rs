@@ -1,0 +1,717 @@
+//! The API server's rules for ResourceSlices, checked before anything is sent.
+//!
+//! A slice the server refuses is a node whose GPUs the scheduler cannot see, reported
+//! only as an HTTP 422 in the plugin's log. Checking here turns that into an error that
+//! names the device and attribute at fault, at startup or in a unit test.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourceSlice};
+
+use super::SliceError;
+
+/// Devices per slice.
+pub const MAX_DEVICES: usize = 128;
+/// Devices per slice when a device has taints, consumes counters or carries a
+/// list-typed attribute; those cost the server more to store and evaluate.
+pub const MAX_DEVICES_RESTRICTED: usize = 64;
+/// Attributes and capacities together, per device.
+pub const MAX_ATTRIBUTES: usize = 32;
+/// Bytes in a string or version value.
+pub const MAX_VALUE_LEN: usize = 64;
+/// Bytes in a driver name, and in the domain prefix of an attribute name.
+pub const MAX_DOMAIN_LEN: usize = 63;
+/// Bytes in the identifier part of an attribute or capacity name.
+pub const MAX_ID_LEN: usize = 32;
+/// Bytes in an object name, node name or pool name.
+pub const MAX_SUBDOMAIN_LEN: usize = 253;
+/// Bytes in a device name.
+pub const MAX_LABEL_LEN: usize = 63;
+
+/// The most devices one slice may hold, given the devices in it.
+pub fn device_limit<'a>(devices: impl IntoIterator<Item = &'a Device>) -> usize {
+    if devices.into_iter().any(is_restricted) {
+        MAX_DEVICES_RESTRICTED
+    } else {
+        MAX_DEVICES
+    }
+}
+
+/// Whether this device lowers its slice's device limit to [`MAX_DEVICES_RESTRICTED`].
+pub(crate) fn is_restricted(d: &Device) -> bool {
+    d.taints.as_ref().is_some_and(|t| !t.is_empty())
+        || d.consumes_counters.as_ref().is_some_and(|c| !c.is_empty())
+        || d.attributes
+            .as_ref()
+            .is_some_and(|a| a.values().any(is_list))
+}
+
+fn is_list(a: &DeviceAttribute) -> bool {
+    a.bools.is_some() || a.ints.is_some() || a.strings.is_some() || a.versions.is_some()
+}
+
+pub fn validate_driver_name(name: &str) -> Result<(), SliceError> {
+    dns_subdomain(name, MAX_DOMAIN_LEN).map_err(|reason| SliceError::DriverName {
+        name: name.to_owned(),
+        reason,
+    })
+}
+
+pub fn validate_node_name(name: &str) -> Result<(), SliceError> {
+    dns_subdomain(name, MAX_SUBDOMAIN_LEN).map_err(|reason| SliceError::NodeName {
+        name: name.to_owned(),
+        reason,
+    })
+}
+
+/// One slice on its own: names, limits and every device.
+pub fn validate_slice(slice: &ResourceSlice) -> Result<(), SliceError> {
+    let slice_name = slice.metadata.name.clone().unwrap_or_default();
+    dns_subdomain(&slice_name, MAX_SUBDOMAIN_LEN).map_err(|reason| SliceError::SliceName {
+        name: slice_name.clone(),
+        reason,
+    })?;
+    let spec = &slice.spec;
+    validate_driver_name(&spec.driver)?;
+    if let Some(node) = &spec.node_name {
+        validate_node_name(node)?;
+    }
+    dns_subdomain(&spec.pool.name, MAX_SUBDOMAIN_LEN).map_err(|reason| SliceError::PoolName {
+        name: spec.pool.name.clone(),
+        reason,
+    })?;
+    if spec.pool.generation < 0 {
+        return Err(SliceError::NegativeGeneration {
+            slice: slice_name,
+            generation: spec.pool.generation,
+        });
+    }
+    if spec.pool.resource_slice_count < 1 {
+        return Err(SliceError::SliceCount {
+            slice: slice_name,
+            declared: spec.pool.resource_slice_count,
+            actual: None,
+        });
+    }
+
+    let devices = spec.devices.as_deref().unwrap_or_default();
+    let max = device_limit(devices);
+    if devices.len() > max {
+        return Err(SliceError::TooManyDevices {
+            slice: slice_name,
+            count: devices.len(),
+            max,
+        });
+    }
+    let mut seen = BTreeSet::new();
+    for d in devices {
+        validate_device(&spec.driver, d)?;
+        if !seen.insert(d.name.as_str()) {
+            return Err(SliceError::DuplicateDevice {
+                pool: spec.pool.name.clone(),
+                device: d.name.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// All slices of one pool: each slice, plus what must agree across them.
+pub fn validate_pool(slices: &[ResourceSlice]) -> Result<(), SliceError> {
+    let Some(first) = slices.first() else {
+        return Ok(());
+    };
+    let pool = &first.spec.pool;
+    let mut devices = BTreeSet::new();
+    let mut names = BTreeSet::new();
+    for s in slices {
+        validate_slice(s)?;
+        let name = s.metadata.name.clone().unwrap_or_default();
+        let mixed = |field, expected: String, found: String| SliceError::MixedPool {
+            slice: name.clone(),
+            field,
+            expected,
+            found,
+        };
+        if s.spec.driver != first.spec.driver {
+            return Err(mixed(
+                "driver",
+                first.spec.driver.clone(),
+                s.spec.driver.clone(),
+            ));
+        }
+        if s.spec.pool.name != pool.name {
+            return Err(mixed(
+                "pool name",
+                pool.name.clone(),
+                s.spec.pool.name.clone(),
+            ));
+        }
+        if s.spec.pool.generation != pool.generation {
+            return Err(mixed(
+                "pool generation",
+                pool.generation.to_string(),
+                s.spec.pool.generation.to_string(),
+            ));
+        }
+        let actual = i64::try_from(slices.len()).unwrap_or(i64::MAX);
+        if s.spec.pool.resource_slice_count != actual {
+            return Err(SliceError::SliceCount {
+                slice: name,
+                declared: s.spec.pool.resource_slice_count,
+                actual: Some(slices.len()),
+            });
+        }
+        if !names.insert(name.clone()) {
+            return Err(SliceError::DuplicateSlice { slice: name });
+        }
+        for d in s.spec.devices.iter().flatten() {
+            if !devices.insert(d.name.as_str()) {
+                return Err(SliceError::DuplicateDevice {
+                    pool: pool.name.clone(),
+                    device: d.name.clone(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+fn validate_device(driver: &str, d: &Device) -> Result<(), SliceError> {
+    if let Err(reason) = dns_label(&d.name) {
+        return Err(SliceError::DeviceName {
+            device: d.name.clone(),
+            reason,
+        });
+    }
+    let empty = BTreeMap::new();
+    let attributes = d.attributes.as_ref().unwrap_or(&empty);
+    let capacity_names = d.capacity.iter().flat_map(|c| c.keys());
+    let count = attributes.len() + d.capacity.as_ref().map_or(0, |c| c.len());
+    if count > MAX_ATTRIBUTES {
+        return Err(SliceError::TooManyAttributes {
+            device: d.name.clone(),
+            count,
+            max: MAX_ATTRIBUTES,
+        });
+    }
+    for name in attributes.keys().chain(capacity_names) {
+        qualified_name(name).map_err(|reason| SliceError::AttributeName {
+            device: d.name.clone(),
+            attribute: name.clone(),
+            reason,
+        })?;
+    }
+    // CEL reads an unqualified name as `<driver>/<name>`, so `uuid` and
+    // `gpu.topodra.dev/uuid` are one attribute to a selector and one would shadow the
+    // other.
+    let qualify = |n: &str| match n.contains('/') {
+        true => n.to_owned(),
+        false => format!("{driver}/{n}"),
+    };
+    for names in [
+        attributes.keys().collect::<Vec<_>>(),
+        d.capacity.iter().flat_map(|c| c.keys()).collect(),
+    ] {
+        let mut seen = BTreeSet::new();
+        for n in names {
+            if !seen.insert(qualify(n)) {
+                return Err(SliceError::DuplicateAttribute {
+                    device: d.name.clone(),
+                    attribute: qualify(n),
+                });
+            }
+        }
+    }
+    for (name, value) in attributes {
+        validate_value(&d.name, name, value)?;
+    }
+    Ok(())
+}
+
+fn validate_value(device: &str, attribute: &str, a: &DeviceAttribute) -> Result<(), SliceError> {
+    let err_ctx = || (device.to_owned(), attribute.to_owned());
+    let set = [
+        a.bool.is_some(),
+        a.bools.is_some(),
+        a.int.is_some(),
+        a.ints.is_some(),
+        a.string.is_some(),
+        a.strings.is_some(),
+        a.version.is_some(),
+        a.versions.is_some(),
+    ]
+    .into_iter()
+    .filter(|s| *s)
+    .count();
+    if set != 1 {
+        let (device, attribute) = err_ctx();
+        return Err(SliceError::ValueCount {
+            device,
+            attribute,
+            count: set,
+        });
+    }
+    let empty_list = a.bools.as_ref().is_some_and(Vec::is_empty)
+        || a.ints.as_ref().is_some_and(Vec::is_empty)
+        || a.strings.as_ref().is_some_and(Vec::is_empty)
+        || a.versions.as_ref().is_some_and(Vec::is_empty);
+    if empty_list {
+        let (device, attribute) = err_ctx();
+        return Err(SliceError::EmptyList { device, attribute });
+    }
+    let strings = a.string.iter().chain(a.strings.iter().flatten());
+    let versions = a.version.iter().chain(a.versions.iter().flatten());
+    // Go's len(), which the server uses, counts bytes.
+    for s in strings.clone().chain(versions.clone()) {
+        if s.len() > MAX_VALUE_LEN {
+            let (device, attribute) = err_ctx();
+            return Err(SliceError::ValueTooLong {
+                device,
+                attribute,
+                value: s.clone(),
+                len: s.len(),
+                max: MAX_VALUE_LEN,
+            });
+        }
+    }
+    for v in versions {
+        check_version(v).map_err(|reason| {
+            let (device, attribute) = err_ctx();
+            SliceError::InvalidVersion {
+                device,
+                attribute,
+                value: v.clone(),
+                reason,
+            }
+        })?;
+    }
+    Ok(())
+}
+
+/// Strict semver 2.0.0, as the server parses version attributes: three numeric parts
+/// without leading zeros, optional pre-release and build metadata, no `v` prefix.
+/// Numbers must fit in 64 bits, because the server's parser stores them that way.
+pub(crate) fn check_version(v: &str) -> Result<(), &'static str> {
+    if v.len() > MAX_VALUE_LEN {
+        return Err("longer than 64 bytes");
+    }
+    let (rest, build) = match v.split_once('+') {
+        Some((rest, build)) => (rest, Some(build)),
+        None => (v, None),
+    };
+    let (core, pre) = match rest.split_once('-') {
+        Some((core, pre)) => (core, Some(pre)),
+        None => (rest, None),
+    };
+    let parts: Vec<&str> = core.split('.').collect();
+    if parts.len() != 3 {
+        return Err("expected MAJOR.MINOR.PATCH");
+    }
+    for p in parts {
+        numeric_identifier(p)?;
+    }
+    for id in pre.iter().flat_map(|p| p.split('.')) {
+        identifier(id)?;
+        if id.bytes().all(|b| b.is_ascii_digit()) {
+            numeric_identifier(id)?;
+        }
+    }
+    for id in build.iter().flat_map(|b| b.split('.')) {
+        identifier(id)?;
+    }
+    Ok(())
+}
+
+fn numeric_identifier(s: &str) -> Result<(), &'static str> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("version numbers must be decimal digits");
+    }
+    if s.len() > 1 && s.starts_with('0') {
+        return Err("version numbers must not have leading zeros");
+    }
+    s.parse::<u64>()
+        .map(drop)
+        .map_err(|_| "version number does not fit in 64 bits")
+}
+
+fn identifier(s: &str) -> Result<(), &'static str> {
+    if s.is_empty() {
+        return Err("empty pre-release or build identifier");
+    }
+    if !s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+        return Err("pre-release and build identifiers allow only [0-9A-Za-z-]");
+    }
+    Ok(())
+}
+
+/// RFC 1123 label: lower-case alphanumerics and `-`, alphanumeric at both ends.
+fn dns_label(s: &str) -> Result<(), &'static str> {
+    if s.len() > MAX_LABEL_LEN {
+        return Err("too long");
+    }
+    label_chars(s)
+}
+
+fn label_chars(s: &str) -> Result<(), &'static str> {
+    let b = s.as_bytes();
+    let alnum = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    match (b.first(), b.last()) {
+        (None, _) | (_, None) => Err("empty"),
+        _ if !b.iter().all(|c| alnum(*c) || *c == b'-') => {
+            Err("only lower-case letters, digits and '-' are allowed")
+        }
+        (Some(f), Some(l)) if !alnum(*f) || !alnum(*l) => {
+            Err("must start and end with a lower-case letter or digit")
+        }
+        _ => Ok(()),
+    }
+}
+
+/// RFC 1123 subdomain: dot-separated labels, at most `max` characters in all.
+fn dns_subdomain(s: &str, max: usize) -> Result<(), &'static str> {
+    if s.len() > max {
+        return Err("too long");
+    }
+    s.split('.').try_for_each(label_chars)
+}
+
+/// `[domain/]identifier`: a C identifier of at most 32 characters, optionally after a
+/// DNS subdomain of at most 63.
+fn qualified_name(name: &str) -> Result<(), &'static str> {
+    let id = match name.split_once('/') {
+        Some((domain, id)) => {
+            dns_subdomain(domain, MAX_DOMAIN_LEN).map_err(
+                |_| "the domain before '/' must be a DNS subdomain of at most 63 characters",
+            )?;
+            id
+        }
+        None => name,
+    };
+    if id.is_empty() || id.len() > MAX_ID_LEN {
+        return Err("the identifier must have 1 to 32 characters");
+    }
+    let mut chars = id.bytes();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == b'_');
+    if !first_ok || !chars.all(|c| c.is_ascii_alphanumeric() || c == b'_') {
+        return Err("the identifier must be a C identifier ([A-Za-z_][A-Za-z0-9_]*)");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::slice::fixtures::dgx_h100;
+    use crate::slice::{SliceOptions, build_slices};
+
+    fn dgx_slice() -> ResourceSlice {
+        build_slices(&dgx_h100(), &SliceOptions::new("node-a"))
+            .unwrap()
+            .remove(0)
+    }
+
+    fn attr(slice: &mut ResourceSlice, device: usize, name: &str, a: DeviceAttribute) {
+        slice.spec.devices.as_mut().unwrap()[device]
+            .attributes
+            .get_or_insert_default()
+            .insert(name.to_owned(), a);
+    }
+
+    fn version(v: &str) -> DeviceAttribute {
+        DeviceAttribute {
+            version: Some(v.to_owned()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn built_slices_pass() {
+        validate_slice(&dgx_slice()).unwrap();
+    }
+
+    #[test]
+    fn semver_is_strict() {
+        for good in [
+            "0.0.0",
+            "550.90.7",
+            "1.2.3-alpha.1+build.01",
+            "1.2.3-0.3.7",
+            "1.2.3-x-y-z.--",
+            "1.0.0+0.build.1-rc.10000aaa-kk-0.1",
+            "18446744073709551615.0.0",
+        ] {
+            assert_eq!(check_version(good), Ok(()), "{good}");
+        }
+        for bad in [
+            "",
+            "1.2",
+            "1.2.3.4",
+            "v1.2.3",
+            "1.02.3",
+            "550.90.07",
+            "1.2.3-",
+            "1.2.3-01",
+            "1.2.3-a..b",
+            "1.2.3+",
+            "1.2.3+a_b",
+            "1.2.3 ",
+            "18446744073709551616.0.0",
+            &format!("1.2.3-{}", "a".repeat(60)),
+        ] {
+            assert!(check_version(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn bad_driver_names_are_refused() {
+        for bad in [
+            "GPU.topodra.dev",
+            "-gpu.topodra.dev",
+            "gpu..topodra.dev",
+            "gpu_topodra.dev",
+            "",
+            &format!("{}.dev", "g".repeat(60)),
+        ] {
+            let opts = SliceOptions {
+                driver_name: bad.to_owned(),
+                ..SliceOptions::new("node-a")
+            };
+            let err = build_slices(&dgx_h100(), &opts).unwrap_err();
+            assert!(
+                matches!(&err, SliceError::DriverName { name, .. } if name == bad),
+                "{bad:?}: {err}"
+            );
+        }
+        validate_driver_name(&format!("{}.dev", "g".repeat(59))).unwrap();
+    }
+
+    #[test]
+    fn bad_node_names_are_refused() {
+        let long = format!("{}.example", "n".repeat(250));
+        for bad in ["Node-A", "node_a", "node-a.", long.as_str()] {
+            let err = build_slices(&dgx_h100(), &SliceOptions::new(bad)).unwrap_err();
+            assert!(matches!(err, SliceError::NodeName { .. }), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn long_string_values_are_refused() {
+        let mut s = dgx_slice();
+        let value = "N".repeat(65);
+        attr(
+            &mut s,
+            3,
+            "productName",
+            DeviceAttribute {
+                string: Some(value.clone()),
+                ..Default::default()
+            },
+        );
+        let err = validate_slice(&s).unwrap_err();
+        assert_eq!(
+            err,
+            SliceError::ValueTooLong {
+                device: "gpu-3".to_owned(),
+                attribute: "productName".to_owned(),
+                value,
+                len: 65,
+                max: 64
+            }
+        );
+        assert!(err.to_string().contains("gpu-3"), "{err}");
+    }
+
+    #[test]
+    fn bad_versions_are_refused() {
+        let mut s = dgx_slice();
+        attr(&mut s, 0, "driverVersion", version("550.90.07"));
+        let err = validate_slice(&s).unwrap_err();
+        assert!(
+            matches!(&err, SliceError::InvalidVersion { device, attribute, value, .. }
+                if device == "gpu-0" && attribute == "driverVersion" && value == "550.90.07"),
+            "{err}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains("leading zeros") && msg.contains("driverVersion"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn duplicate_device_names_are_refused() {
+        let mut inv = dgx_h100();
+        inv.gpus[6].minor = Some(1);
+        let err = build_slices(&inv, &SliceOptions::new("node-a")).unwrap_err();
+        assert_eq!(
+            err,
+            SliceError::DuplicateDevice {
+                pool: "node-a".to_owned(),
+                device: "gpu-1".to_owned()
+            }
+        );
+        // Also when the two land in different slices.
+        let opts = SliceOptions {
+            max_devices_per_slice: Some(1),
+            ..SliceOptions::new("node-a")
+        };
+        let err = build_slices(&inv, &opts).unwrap_err();
+        assert!(matches!(err, SliceError::DuplicateDevice { .. }), "{err}");
+    }
+
+    #[test]
+    fn too_many_attributes_are_refused() {
+        let mut s = dgx_slice();
+        // 16 attributes and 1 capacity already; 16 more make 33.
+        for i in 0..16 {
+            attr(&mut s, 2, &format!("extra{i}"), version("1.0.0"));
+        }
+        let err = validate_slice(&s).unwrap_err();
+        assert_eq!(
+            err,
+            SliceError::TooManyAttributes {
+                device: "gpu-2".to_owned(),
+                count: 33,
+                max: 32
+            }
+        );
+    }
+
+    #[test]
+    fn attribute_names_are_checked() {
+        let cases = [
+            ("9lives", false),
+            ("has-dash", false),
+            (&*"a".repeat(33), false),
+            ("Bad.Domain/x", false),
+            ("/x", false),
+            ("example.com/", false),
+            (&*format!("{}.com/x", "d".repeat(60)), false),
+            ("_ok", true),
+            (&*"a".repeat(32), true),
+            ("resource.kubernetes.io/pciBusID", true),
+        ];
+        for (name, ok) in cases {
+            let mut s = dgx_slice();
+            attr(&mut s, 0, name, version("1.0.0"));
+            let res = validate_slice(&s);
+            assert_eq!(res.is_ok(), ok, "{name:?}: {res:?}");
+            if !ok {
+                assert!(
+                    matches!(res, Err(SliceError::AttributeName { .. })),
+                    "{res:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_qualified_spelling_of_our_own_attribute_is_a_duplicate() {
+        let mut s = dgx_slice();
+        attr(&mut s, 0, "gpu.topodra.dev/uuid", version("1.0.0"));
+        let err = validate_slice(&s).unwrap_err();
+        assert!(
+            matches!(err, SliceError::DuplicateAttribute { .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn attribute_values_must_set_one_non_empty_value() {
+        let mut s = dgx_slice();
+        attr(&mut s, 0, "x", DeviceAttribute::default());
+        assert!(matches!(
+            validate_slice(&s),
+            Err(SliceError::ValueCount { count: 0, .. })
+        ));
+        let mut s = dgx_slice();
+        let both = DeviceAttribute {
+            int: Some(1),
+            string: Some("a".to_owned()),
+            ..Default::default()
+        };
+        attr(&mut s, 0, "x", both);
+        assert!(matches!(
+            validate_slice(&s),
+            Err(SliceError::ValueCount { count: 2, .. })
+        ));
+        let mut s = dgx_slice();
+        let empty = DeviceAttribute {
+            ints: Some(vec![]),
+            ..Default::default()
+        };
+        attr(&mut s, 0, "x", empty);
+        assert!(matches!(
+            validate_slice(&s),
+            Err(SliceError::EmptyList { .. })
+        ));
+    }
+
+    #[test]
+    fn device_limits_depend_on_list_attributes() {
+        let mut s = dgx_slice();
+        let template = s.spec.devices.as_ref().unwrap()[0].clone();
+        let devices: Vec<Device> = (0..65)
+            .map(|i| Device {
+                name: format!("gpu-{i}"),
+                ..template.clone()
+            })
+            .collect();
+        s.spec.devices = Some(devices);
+        validate_slice(&s).unwrap();
+        let list = DeviceAttribute {
+            ints: Some(vec![0, 1]),
+            ..Default::default()
+        };
+        attr(&mut s, 64, "resource.kubernetes.io/numaNode", list);
+        let err = validate_slice(&s).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                SliceError::TooManyDevices {
+                    count: 65,
+                    max: 64,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn pools_must_agree_across_slices() {
+        let opts = SliceOptions {
+            max_devices_per_slice: Some(4),
+            ..SliceOptions::new("node-a")
+        };
+        let slices = build_slices(&dgx_h100(), &opts).unwrap();
+        validate_pool(&slices).unwrap();
+
+        let mut bad = slices.clone();
+        bad[1].spec.pool.generation += 1;
+        assert!(matches!(
+            validate_pool(&bad),
+            Err(SliceError::MixedPool {
+                field: "pool generation",
+                ..
+            })
+        ));
+
+        let err = validate_pool(&slices[..1]).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                SliceError::SliceCount {
+                    declared: 2,
+                    actual: Some(1),
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+}

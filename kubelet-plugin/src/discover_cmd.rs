@@ -1,0 +1,125 @@
+//! `discover`: run discovery once and print the result.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use topodra_driver::discovery::{self, DiscoveryConfig, NvmlPolicy, TopologyInput};
+use topodra_driver::slice::{self, NumaNodeFormat, SliceOptions};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Output {
+    /// A table of GPUs and NUMA nodes, for people.
+    Table,
+    /// The ResourceSlices as they would be sent, as a Kubernetes v1 List in JSON.
+    Json,
+    /// The same List in YAML.
+    Yaml,
+    /// The raw inventory (identity and topology per GPU) in JSON.
+    Inventory,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DiscoverArgs {
+    /// Read topology from an hwloc XML export (`lstopo --of xml`) instead of this machine.
+    #[arg(long, env = "TOPODRA_HWLOC_XML", conflicts_with = "sysfs_only")]
+    hwloc_xml: Option<PathBuf>,
+
+    /// NVML library to load.
+    #[arg(long, env = "TOPODRA_NVML_LIB", default_value = discovery::nvml::DEFAULT_NVML_LIB)]
+    nvml_lib: PathBuf,
+
+    /// Do not use NVML: list the NVIDIA GPUs the topology shows, without identity.
+    #[arg(long, env = "TOPODRA_NO_NVML")]
+    no_nvml: bool,
+
+    /// Fail instead of falling back to topology only when NVML cannot be used.
+    #[arg(long, conflicts_with = "no_nvml")]
+    require_nvml: bool,
+
+    /// Read topology from sysfs only, skipping hwloc.
+    #[arg(long)]
+    sysfs_only: bool,
+
+    /// Root of the sysfs tree, for the sysfs fallback.
+    #[arg(long, env = "TOPODRA_SYSFS_ROOT", default_value = "/sys")]
+    sysfs_root: PathBuf,
+
+    /// Node name: the pool name and the slices' nodeName.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+
+    /// DRA driver name.
+    #[arg(long, env = "TOPODRA_DRIVER_NAME", default_value = slice::DEFAULT_DRIVER_NAME)]
+    driver_name: String,
+
+    /// How `resource.kubernetes.io/numaNode` is published: `int`, or `list` (KEP-6072:
+    /// own node first, then same-socket nodes at minimum distance; needs the
+    /// DRAListTypeAttributes feature gate).
+    #[arg(long, env = "TOPODRA_NUMA_NODE_FORMAT", default_value = "int")]
+    numa_node_format: NumaNodeFormat,
+
+    /// What to print.
+    #[arg(long, short, value_enum, default_value = "table")]
+    output: Output,
+}
+
+impl DiscoverArgs {
+    fn config(&self) -> DiscoveryConfig {
+        DiscoveryConfig {
+            nvml_lib: Some(self.nvml_lib.clone()),
+            nvml: if self.no_nvml {
+                NvmlPolicy::Disabled
+            } else if self.require_nvml {
+                NvmlPolicy::Required
+            } else {
+                NvmlPolicy::Optional
+            },
+            topology: match (&self.hwloc_xml, self.sysfs_only) {
+                (Some(path), _) => TopologyInput::HwlocXml(path.clone()),
+                (None, true) => TopologyInput::Sysfs(self.sysfs_root.clone()),
+                (None, false) => TopologyInput::Live,
+            },
+            sysfs_root: self.sysfs_root.clone(),
+        }
+    }
+
+    fn node_name(&self) -> Result<String> {
+        if let Some(name) = &self.node_name {
+            return Ok(name.clone());
+        }
+        let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .context("no --node-name or NODE_NAME given, and the hostname cannot be read")?;
+        Ok(name.trim().to_lowercase())
+    }
+}
+
+pub(crate) fn run(args: &DiscoverArgs, out: &mut impl Write) -> Result<()> {
+    // discover() logs each warning; the inventory output carries them too.
+    let inventory = discovery::discover(&args.config()).context("discovery failed")?;
+    let options = SliceOptions {
+        driver_name: args.driver_name.clone(),
+        numa_node_format: args.numa_node_format,
+        ..SliceOptions::new(args.node_name()?)
+    };
+    match args.output {
+        Output::Table => crate::table::render(&inventory, out)?,
+        Output::Inventory => {
+            serde_json::to_writer_pretty(&mut *out, &inventory)?;
+            writeln!(out)?;
+        }
+        Output::Json | Output::Yaml => {
+            let slices = slice::build_slices(&inventory, &options)
+                .context("the inventory does not fit the ResourceSlice API")?;
+            let list = slice::to_list(&slices);
+            if args.output == Output::Json {
+                serde_json::to_writer_pretty(&mut *out, &list)?;
+                writeln!(out)?;
+            } else {
+                serde_yaml::to_writer(&mut *out, &list)?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,127 @@
+//! The human-readable form of an inventory.
+
+use std::io::Write;
+
+use anyhow::Result;
+use topodra_driver::Inventory;
+
+fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| v.to_string())
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.0}GiB", bytes as f64 / f64::from(1u32 << 30))
+}
+
+fn print_rows(out: &mut impl Write, rows: &[Vec<String>]) -> Result<()> {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for row in rows {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        writeln!(out, "{}", line.join("  ").trim_end())?;
+    }
+    Ok(())
+}
+
+/// Prints GPUs, then NUMA nodes, each as an aligned table.
+pub(crate) fn render(inv: &Inventory, out: &mut impl Write) -> Result<()> {
+    writeln!(
+        out,
+        "Sources: identity={} topology={}  Driver: {}  CUDA: {}",
+        opt(inv.sources.identity.as_deref()),
+        opt(inv.sources.topology.as_deref()),
+        opt(inv.driver_version.as_deref()),
+        opt(inv.cuda_driver_version),
+    )?;
+    writeln!(out)?;
+    let mut rows = vec![
+        [
+            "DEVICE",
+            "INDEX",
+            "PRODUCT",
+            "MEMORY",
+            "PCI BUS ID",
+            "PCIE ROOT",
+            "NUMA",
+            "NUMA LIST",
+            "SOCKET",
+            "PCIE SWITCH",
+            "NVLINK",
+            "CPUS",
+            "UUID",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    for gpu in &inv.gpus {
+        rows.push(vec![
+            gpu.device_name(),
+            opt(gpu.index),
+            opt(gpu.product_name.as_deref()),
+            opt(gpu.memory_bytes.map(gib)),
+            gpu.pci_bus_id.to_string(),
+            opt(gpu.pcie_root),
+            opt(gpu.numa_node),
+            if gpu.same_socket_numa_nodes.is_empty() {
+                "-".to_owned()
+            } else {
+                gpu.same_socket_numa_nodes
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            },
+            opt(gpu.socket),
+            opt(gpu.pcie_switch),
+            opt(gpu.nvlink_domain.as_deref()),
+            if gpu.local_cpus.is_empty() {
+                "-".to_owned()
+            } else {
+                gpu.local_cpus.to_string()
+            },
+            opt(gpu.uuid.as_deref()),
+        ]);
+    }
+    if inv.gpus.is_empty() {
+        writeln!(out, "No GPUs: the pool is published empty.")?;
+    } else {
+        print_rows(out, &rows)?;
+    }
+    writeln!(out)?;
+    let mut rows = vec![
+        ["NUMA NODE", "SOCKET", "KIND", "MEMORY", "CPUS", "DISTANCES"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    let distance_rows = inv.distances.as_ref().map(|d| d.rows()).unwrap_or_default();
+    for node in &inv.numa_nodes {
+        rows.push(vec![
+            node.id.to_string(),
+            opt(node.socket),
+            format!("{:?}", node.kind),
+            gib(node.memory_bytes),
+            if node.cpus.is_empty() {
+                "-".to_owned()
+            } else {
+                node.cpus.to_string()
+            },
+            distance_rows.get(&node.id).map_or_else(
+                || "-".to_owned(),
+                |r| r.iter().map(u64::to_string).collect::<Vec<_>>().join(" "),
+            ),
+        ]);
+    }
+    print_rows(out, &rows)
+}
