@@ -6,6 +6,9 @@
 mod discover_cmd;
 mod logging;
 mod table;
+// Wired into the gRPC servers by `serve`.
+#[allow(dead_code)]
+mod uds;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

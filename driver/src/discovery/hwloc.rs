@@ -137,10 +137,17 @@ fn extract(topology: &Topology) -> HostTopology {
         .objects_with_type(ObjectType::NUMANode)
         .filter_map(|obj| {
             let id = os_index(obj)?;
-            let cpus = obj.cpuset().map(|c| ids(c.iter_set())).unwrap_or_default();
             let gpu_memory = obj
                 .subtype()
                 .is_some_and(|s| s.to_string_lossy().eq_ignore_ascii_case("GPUMemory"));
+            // hwloc gives a memory object the cpuset of the object it hangs off, so a
+            // GPU-memory node "has" its package's CPUs there. The kernel says it owns
+            // none (empty cpulist), and so do we.
+            let cpus = if gpu_memory {
+                IdList::new()
+            } else {
+                obj.cpuset().map(|c| ids(c.iter_set())).unwrap_or_default()
+            };
             let kind = match (cpus.is_empty(), gpu_memory) {
                 (_, true) => NumaKind::GpuMemory,
                 (true, false) => NumaKind::CpuLess,

@@ -1,0 +1,883 @@
+//! The exported NVML C ABI.
+//!
+//! Every entry point runs inside [`guard`] so a bug here surfaces as
+//! `NVML_ERROR_UNKNOWN` instead of unwinding into C. State lives in leaked
+//! allocations: a device handle is a pointer into the machine loaded at
+//! init, and stays dereferenceable even after shutdown (callers holding stale
+//! handles get an error, never a dangling read).
+//!
+//! Choices where real NVML is loosely specified:
+//! - no profile found at init: `NVML_ERROR_DRIVER_NOT_LOADED`, what a node
+//!   without the NVIDIA driver reports; a profile that fails to parse:
+//!   `NVML_ERROR_UNKNOWN` with the reason printed to stderr once;
+//! - a handle that is not one of this instance's devices:
+//!   `NVML_ERROR_INVALID_ARGUMENT`;
+//! - NVLink: a GPU without NVLink gives `NVML_ERROR_NOT_SUPPORTED` for any
+//!   link; a link number at or past the GPU's slot count (or past
+//!   `NVML_NVLINK_MAX_LINKS`) gives `NVML_ERROR_INVALID_ARGUMENT`; a slot
+//!   with no cable reports `NVML_FEATURE_DISABLED` and `NOT_SUPPORTED` for
+//!   its remote end.
+
+// The safety contract of each function is NVML's documented C API; repeating
+// it on ~40 functions would add nothing.
+#![allow(clippy::missing_safety_doc)]
+// Matching on bindgen's constant names keeps the mapping readable against nvml.h.
+#![allow(non_upper_case_globals)]
+
+use std::collections::BTreeMap;
+use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use nvml_wrapper_sys::bindings::*;
+
+use crate::profile::{Architecture, BusId, Gpu, Profile, ResolvedLink};
+
+/// File the library looks for next to itself when the env var is unset.
+pub const PROFILE_FILE_NAME: &str = "nvml-profile.yaml";
+/// Env var naming the profile YAML; wins over the file next to the library.
+pub const PROFILE_ENV: &str = "TOPODRA_FAKE_NVML_PROFILE";
+
+const SUCCESS: nvmlReturn_t = nvmlReturn_enum_NVML_SUCCESS;
+const UNINITIALIZED: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_UNINITIALIZED;
+const INVALID_ARGUMENT: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+const NOT_SUPPORTED: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
+const NOT_FOUND: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_NOT_FOUND;
+const INSUFFICIENT_SIZE: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE;
+const DRIVER_NOT_LOADED: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED;
+const TIMEOUT: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_TIMEOUT;
+const GPU_IS_LOST: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST;
+const VERSION_MISMATCH: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+const UNKNOWN: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_UNKNOWN;
+
+/// Event types every fake GPU supports (what datacenter GPUs report).
+const SUPPORTED_EVENTS: c_ulonglong = (nvmlEventTypeSingleBitEccError
+    | nvmlEventTypeDoubleBitEccError
+    | nvmlEventTypePState
+    | nvmlEventTypeXidCriticalError
+    | nvmlEventTypeClock) as c_ulonglong;
+
+type Ret<T> = Result<T, nvmlReturn_t>;
+
+#[derive(Debug)]
+struct FakeGpu {
+    gpu: Gpu,
+    bus: BusId,
+    links: Vec<ResolvedLink>,
+    slots: u32,
+    link_version: u32,
+}
+
+#[derive(Debug)]
+struct Machine {
+    profile: Profile,
+    /// NVML-visible GPUs, position = NVML index.
+    gpus: Box<[FakeGpu]>,
+}
+
+impl Machine {
+    fn new(profile: Profile) -> Self {
+        let gpus = profile
+            .nvml_gpus()
+            .into_iter()
+            .filter_map(|g| {
+                Some(FakeGpu {
+                    gpu: g.clone(),
+                    bus: BusId::parse(&g.bus_id).ok()?,
+                    links: profile.links_of(g),
+                    slots: profile.nvlink_slots(g),
+                    link_version: profile.nvlink_version(g),
+                })
+            })
+            .collect();
+        Self { profile, gpus }
+    }
+
+    fn handle(&self, i: usize) -> nvmlDevice_t {
+        std::ptr::from_ref(&self.gpus[i]).cast_mut().cast()
+    }
+
+    fn device(&self, handle: nvmlDevice_t) -> Ret<&FakeGpu> {
+        self.gpus
+            .iter()
+            .find(|g| std::ptr::eq(std::ptr::from_ref(*g).cast(), handle.cast_const()))
+            .ok_or(INVALID_ARGUMENT)
+    }
+
+    fn pci_info_of(&self, bus: BusId) -> nvmlPciInfo_t {
+        let (device_id, subsys) = match self.profile.gpu_by_bus_id(bus) {
+            Some(g) => (g.pci_device_id, g.pci_subsystem_id),
+            None => self.profile.pci_devices().get(&bus).map_or((0, 0), |d| {
+                (
+                    u32::from(d.device_id) << 16 | u32::from(d.vendor),
+                    u32::from(d.subdevice) << 16 | u32::from(d.subvendor),
+                )
+            }),
+        };
+        // SAFETY: nvmlPciInfo_t is plain integers and char arrays.
+        let mut info: nvmlPciInfo_t = unsafe { std::mem::zeroed() };
+        fill(&mut info.busIdLegacy, &bus.nvml_legacy());
+        fill(&mut info.busId, &bus.nvml());
+        info.domain = bus.domain;
+        info.bus = u32::from(bus.bus);
+        info.device = u32::from(bus.device);
+        info.pciDeviceId = device_id;
+        info.pciSubSystemId = subsys;
+        info
+    }
+}
+
+/// Copies `s` NUL-terminated into a fixed array, truncating if needed.
+fn fill(dst: &mut [c_char], s: &str) {
+    let n = s.len().min(dst.len().saturating_sub(1));
+    for (d, b) in dst.iter_mut().zip(s.bytes().take(n)) {
+        *d = b as c_char;
+    }
+    if let Some(last) = dst.get_mut(n) {
+        *last = 0;
+    }
+}
+
+#[derive(Debug)]
+struct Global {
+    refcount: u32,
+    machine: Option<&'static Machine>,
+}
+
+static GLOBAL: Mutex<Global> = Mutex::new(Global {
+    refcount: 0,
+    machine: None,
+});
+static REPORTED: AtomicBool = AtomicBool::new(false);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn machine() -> Ret<&'static Machine> {
+    let g = lock(&GLOBAL);
+    match (g.refcount, g.machine) {
+        (n, Some(m)) if n > 0 => Ok(m),
+        _ => Err(UNINITIALIZED),
+    }
+}
+
+fn guard(f: impl FnOnce() -> Ret<()>) -> nvmlReturn_t {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => SUCCESS,
+        Ok(Err(code)) => code,
+        Err(_) => UNKNOWN,
+    }
+}
+
+/// Looks up a device handle; a lost GPU fails every query.
+fn lookup(handle: nvmlDevice_t) -> Ret<(&'static Machine, &'static FakeGpu)> {
+    let m = machine()?;
+    let g = m.device(handle)?;
+    if g.gpu.lost {
+        return Err(GPU_IS_LOST);
+    }
+    Ok((m, g))
+}
+
+/// Writes through a caller's out-pointer.
+///
+/// # Safety
+/// `ptr` must be null or valid for a write of `T`.
+unsafe fn put<T>(ptr: *mut T, v: T) -> Ret<()> {
+    if ptr.is_null() {
+        return Err(INVALID_ARGUMENT);
+    }
+    // SAFETY: non-null, and valid per the caller's contract; NVML callers
+    // pass plain C locals, alignment is not guaranteed across every binding.
+    unsafe { ptr.write_unaligned(v) };
+    Ok(())
+}
+
+/// Copies a string into a caller's buffer of `len` bytes.
+///
+/// # Safety
+/// `buf` must be null or valid for `len` bytes.
+unsafe fn put_str(buf: *mut c_char, len: c_uint, s: &str) -> Ret<()> {
+    if buf.is_null() {
+        return Err(INVALID_ARGUMENT);
+    }
+    if s.len() + 1 > len as usize {
+        return Err(INSUFFICIENT_SIZE);
+    }
+    // SAFETY: `buf` holds at least `s.len() + 1` bytes per the check above.
+    unsafe {
+        std::ptr::copy_nonoverlapping(s.as_ptr().cast::<c_char>(), buf, s.len());
+        buf.add(s.len()).write(0);
+    }
+    Ok(())
+}
+
+/// Reads a caller's C string.
+///
+/// # Safety
+/// `s` must be null or a valid NUL-terminated string.
+unsafe fn get_str<'a>(s: *const c_char) -> Ret<&'a str> {
+    if s.is_null() {
+        return Err(INVALID_ARGUMENT);
+    }
+    // SAFETY: per the caller's contract.
+    unsafe { CStr::from_ptr(s) }
+        .to_str()
+        .map_err(|_| INVALID_ARGUMENT)
+}
+
+/// Where this copy of the library was loaded from.
+fn own_dir() -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: Dl_info is plain pointers; dladdr fills it or returns 0.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let addr = own_dir as fn() -> Option<PathBuf> as *const libc::c_void;
+    // SAFETY: `addr` is a code address inside this object; `info` is valid.
+    let rc = unsafe { libc::dladdr(addr, &mut info) };
+    if rc == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: dladdr returned a NUL-terminated path owned by the loader.
+    let name = unsafe { CStr::from_ptr(info.dli_fname) };
+    let path = std::path::Path::new(std::ffi::OsStr::from_bytes(name.to_bytes()));
+    path.parent().map(std::path::Path::to_path_buf)
+}
+
+fn load_profile() -> Ret<Profile> {
+    let path = match std::env::var_os(PROFILE_ENV) {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => {
+            let p = own_dir().ok_or(DRIVER_NOT_LOADED)?.join(PROFILE_FILE_NAME);
+            if !p.exists() {
+                return Err(DRIVER_NOT_LOADED);
+            }
+            p
+        }
+    };
+    Profile::load(&path).map_err(|e| {
+        if !REPORTED.swap(true, Ordering::Relaxed) {
+            eprintln!("topodra-fake-nvml: {e}");
+        }
+        UNKNOWN
+    })
+}
+
+fn init() -> Ret<()> {
+    let mut g = lock(&GLOBAL);
+    if g.refcount > 0 {
+        g.refcount += 1;
+        return Ok(());
+    }
+    let profile = load_profile()?;
+    if let Some(code) = profile
+        .init_error
+        .as_deref()
+        .and_then(crate::profile::return_code_from_name)
+    {
+        return Err(code);
+    }
+    // Leaked on purpose: handles must outlive shutdown (see module docs).
+    g.machine = Some(Box::leak(Box::new(Machine::new(profile))));
+    g.refcount = 1;
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
+    guard(init)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlInit() -> nvmlReturn_t {
+    guard(init)
+}
+
+/// Flags only relax real NVML's failure modes (no GPUs, no attach), which
+/// this library never has, so they are accepted and ignored.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> nvmlReturn_t {
+    guard(init)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlShutdown() -> nvmlReturn_t {
+    guard(|| {
+        let mut g = lock(&GLOBAL);
+        if g.refcount == 0 {
+            return Err(UNINITIALIZED);
+        }
+        g.refcount -= 1;
+        if g.refcount == 0 {
+            g.machine = None;
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
+    let s: &'static CStr = match result {
+        nvmlReturn_enum_NVML_SUCCESS => c"Success",
+        nvmlReturn_enum_NVML_ERROR_UNINITIALIZED => c"Uninitialized",
+        nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT => c"Invalid Argument",
+        nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED => c"Not Supported",
+        nvmlReturn_enum_NVML_ERROR_NO_PERMISSION => c"Insufficient Permissions",
+        nvmlReturn_enum_NVML_ERROR_ALREADY_INITIALIZED => c"Already Initialized",
+        nvmlReturn_enum_NVML_ERROR_NOT_FOUND => c"Not Found",
+        nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE => c"Insufficient Size",
+        nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_POWER => c"Insufficient External Power",
+        nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED => c"Driver Not Loaded",
+        nvmlReturn_enum_NVML_ERROR_TIMEOUT => c"Timeout",
+        nvmlReturn_enum_NVML_ERROR_IRQ_ISSUE => c"Interrupt Request Issue",
+        nvmlReturn_enum_NVML_ERROR_LIBRARY_NOT_FOUND => c"NVML Shared Library Not Found",
+        nvmlReturn_enum_NVML_ERROR_FUNCTION_NOT_FOUND => c"Function Not Found",
+        nvmlReturn_enum_NVML_ERROR_CORRUPTED_INFOROM => c"Corrupted infoROM",
+        nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST => c"GPU is lost",
+        nvmlReturn_enum_NVML_ERROR_RESET_REQUIRED => c"GPU requires restart",
+        nvmlReturn_enum_NVML_ERROR_OPERATING_SYSTEM => {
+            c"The operating system has blocked the request"
+        }
+        nvmlReturn_enum_NVML_ERROR_LIB_RM_VERSION_MISMATCH => {
+            c"RM has detected an NVML/RM version mismatch"
+        }
+        nvmlReturn_enum_NVML_ERROR_IN_USE => c"In use by another client",
+        nvmlReturn_enum_NVML_ERROR_MEMORY => c"Insufficient Memory",
+        nvmlReturn_enum_NVML_ERROR_NO_DATA => c"No data",
+        nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH => c"Argument version mismatch",
+        nvmlReturn_enum_NVML_ERROR_NOT_READY => c"Not ready",
+        nvmlReturn_enum_NVML_ERROR_GPU_NOT_FOUND => c"GPU not found",
+        nvmlReturn_enum_NVML_ERROR_INVALID_STATE => c"Invalid state",
+        _ => c"Unknown Error",
+    };
+    s.as_ptr()
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    // SAFETY: forwarded caller contract.
+    guard(|| unsafe { put_str(version, length, &machine()?.profile.driver_version) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    // SAFETY: forwarded caller contract.
+    guard(|| unsafe { put_str(version, length, &machine()?.profile.nvml_version()) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(version: *mut c_int) -> nvmlReturn_t {
+    // SAFETY: forwarded caller contract.
+    guard(|| unsafe { put(version, machine()?.profile.cuda_driver_version) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> nvmlReturn_t {
+    // SAFETY: forwarded caller contract.
+    guard(|| unsafe { put(version, machine()?.profile.cuda_driver_version) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn_t {
+    guard(|| {
+        let n = c_uint::try_from(machine()?.gpus.len()).map_err(|_| UNKNOWN)?;
+        // SAFETY: forwarded caller contract.
+        unsafe { put(count, n) }
+    })
+}
+
+fn handle_where(
+    out: *mut nvmlDevice_t,
+    pred: impl Fn(&FakeGpu) -> bool,
+    missing: nvmlReturn_t,
+) -> Ret<()> {
+    let m = machine()?;
+    let i = m.gpus.iter().position(pred).ok_or(missing)?;
+    if m.gpus[i].gpu.lost {
+        return Err(GPU_IS_LOST);
+    }
+    // SAFETY: `out` comes straight from the NVML caller.
+    unsafe { put(out, m.handle(i)) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    guard(|| handle_where(device, |g| g.gpu.index == index, INVALID_ARGUMENT))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let uuid = unsafe { get_str(uuid) }?;
+        handle_where(device, |g| g.gpu.uuid == uuid, NOT_FOUND)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
+    bus_id: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    guard(|| {
+        // SAFETY: forwarded caller contract.
+        let s = unsafe { get_str(bus_id) }?;
+        let bus = BusId::parse(s).map_err(|_| INVALID_ARGUMENT)?;
+        handle_where(device, |g| g.bus == bus, NOT_FOUND)
+    })
+}
+
+/// Runs a per-device query whose only output is one value.
+fn query<T>(handle: nvmlDevice_t, out: *mut T, f: impl FnOnce(&FakeGpu) -> Ret<T>) -> nvmlReturn_t {
+    guard(|| {
+        let (_, g) = lookup(handle)?;
+        let v = f(g)?;
+        // SAFETY: `out` comes straight from the NVML caller.
+        unsafe { put(out, v) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(
+    device: nvmlDevice_t,
+    index: *mut c_uint,
+) -> nvmlReturn_t {
+    query(device, index, |g| Ok(g.gpu.index))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
+    device: nvmlDevice_t,
+    minor: *mut c_uint,
+) -> nvmlReturn_t {
+    query(device, minor, |g| Ok(g.gpu.minor))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    device: nvmlDevice_t,
+    uuid: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    guard(|| {
+        let (_, g) = lookup(device)?;
+        // SAFETY: forwarded caller contract.
+        unsafe { put_str(uuid, length, &g.gpu.uuid) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    device: nvmlDevice_t,
+    name: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    guard(|| {
+        let (_, g) = lookup(device)?;
+        // SAFETY: forwarded caller contract.
+        unsafe { put_str(name, length, &g.gpu.name) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetBrand(
+    device: nvmlDevice_t,
+    brand: *mut nvmlBrandType_t,
+) -> nvmlReturn_t {
+    query(device, brand, |g| {
+        crate::profile::brand_from_name(&g.gpu.brand).ok_or(UNKNOWN)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetArchitecture(
+    device: nvmlDevice_t,
+    arch: *mut nvmlDeviceArchitecture_t,
+) -> nvmlReturn_t {
+    query(device, arch, |g| {
+        Ok(match g.gpu.architecture {
+            Architecture::Kepler => NVML_DEVICE_ARCH_KEPLER,
+            Architecture::Maxwell => NVML_DEVICE_ARCH_MAXWELL,
+            Architecture::Pascal => NVML_DEVICE_ARCH_PASCAL,
+            Architecture::Volta => NVML_DEVICE_ARCH_VOLTA,
+            Architecture::Turing => NVML_DEVICE_ARCH_TURING,
+            Architecture::Ampere => NVML_DEVICE_ARCH_AMPERE,
+            Architecture::Ada => NVML_DEVICE_ARCH_ADA,
+            Architecture::Hopper => NVML_DEVICE_ARCH_HOPPER,
+            Architecture::Blackwell => NVML_DEVICE_ARCH_BLACKWELL,
+        })
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
+    device: nvmlDevice_t,
+    major: *mut c_int,
+    minor: *mut c_int,
+) -> nvmlReturn_t {
+    guard(|| {
+        let (_, g) = lookup(device)?;
+        if major.is_null() || minor.is_null() {
+            return Err(INVALID_ARGUMENT);
+        }
+        let (a, b) =
+            crate::profile::parse_compute_capability(&g.gpu.compute_capability).ok_or(UNKNOWN)?;
+        // SAFETY: forwarded caller contract.
+        unsafe {
+            put(major, a)?;
+            put(minor, b)
+        }
+    })
+}
+
+fn memory_bytes(g: &FakeGpu) -> u64 {
+    g.gpu.memory_mib.saturating_mul(1 << 20)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_t,
+) -> nvmlReturn_t {
+    query(device, memory, |g| {
+        let total = memory_bytes(g);
+        Ok(nvmlMemory_t {
+            total,
+            free: total,
+            used: 0,
+        })
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_v2_t,
+) -> nvmlReturn_t {
+    guard(|| {
+        let (_, g) = lookup(device)?;
+        if memory.is_null() {
+            return Err(INVALID_ARGUMENT);
+        }
+        // nvml.h: NVML_STRUCT_VERSION(Memory, 2) = sizeof | 2 << 24.
+        let expected = (std::mem::size_of::<nvmlMemory_v2_t>() as u32) | (2 << 24);
+        // SAFETY: non-null and valid per the caller's contract.
+        let version = unsafe { std::ptr::addr_of!((*memory).version).read_unaligned() };
+        if version != expected {
+            return Err(VERSION_MISMATCH);
+        }
+        let total = memory_bytes(g);
+        // SAFETY: as above.
+        unsafe {
+            put(
+                memory,
+                nvmlMemory_v2_t {
+                    version,
+                    total,
+                    reserved: 0,
+                    free: total,
+                    used: 0,
+                },
+            )
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
+    device: nvmlDevice_t,
+    pci: *mut nvmlPciInfo_t,
+) -> nvmlReturn_t {
+    guard(|| {
+        let (m, g) = lookup(device)?;
+        // SAFETY: forwarded caller contract.
+        unsafe { put(pci, m.pci_info_of(g.bus)) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+    device: nvmlDevice_t,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> nvmlReturn_t {
+    guard(|| {
+        let (_, g) = lookup(device)?;
+        let mig = g.gpu.mig.ok_or(NOT_SUPPORTED)?;
+        if current.is_null() || pending.is_null() {
+            return Err(INVALID_ARGUMENT);
+        }
+        let v = |on: bool| {
+            if on {
+                NVML_DEVICE_MIG_ENABLE
+            } else {
+                NVML_DEVICE_MIG_DISABLE
+            }
+        };
+        // SAFETY: forwarded caller contract.
+        unsafe {
+            put(current, v(mig.current))?;
+            put(pending, v(mig.pending))
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNumaNodeId(
+    device: nvmlDevice_t,
+    node: *mut c_uint,
+) -> nvmlReturn_t {
+    query(device, node, |g| g.gpu.numa_node_id.ok_or(NOT_SUPPORTED))
+}
+
+/// Resolves a link number to its slot: `Ok(None)` is a slot with no cable.
+fn link_of(g: &FakeGpu, link: c_uint) -> Ret<Option<&ResolvedLink>> {
+    if g.slots == 0 {
+        return Err(NOT_SUPPORTED);
+    }
+    if link >= g.slots || link >= NVML_NVLINK_MAX_LINKS {
+        return Err(INVALID_ARGUMENT);
+    }
+    Ok(g.links.iter().find(|l| l.link == link))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
+    device: nvmlDevice_t,
+    link: c_uint,
+    is_active: *mut nvmlEnableState_t,
+) -> nvmlReturn_t {
+    query(device, is_active, |g| {
+        Ok(match link_of(g, link)? {
+            Some(l) if l.active => nvmlEnableState_enum_NVML_FEATURE_ENABLED,
+            _ => nvmlEnableState_enum_NVML_FEATURE_DISABLED,
+        })
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkVersion(
+    device: nvmlDevice_t,
+    link: c_uint,
+    version: *mut c_uint,
+) -> nvmlReturn_t {
+    query(device, version, |g| {
+        link_of(g, link)?;
+        Ok(g.link_version)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
+    device: nvmlDevice_t,
+    link: c_uint,
+    pci: *mut nvmlPciInfo_t,
+) -> nvmlReturn_t {
+    guard(|| {
+        let (m, g) = lookup(device)?;
+        let l = link_of(g, link)?.ok_or(NOT_SUPPORTED)?;
+        // SAFETY: forwarded caller contract.
+        unsafe { put(pci, m.pci_info_of(l.remote)) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemoteDeviceType(
+    device: nvmlDevice_t,
+    link: c_uint,
+    kind: *mut nvmlIntNvLinkDeviceType_t,
+) -> nvmlReturn_t {
+    guard(|| {
+        let (m, g) = lookup(device)?;
+        let l = link_of(g, link)?.ok_or(NOT_SUPPORTED)?;
+        let v = if m.profile.gpu_by_bus_id(l.remote).is_some() {
+            nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_GPU
+        } else if m.profile.nvswitches().contains(&l.remote) {
+            nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_SWITCH
+        } else {
+            nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_UNKNOWN
+        };
+        // SAFETY: forwarded caller contract.
+        unsafe { put(kind, v) }
+    })
+}
+
+// ---- events ----
+
+#[derive(Debug)]
+struct Registration {
+    gpu_index: u32,
+    mask: c_ulonglong,
+    at: Instant,
+}
+
+#[derive(Debug)]
+struct EventSet {
+    machine: &'static Machine,
+    regs: Mutex<Vec<Registration>>,
+    /// Indices into the profile's `xid_events` already delivered.
+    delivered: Mutex<Vec<usize>>,
+}
+
+/// Live sets by handle value. Handles are opaque ids rather than pointers so
+/// a double free or a stale handle is an error, not memory corruption.
+static EVENT_SETS: Mutex<BTreeMap<usize, Arc<EventSet>>> = Mutex::new(BTreeMap::new());
+static NEXT_SET: Mutex<usize> = Mutex::new(0x1000);
+
+fn event_set(set: nvmlEventSet_t) -> Ret<Arc<EventSet>> {
+    lock(&EVENT_SETS)
+        .get(&(set as usize))
+        .cloned()
+        .ok_or(INVALID_ARGUMENT)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> nvmlReturn_t {
+    guard(|| {
+        let m = machine()?;
+        if set.is_null() {
+            return Err(INVALID_ARGUMENT);
+        }
+        let id = {
+            let mut n = lock(&NEXT_SET);
+            *n += 0x10;
+            *n
+        };
+        lock(&EVENT_SETS).insert(
+            id,
+            Arc::new(EventSet {
+                machine: m,
+                regs: Mutex::new(Vec::new()),
+                delivered: Mutex::new(Vec::new()),
+            }),
+        );
+        // SAFETY: forwarded caller contract.
+        unsafe { put(set, id as nvmlEventSet_t) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> nvmlReturn_t {
+    guard(|| {
+        machine()?;
+        lock(&EVENT_SETS)
+            .remove(&(set as usize))
+            .map(|_| ())
+            .ok_or(INVALID_ARGUMENT)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
+    device: nvmlDevice_t,
+    types: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    query(device, types, |_| Ok(SUPPORTED_EVENTS))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
+    device: nvmlDevice_t,
+    types: c_ulonglong,
+    set: nvmlEventSet_t,
+) -> nvmlReturn_t {
+    guard(|| {
+        let (_, g) = lookup(device)?;
+        let s = event_set(set)?;
+        if types & !SUPPORTED_EVENTS != 0 {
+            return Err(NOT_SUPPORTED);
+        }
+        lock(&s.regs).push(Registration {
+            gpu_index: g.gpu.index,
+            mask: types,
+            at: Instant::now(),
+        });
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetWait_v2(
+    set: nvmlEventSet_t,
+    data: *mut nvmlEventData_t,
+    timeoutms: c_uint,
+) -> nvmlReturn_t {
+    guard(|| {
+        machine()?;
+        let s = event_set(set)?;
+        if data.is_null() {
+            return Err(INVALID_ARGUMENT);
+        }
+        let deadline = Instant::now() + Duration::from_millis(u64::from(timeoutms));
+        loop {
+            let next = next_event(&s);
+            let now = Instant::now();
+            match next {
+                Some((due, i)) if due <= now => {
+                    let mut delivered = lock(&s.delivered);
+                    if delivered.contains(&i) {
+                        // Another waiter on the same set took it.
+                        continue;
+                    }
+                    delivered.push(i);
+                    drop(delivered);
+                    let ev = &s.machine.profile.xid_events[i];
+                    let pos = s
+                        .machine
+                        .gpus
+                        .iter()
+                        .position(|g| g.gpu.index == ev.gpu_index)
+                        .ok_or(UNKNOWN)?;
+                    let out = nvmlEventData_t {
+                        device: s.machine.handle(pos),
+                        eventType: nvmlEventTypeXidCriticalError as c_ulonglong,
+                        eventData: ev.xid,
+                        // nvml.h: 0xFFFFFFFF when not attributable to a MIG instance.
+                        gpuInstanceId: u32::MAX,
+                        computeInstanceId: u32::MAX,
+                    };
+                    // SAFETY: forwarded caller contract.
+                    return unsafe { put(data, out) };
+                }
+                _ if now >= deadline => return Err(TIMEOUT),
+                Some((due, _)) => std::thread::sleep(due.min(deadline) - now),
+                None => std::thread::sleep(deadline - now),
+            }
+        }
+    })
+}
+
+/// The earliest undelivered XID event this set is registered for.
+fn next_event(s: &EventSet) -> Option<(Instant, usize)> {
+    let regs = lock(&s.regs);
+    let delivered = lock(&s.delivered);
+    s.machine
+        .profile
+        .xid_events
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !delivered.contains(i))
+        .filter_map(|(i, ev)| {
+            let reg = regs.iter().find(|r| {
+                r.gpu_index == ev.gpu_index
+                    && r.mask & nvmlEventTypeXidCriticalError as c_ulonglong != 0
+            })?;
+            Some((reg.at + Duration::from_millis(ev.after_ms), i))
+        })
+        .min()
+}

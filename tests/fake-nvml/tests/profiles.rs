@@ -1,0 +1,155 @@
+//! Every builtin profile parses, validates, and matches its committed hwloc
+//! XML. `TOPODRA_REGENERATE=1` rewrites the XML files instead of comparing.
+
+use std::process::Command;
+
+use topodra_fake_nvml::hwloc_xml::render;
+use topodra_fake_nvml::{Profile, builtin_names, profiles_dir};
+
+#[test]
+fn builtins_parse_and_validate() {
+    for name in builtin_names() {
+        let p = Profile::builtin(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(&p.name, name, "file name and profile name differ");
+        assert!(!p.sources.trim().is_empty(), "{name}: sources is empty");
+        // The serialised form must read back to the same profile.
+        let again = Profile::from_yaml_str(&p.to_yaml()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(again, p);
+    }
+}
+
+#[test]
+fn profile_dir_has_no_strays() {
+    let mut found: Vec<String> = std::fs::read_dir(profiles_dir())
+        .expect("profiles dir")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".yaml"))
+        .map(|n| n.trim_end_matches(".yaml").to_owned())
+        .collect();
+    found.sort();
+    let mut known: Vec<String> = builtin_names().iter().map(|s| s.to_string()).collect();
+    known.sort();
+    assert_eq!(found, known, "profiles/*.yaml and builtin_names() disagree");
+}
+
+#[test]
+fn committed_xml_matches_render() {
+    let regenerate = std::env::var_os("TOPODRA_REGENERATE").is_some_and(|v| v == "1");
+    let mut stale = Vec::new();
+    for name in builtin_names() {
+        let p = Profile::builtin(name).expect("builtin");
+        let xml = render(&p);
+        let path = profiles_dir().join(format!("{name}.hwloc.xml"));
+        if regenerate {
+            std::fs::write(&path, &xml).expect("write xml");
+            continue;
+        }
+        match std::fs::read_to_string(&path) {
+            Ok(committed) if committed == xml => {}
+            _ => stale.push(path.display().to_string()),
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "out of date: {stale:?}; run `TOPODRA_REGENERATE=1 cargo test -p topodra-fake-nvml`"
+    );
+}
+
+/// hwloc's own loader must accept each file without complaint. Skipped
+/// where `lstopo-no-graphics` is not installed.
+#[test]
+fn lstopo_loads_rendered_xml() {
+    if Command::new("lstopo-no-graphics")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("lstopo-no-graphics not installed; skipping");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    for name in builtin_names() {
+        let p = Profile::builtin(name).expect("builtin");
+        let path = dir.path().join(format!("{name}.xml"));
+        std::fs::write(&path, render(&p)).expect("write");
+        let out = Command::new("lstopo-no-graphics")
+            .arg("-i")
+            .arg(&path)
+            .arg("--whole-io")
+            .arg("-v")
+            .env("HWLOC_DEBUG_CHECK", "1")
+            .output()
+            .expect("run lstopo");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && stderr.trim().is_empty(),
+            "{name}: {stderr}"
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        for g in p.gpus.iter().filter(|g| !g.hwloc_hidden) {
+            assert!(
+                stdout.contains(&g.bus_id),
+                "{name}: lstopo does not show {}",
+                g.bus_id
+            );
+        }
+    }
+}
+
+fn base() -> String {
+    std::fs::read_to_string(profiles_dir().join("mismatch.yaml")).expect("read")
+}
+
+fn expect_error(yaml: &str, needle: &str) {
+    match Profile::from_yaml_str(yaml) {
+        Ok(_) => panic!("accepted a profile that should fail with {needle:?}"),
+        Err(e) => assert!(e.to_string().contains(needle), "error {e} lacks {needle:?}"),
+    }
+}
+
+#[test]
+fn validation_errors_are_clear() {
+    let b = base();
+    expect_error(
+        &b.replacen("bus_id: \"0000:2a:00.0\"", "bus_id: \"0000:18:00.0\"", 1),
+        "duplicate GPU bus id",
+    );
+    expect_error(
+        &b.replacen("- gpu: \"0000:2a:00.0\"", "- gpu: \"0000:2b:00.0\"", 1),
+        "missing from gpus",
+    );
+    expect_error(&b.replacen("  - [10]", "  - [10, 20]", 1), "square");
+    expect_error(
+        &b.replacen("name: mismatch", "name: mismatch\nbogus: 1", 1),
+        "unknown field",
+    );
+    expect_error(
+        &b.replacen(
+            "threads_per_core: 2",
+            "threads_per_core: 2\ninit_error: NOPE",
+            1,
+        ),
+        "unknown NVML return code",
+    );
+    expect_error(
+        &b.replacen("numa_node: 0\n", "numa_node: 5\n", 1),
+        "NUMA node 5",
+    );
+    expect_error(&b.replacen("index: 1\n", "index: 4\n", 1), "without gaps");
+    expect_error(
+        &b.replacen("bus: \"0000:29\"", "bus: \"0000:17\"", 1)
+            .replacen("bus_id: \"0000:29:01.0\"", "bus_id: \"0000:17:01.0\"", 1),
+        "duplicate host bridge",
+    );
+}
+
+#[test]
+fn overlapping_sibling_bridges_are_rejected() {
+    let yaml = base().replacen(
+        "      - bridge:\n          bus_id: \"0000:17:01.0\"",
+        "      - bridge:\n          bus_id: \"0000:17:02.0\"\n          children:\n            - device: {bus_id: \"0000:18:00.1\", class: 0x0200, vendor: 0x15b3, device_id: 0x1021}\n      - bridge:\n          bus_id: \"0000:17:01.0\"",
+        1,
+    );
+    expect_error(&yaml, "overlapping bus ranges");
+}
