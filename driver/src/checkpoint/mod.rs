@@ -1,0 +1,521 @@
+//! The prepare checkpoint: what the kubelet plugin has prepared, kept on disk.
+//!
+//! The kubelet may ask us to unprepare a claim after the plugin restarted and after the
+//! claim object is gone, so everything unprepare needs (devices, CDI spec path) is
+//! recorded here. Prepare is two-phase: a record is written in
+//! [`ClaimState::PrepareStarted`] *before* any side effect (CDI spec, sharing setup),
+//! and turned into [`ClaimState::PrepareCompleted`] after them. A crash in between
+//! leaves a started record, which [`rollback_candidates`] hands back at startup.
+//!
+//! # Reboots
+//!
+//! CDI specs live under `/var/run`, which a reboot empties, and the kubelet calls
+//! prepare again for every claim of its pods (it does not trust its own "prepared"
+//! state across restarts). A completed record whose spec vanished must therefore not
+//! answer prepare from the record alone. [`after_reboot`] keeps every record, so the
+//! devices stay reserved and unprepare still finds what to clean up, but turns
+//! completed records into [`ClaimState::NeedsReprepare`]: the next prepare redoes the
+//! work, and the startup rollback leaves them alone (their pods may still be bound
+//! here and about to be restarted). Records still in `PrepareStarted` stay rollback
+//! candidates: a reboot finished nothing for them either.
+//!
+//! # Layout
+//!
+//! - [`format`]: the pure on-disk encoding ([`encode`], [`parse`]); see there for the
+//!   file format.
+//! - [`store`]: [`CheckpointStore`], the atomic file I/O and quarantine.
+
+pub mod format;
+pub mod store;
+
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
+use std::fmt;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+pub use format::{CURRENT_VERSION, CorruptReason, MAX_CHECKPOINT_BYTES, encode, parse};
+pub use store::{
+    CHECKPOINT_FILE, CheckpointError, CheckpointStore, DEFAULT_BOOT_ID_PATH, Loaded,
+    MAX_QUARANTINED, Quarantined, read_boot_id,
+};
+
+// No `deny_unknown_fields` anywhere below: after a rollback to an older plugin, fields a
+// newer one added must be ignored rather than make the whole file corrupt. Anything
+// that changes the meaning of existing fields (a new state, a renamed field) needs a
+// new format version instead.
+
+/// Every claim this node has prepared or is preparing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Checkpoint {
+    /// The kernel boot id at the time of the last save; see [`after_reboot`].
+    #[serde(default)]
+    pub boot_id: String,
+    /// Keyed by claim UID.
+    #[serde(default)]
+    pub claims: BTreeMap<String, ClaimRecord>,
+}
+
+/// What was prepared for one ResourceClaim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimRecord {
+    pub uid: String,
+    #[serde(default)]
+    pub namespace: String,
+    #[serde(default)]
+    pub name: String,
+    pub state: ClaimState,
+    #[serde(default)]
+    pub devices: Vec<PreparedDevice>,
+    /// Path of the CDI spec file written for this claim. Recorded when prepare starts,
+    /// before the file is written, so a rollback knows what may need deleting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cdi_spec: Option<String>,
+    /// Unix seconds of the last state change.
+    #[serde(default)]
+    pub updated_at: u64,
+}
+
+/// Where a claim stands in the two-phase prepare.
+///
+/// Every state holds the claim's devices: a record releases them only by being
+/// removed (unprepare or rollback).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ClaimState {
+    /// Prepare began and may have left partial side effects.
+    PrepareStarted,
+    /// Prepare finished; the recorded CDI ids are valid.
+    PrepareCompleted,
+    /// Prepare finished in an earlier boot; its side effects may be gone, so the next
+    /// prepare must redo them.
+    NeedsReprepare,
+}
+
+impl fmt::Display for ClaimState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::PrepareStarted => "PrepareStarted",
+            Self::PrepareCompleted => "PrepareCompleted",
+            Self::NeedsReprepare => "NeedsReprepare",
+        })
+    }
+}
+
+/// One allocated device as prepared for a claim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreparedDevice {
+    /// Request names (base names, without a subrequest suffix) this device serves.
+    #[serde(default)]
+    pub requests: Vec<String>,
+    pub pool: String,
+    /// Device name in the pool, e.g. `gpu-3`.
+    pub device: String,
+    /// Fully qualified CDI device ids returned to the kubelet.
+    #[serde(default)]
+    pub cdi_device_ids: Vec<String>,
+    /// Set when the device is shared (time slicing, MPS) under this id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
+}
+
+/// Identity of the claim being prepared.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimRef {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+/// A two-phase transition that the checkpoint refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PrepareError {
+    #[error("device {pool}/{device} is already prepared for claim {holder}")]
+    DeviceInUse {
+        pool: String,
+        device: String,
+        holder: String,
+    },
+    #[error("claim {0} is not in the checkpoint")]
+    UnknownClaim(String),
+    #[error("claim {uid} cannot complete prepare from state {state}")]
+    NotStarted { uid: String, state: ClaimState },
+}
+
+impl Checkpoint {
+    /// An empty checkpoint for the given boot.
+    pub fn new(boot_id: impl Into<String>) -> Self {
+        Self {
+            boot_id: boot_id.into(),
+            claims: BTreeMap::new(),
+        }
+    }
+
+    pub fn get(&self, uid: &str) -> Option<&ClaimRecord> {
+        self.claims.get(uid)
+    }
+
+    /// The claim, if any, whose record holds `pool/device`.
+    pub fn holder_of(&self, pool: &str, device: &str) -> Option<&ClaimRecord> {
+        self.claims.values().find(|r| r.holds(pool, device))
+    }
+
+    /// Inserts or replaces the record under its own UID; returns the previous one.
+    pub fn insert(&mut self, record: ClaimRecord) -> Option<ClaimRecord> {
+        self.claims.insert(record.uid.clone(), record)
+    }
+
+    pub fn remove(&mut self, uid: &str) -> Option<ClaimRecord> {
+        self.claims.remove(uid)
+    }
+}
+
+impl ClaimRecord {
+    pub fn holds(&self, pool: &str, device: &str) -> bool {
+        self.devices
+            .iter()
+            .any(|d| d.pool == pool && d.device == device)
+    }
+}
+
+/// Records that prepare of `claim` is starting, with everything needed to undo it.
+///
+/// Refuses when one of `devices` is held by another claim. A record already there for
+/// the same UID is replaced: the caller calls this only after deciding the prepare must
+/// be (re)done, e.g. for a retry or a [`ClaimState::NeedsReprepare`] record.
+pub fn begin_prepare(
+    checkpoint: &mut Checkpoint,
+    claim: ClaimRef,
+    devices: Vec<PreparedDevice>,
+    cdi_spec: Option<String>,
+    now: u64,
+) -> Result<&ClaimRecord, PrepareError> {
+    for d in &devices {
+        if let Some(holder) = checkpoint.holder_of(&d.pool, &d.device)
+            && holder.uid != claim.uid
+        {
+            return Err(PrepareError::DeviceInUse {
+                pool: d.pool.clone(),
+                device: d.device.clone(),
+                holder: holder.uid.clone(),
+            });
+        }
+    }
+    let record = ClaimRecord {
+        uid: claim.uid.clone(),
+        namespace: claim.namespace,
+        name: claim.name,
+        state: ClaimState::PrepareStarted,
+        devices,
+        cdi_spec,
+        updated_at: now,
+    };
+    Ok(match checkpoint.claims.entry(claim.uid) {
+        Entry::Occupied(mut slot) => {
+            slot.insert(record);
+            slot.into_mut()
+        }
+        Entry::Vacant(slot) => slot.insert(record),
+    })
+}
+
+/// Marks a started prepare as done. Completing an already completed claim is a no-op,
+/// so a retried call is harmless; completing a claim that was never (re)started is a
+/// caller bug and refused.
+pub fn complete_prepare<'a>(
+    checkpoint: &'a mut Checkpoint,
+    uid: &str,
+    now: u64,
+) -> Result<&'a ClaimRecord, PrepareError> {
+    let record = checkpoint
+        .claims
+        .get_mut(uid)
+        .ok_or_else(|| PrepareError::UnknownClaim(uid.to_owned()))?;
+    match record.state {
+        ClaimState::PrepareCompleted => {}
+        ClaimState::PrepareStarted => {
+            record.state = ClaimState::PrepareCompleted;
+            record.updated_at = now;
+        }
+        ClaimState::NeedsReprepare => {
+            return Err(PrepareError::NotStarted {
+                uid: uid.to_owned(),
+                state: record.state,
+            });
+        }
+    }
+    Ok(record)
+}
+
+/// Claims a crash left half-prepared: their side effects must be undone and their
+/// records removed before new prepares are served.
+pub fn rollback_candidates(checkpoint: &Checkpoint) -> Vec<ClaimRecord> {
+    checkpoint
+        .claims
+        .values()
+        .filter(|r| r.state == ClaimState::PrepareStarted)
+        .cloned()
+        .collect()
+}
+
+/// Applies the reboot rule (see the module docs) when `current_boot_id` differs from
+/// the recorded one, and records the new boot id. Returns the UIDs turned into
+/// [`ClaimState::NeedsReprepare`]; calling it again in the same boot changes nothing.
+pub fn after_reboot(checkpoint: &mut Checkpoint, current_boot_id: &str) -> Vec<String> {
+    if checkpoint.boot_id == current_boot_id {
+        return Vec::new();
+    }
+    checkpoint.boot_id = current_boot_id.to_owned();
+    let mut marked = Vec::new();
+    for record in checkpoint.claims.values_mut() {
+        if record.state == ClaimState::PrepareCompleted {
+            record.state = ClaimState::NeedsReprepare;
+            marked.push(record.uid.clone());
+        }
+    }
+    marked
+}
+
+/// Current time in unix seconds, for `now` arguments.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+pub(crate) mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    pub(crate) fn device(pool: &str, name: &str, claim: &str) -> PreparedDevice {
+        PreparedDevice {
+            requests: vec!["gpu".into()],
+            pool: pool.into(),
+            device: name.into(),
+            cdi_device_ids: vec![format!("k8s.gpu.topodra.dev/claim={claim}-{name}")],
+            share_id: None,
+        }
+    }
+
+    fn claim(uid: &str) -> ClaimRef {
+        ClaimRef {
+            uid: uid.into(),
+            namespace: "ns".into(),
+            name: format!("claim-{uid}"),
+        }
+    }
+
+    pub(crate) fn sample() -> Checkpoint {
+        let mut cp = Checkpoint::new("boot-a");
+        begin_prepare(
+            &mut cp,
+            claim("u1"),
+            vec![
+                device("node-1", "gpu-0", "u1"),
+                device("node-1", "gpu-1", "u1"),
+            ],
+            Some("/var/run/cdi/k8s.gpu.topodra.dev-claim_u1.json".into()),
+            100,
+        )
+        .unwrap();
+        complete_prepare(&mut cp, "u1", 101).unwrap();
+        begin_prepare(
+            &mut cp,
+            claim("u2"),
+            vec![PreparedDevice {
+                share_id: Some("ts-1".into()),
+                ..device("node-1", "gpu-3", "u2")
+            }],
+            None,
+            102,
+        )
+        .unwrap();
+        cp
+    }
+
+    fn text() -> impl Strategy<Value = String> {
+        // Any scalar values, so JSON escaping of controls and non-BMP chars is covered.
+        prop::collection::vec(any::<char>(), 0..10).prop_map(String::from_iter)
+    }
+
+    fn prepared_device() -> impl Strategy<Value = PreparedDevice> {
+        (
+            prop::collection::vec(text(), 0..3),
+            text(),
+            text(),
+            prop::collection::vec(text(), 0..3),
+            prop::option::of(text()),
+        )
+            .prop_map(|(requests, pool, device, cdi_device_ids, share_id)| {
+                PreparedDevice {
+                    requests,
+                    pool,
+                    device,
+                    cdi_device_ids,
+                    share_id,
+                }
+            })
+    }
+
+    fn record() -> impl Strategy<Value = ClaimRecord> {
+        (
+            (text(), text(), text()),
+            prop_oneof![
+                Just(ClaimState::PrepareStarted),
+                Just(ClaimState::PrepareCompleted),
+                Just(ClaimState::NeedsReprepare),
+            ],
+            prop::collection::vec(prepared_device(), 0..3),
+            prop::option::of(text()),
+            any::<u64>(),
+        )
+            .prop_map(
+                |((uid, namespace, name), state, devices, cdi_spec, updated_at)| ClaimRecord {
+                    uid,
+                    namespace,
+                    name,
+                    state,
+                    devices,
+                    cdi_spec,
+                    updated_at,
+                },
+            )
+    }
+
+    pub(crate) fn arb_checkpoint() -> impl Strategy<Value = Checkpoint> {
+        (text(), prop::collection::vec(record(), 0..4)).prop_map(|(boot_id, records)| {
+            let mut cp = Checkpoint::new(boot_id);
+            for r in records {
+                cp.insert(r);
+            }
+            cp
+        })
+    }
+
+    #[test]
+    fn holder_of_finds_the_claim_holding_a_device() {
+        let cp = sample();
+        assert_eq!(cp.holder_of("node-1", "gpu-1").unwrap().uid, "u1");
+        assert_eq!(cp.holder_of("node-1", "gpu-3").unwrap().uid, "u2");
+        assert!(cp.holder_of("node-1", "gpu-2").is_none());
+        assert!(cp.holder_of("node-2", "gpu-0").is_none());
+    }
+
+    #[test]
+    fn insert_replaces_and_remove_releases() {
+        let mut cp = sample();
+        let mut r = cp.get("u1").unwrap().clone();
+        r.devices.truncate(1);
+        let old = cp.insert(r).unwrap();
+        assert_eq!(old.devices.len(), 2);
+        assert!(cp.holder_of("node-1", "gpu-1").is_none());
+        assert_eq!(cp.remove("u1").unwrap().uid, "u1");
+        assert!(cp.holder_of("node-1", "gpu-0").is_none());
+        assert!(cp.remove("u1").is_none());
+    }
+
+    #[test]
+    fn begin_prepare_refuses_a_device_of_another_claim() {
+        let mut cp = sample();
+        let err = begin_prepare(
+            &mut cp,
+            claim("u3"),
+            vec![
+                device("node-1", "gpu-2", "u3"),
+                device("node-1", "gpu-1", "u3"),
+            ],
+            None,
+            200,
+        )
+        .unwrap_err();
+        assert_eq!(
+            err,
+            PrepareError::DeviceInUse {
+                pool: "node-1".into(),
+                device: "gpu-1".into(),
+                holder: "u1".into()
+            }
+        );
+        assert!(cp.get("u3").is_none(), "a refused prepare records nothing");
+    }
+
+    #[test]
+    fn begin_prepare_again_for_the_same_claim_restarts_it() {
+        let mut cp = sample();
+        let r = begin_prepare(
+            &mut cp,
+            claim("u1"),
+            vec![device("node-1", "gpu-0", "u1")],
+            None,
+            300,
+        )
+        .unwrap();
+        assert_eq!(r.state, ClaimState::PrepareStarted);
+        assert_eq!(r.updated_at, 300);
+        assert!(cp.holder_of("node-1", "gpu-1").is_none());
+    }
+
+    #[test]
+    fn complete_prepare_transitions() {
+        let mut cp = sample();
+        let r = complete_prepare(&mut cp, "u2", 400).unwrap();
+        assert_eq!((r.state, r.updated_at), (ClaimState::PrepareCompleted, 400));
+        // Idempotent: the timestamp of the real completion is kept.
+        let r = complete_prepare(&mut cp, "u2", 500).unwrap();
+        assert_eq!((r.state, r.updated_at), (ClaimState::PrepareCompleted, 400));
+        assert_eq!(
+            complete_prepare(&mut cp, "nope", 1).unwrap_err(),
+            PrepareError::UnknownClaim("nope".into())
+        );
+        after_reboot(&mut cp, "boot-b");
+        assert_eq!(
+            complete_prepare(&mut cp, "u1", 1).unwrap_err(),
+            PrepareError::NotStarted {
+                uid: "u1".into(),
+                state: ClaimState::NeedsReprepare
+            }
+        );
+    }
+
+    #[test]
+    fn rollback_candidates_are_the_started_claims() {
+        let cp = sample();
+        let uids: Vec<_> = rollback_candidates(&cp)
+            .into_iter()
+            .map(|r| r.uid)
+            .collect();
+        assert_eq!(uids, ["u2"]);
+    }
+
+    #[test]
+    fn after_reboot_keeps_records_and_asks_for_reprepare() {
+        let mut cp = sample();
+        assert!(after_reboot(&mut cp, "boot-a").is_empty(), "same boot");
+        assert_eq!(cp.get("u1").unwrap().state, ClaimState::PrepareCompleted);
+
+        assert_eq!(after_reboot(&mut cp, "boot-b"), ["u1"]);
+        assert_eq!(cp.boot_id, "boot-b");
+        assert_eq!(cp.get("u1").unwrap().state, ClaimState::NeedsReprepare);
+        assert_eq!(cp.get("u2").unwrap().state, ClaimState::PrepareStarted);
+        // The reboot does not free devices, and only the half-done claim is rolled back.
+        assert_eq!(cp.holder_of("node-1", "gpu-0").unwrap().uid, "u1");
+        let rollback: Vec<_> = rollback_candidates(&cp)
+            .into_iter()
+            .map(|r| r.uid)
+            .collect();
+        assert_eq!(rollback, ["u2"]);
+        assert!(after_reboot(&mut cp, "boot-b").is_empty(), "idempotent");
+
+        // The kubelet's next prepare redoes the work.
+        let devices = cp.get("u1").unwrap().devices.clone();
+        begin_prepare(&mut cp, claim("u1"), devices, None, 600).unwrap();
+        let r = complete_prepare(&mut cp, "u1", 601).unwrap();
+        assert_eq!(r.state, ClaimState::PrepareCompleted);
+    }
+}
