@@ -1,0 +1,234 @@
+//! CDI specs for prepared claims: what a container runtime injects into a container
+//! that uses one of our GPUs.
+//!
+//! Prepare builds one spec per claim with [`claim_spec`] and writes it with
+//! [`SpecWriter`]; the kubelet gets back the [`cdi_device_id`]s and passes them to the
+//! runtime, which looks them up in the spec directory. Unprepare removes the file;
+//! [`SpecWriter::list_owned`] finds files no claim owns any more.
+//!
+//! - [`spec`]: the CDI document model (JSON field names of the CDI specification).
+//! - [`version`]: the lowest `cdiVersion` a spec's fields require; every generated
+//!   spec carries exactly that.
+//! - [`nodes`]: device numbers of `/dev/nvidia*`, behind the [`DeviceNodes`] trait.
+//! - [`driver_files`]: the driver's libraries and tools to bind-mount, discovered
+//!   under a driver root or adopted from an NVIDIA Container Toolkit spec.
+//! - [`claim`]: the spec of one claim.
+//! - [`writer`]: atomic files in the spec directory.
+//! - [`validate`](mod@validate): the rules runtimes apply when loading a spec.
+//!
+//! Typical use:
+//!
+//! ```no_run
+//! # fn main() -> Result<(), topodra_driver::cdi::CdiError> {
+//! use topodra_driver::cdi::*;
+//! let config = CdiConfig::default();
+//! let driver = DriverFiles::load(&config)?; // once at startup, or on driver change
+//! let nodes = config.device_nodes();
+//! let writer = SpecWriter::new(&config.spec_dir);
+//! # let gpus = vec![];
+//! let req = ClaimSpecRequest {
+//!     claim_uid: "0b7c2f4e-3c1d-4a5e-9f60-1d2e3f4a5b6c".into(),
+//!     claim_namespace: "team-a".into(),
+//!     claim_name: "train".into(),
+//!     gpus, // ClaimGpu::from_gpu(&inventory_gpu)? for each allocated device
+//!     env_hints: true,
+//! };
+//! let spec = claim_spec(&req, &nodes, &driver)?;
+//! writer.write(&req.claim_uid, &spec)?;
+//! let cdi_ids = req.cdi_device_ids(); // returned to the kubelet
+//! # let _ = cdi_ids; Ok(()) }
+//! ```
+
+pub mod claim;
+pub mod driver_files;
+pub mod nodes;
+pub mod spec;
+pub mod validate;
+pub mod version;
+pub mod writer;
+
+use std::io;
+use std::path::PathBuf;
+
+pub use claim::{ClaimGpu, ClaimSpecRequest, claim_spec};
+pub use driver_files::{DriverFiles, DriverFilesSource, DriverRoot};
+pub use nodes::{DeviceNodes, HostDeviceNodes, NodeInfo, NodeKind, TableDeviceNodes};
+pub use spec::{ContainerEdits, Device, DeviceNode, Hook, Mount, Spec};
+pub use validate::{Problems, validate};
+pub use version::{Version, minimum_version};
+pub use writer::{DEFAULT_SPEC_DIR, SpecWriter, spec_file_name};
+
+/// The CDI kind of every claim spec (`vendor/class`).
+pub const CDI_KIND: &str = "k8s.gpu.topodra.dev/claim";
+
+/// The CDI device name of one allocated device: `<claimUID>-<deviceName>`.
+pub fn cdi_device_name(claim_uid: &str, device: &str) -> String {
+    format!("{claim_uid}-{device}")
+}
+
+/// The fully qualified CDI id the kubelet passes to the runtime:
+/// `k8s.gpu.topodra.dev/claim=<claimUID>-<deviceName>`.
+pub fn cdi_device_id(claim_uid: &str, device: &str) -> String {
+    format!("{CDI_KIND}={}", cdi_device_name(claim_uid, device))
+}
+
+/// Where specs go and where the driver's files and device nodes are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CdiConfig {
+    /// The CDI spec directory runtimes read (default `/var/run/cdi`).
+    pub spec_dir: PathBuf,
+    /// The driver root as the host sees it: `/`, or `/run/nvidia/driver` for a
+    /// containerized driver. Mount sources in specs are under it.
+    pub driver_root: PathBuf,
+    /// Where this process sees `driver_root`, when the plugin runs in a container
+    /// that mounts it elsewhere (e.g. `/driver-root`); `None` means the same path.
+    pub driver_root_local: Option<PathBuf>,
+    /// A toolkit-generated CDI spec (e.g. `/var/run/cdi/nvidia.yaml`) whose mounts,
+    /// hooks and env replace our own file discovery when the file exists.
+    pub toolkit_spec: Option<PathBuf>,
+    /// The directory holding the host's `dev/` as this process sees it (default `/`).
+    pub dev_root: PathBuf,
+}
+
+impl Default for CdiConfig {
+    fn default() -> Self {
+        Self {
+            spec_dir: PathBuf::from(DEFAULT_SPEC_DIR),
+            driver_root: PathBuf::from("/"),
+            driver_root_local: None,
+            toolkit_spec: None,
+            dev_root: PathBuf::from("/"),
+        }
+    }
+}
+
+impl CdiConfig {
+    pub fn driver_root(&self) -> DriverRoot {
+        DriverRoot {
+            host: self.driver_root.clone(),
+            local: self
+                .driver_root_local
+                .clone()
+                .unwrap_or_else(|| self.driver_root.clone()),
+        }
+    }
+
+    pub fn device_nodes(&self) -> HostDeviceNodes {
+        HostDeviceNodes::new(&self.dev_root)
+    }
+}
+
+/// Why a claim's spec could not be built, written or removed. Paths are included so
+/// the message alone says where to look.
+#[derive(Debug, thiserror::Error)]
+pub enum CdiError {
+    #[error(
+        "claim UID {uid:?} cannot name a CDI spec: expected letters, digits and dashes, \
+         starting and ending with a letter or digit"
+    )]
+    InvalidClaimUid { uid: String },
+
+    #[error("claim {claim_uid} has no devices to put in a CDI spec")]
+    NoDevices { claim_uid: String },
+
+    #[error("device {device} appears twice in one claim")]
+    DuplicateDevice { device: String },
+
+    #[error(
+        "GPU {device} has no device minor (NVML did not describe it), so it has no /dev/nvidia node to hand out"
+    )]
+    GpuWithoutMinor { device: String },
+
+    #[error(
+        "device node {path} does not exist and its driver is not registered in /proc/devices; is the NVIDIA kernel module (or nvidia-uvm) loaded?"
+    )]
+    MissingDeviceNode { path: String },
+
+    #[error("device node {}: {source}", path.display())]
+    DeviceNode { path: PathBuf, source: io::Error },
+
+    #[error("{} is not a device node", path.display())]
+    NotADeviceNode { path: PathBuf },
+
+    #[error("driver root {}: {source}", path.display())]
+    DriverRoot { path: PathBuf, source: io::Error },
+
+    #[error(
+        "no NVIDIA driver libraries {} under driver root {}; is the driver root right?",
+        missing.join(", "), root.display()
+    )]
+    DriverFilesMissing { root: PathBuf, missing: Vec<String> },
+
+    #[error("toolkit CDI spec {}: {reason}", path.display())]
+    ToolkitSpec { path: PathBuf, reason: String },
+
+    #[error("the CDI spec for claim {claim_uid} would be refused by runtimes: {problems}")]
+    InvalidSpec {
+        claim_uid: String,
+        problems: Problems,
+    },
+
+    #[error("cannot serialize CDI spec: {0}")]
+    Serialize(serde_json::Error),
+
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+}
+
+/// A claim UID goes into a file name and device names, so only the characters of a
+/// Kubernetes UID are accepted: nothing that could leave the spec directory or break
+/// a CDI name.
+pub(crate) fn check_claim_uid(uid: &str) -> Result<(), CdiError> {
+    let ok = !uid.is_empty()
+        && uid.len() <= 128
+        && uid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        && uid.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && uid.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if ok {
+        Ok(())
+    } else {
+        Err(CdiError::InvalidClaimUid {
+            uid: uid.to_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_ids() {
+        let uid = "0b7c2f4e-3c1d-4a5e-9f60-1d2e3f4a5b6c";
+        assert_eq!(
+            cdi_device_id(uid, "gpu-3"),
+            "k8s.gpu.topodra.dev/claim=0b7c2f4e-3c1d-4a5e-9f60-1d2e3f4a5b6c-gpu-3"
+        );
+        assert_eq!(
+            spec_file_name(uid),
+            "k8s.gpu.topodra.dev-claim_0b7c2f4e-3c1d-4a5e-9f60-1d2e3f4a5b6c.json"
+        );
+        assert!(check_claim_uid(uid).is_ok());
+        assert!(check_claim_uid(&"a".repeat(129)).is_err());
+    }
+
+    #[test]
+    fn config_defaults_and_driver_root_views() {
+        let c = CdiConfig::default();
+        assert_eq!(c.spec_dir, PathBuf::from("/var/run/cdi"));
+        assert_eq!(c.driver_root(), DriverRoot::new("/"));
+        let c = CdiConfig {
+            driver_root: "/run/nvidia/driver".into(),
+            driver_root_local: Some("/driver-root".into()),
+            ..CdiConfig::default()
+        };
+        let r = c.driver_root();
+        assert_eq!(r.host, PathBuf::from("/run/nvidia/driver"));
+        assert_eq!(r.local, PathBuf::from("/driver-root"));
+    }
+}

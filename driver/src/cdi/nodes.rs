@@ -1,0 +1,299 @@
+//! Device numbers of the NVIDIA device nodes.
+//!
+//! The spec states type, major and minor of every node explicitly, so a runtime can
+//! create the node in the container even where the host has not created it yet (the
+//! UVM node appears only after something opened it once), and so that the device
+//! cgroup rule is right without the runtime having to stat anything.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::PathBuf;
+
+use super::CdiError;
+
+/// Major of `/dev/nvidia<N>` and `/dev/nvidiactl`, fixed by the NVIDIA kernel module.
+pub const NVIDIA_MAJOR: u32 = 195;
+/// Minor of `/dev/nvidiactl`.
+pub const NVIDIACTL_MINOR: u32 = 255;
+
+/// Kind of a device node, as CDI spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NodeKind {
+    Char,
+    Block,
+}
+
+impl NodeKind {
+    pub fn as_cdi(self) -> &'static str {
+        match self {
+            NodeKind::Char => "c",
+            NodeKind::Block => "b",
+        }
+    }
+}
+
+/// What the host kernel has for one node under `/dev`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NodeInfo {
+    pub kind: NodeKind,
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl NodeInfo {
+    pub const fn char(major: u32, minor: u32) -> Self {
+        Self {
+            kind: NodeKind::Char,
+            major,
+            minor,
+        }
+    }
+}
+
+/// Looks up device nodes by their name under `/dev` (`nvidia0`, `nvidia-uvm`).
+///
+/// `Ok(None)` means the host has no such device: neither a node nor a registered
+/// driver for it. Tests use [`TableDeviceNodes`].
+pub trait DeviceNodes {
+    fn lookup(&self, name: &str) -> Result<Option<NodeInfo>, CdiError>;
+}
+
+/// The host's device nodes, as seen by this process.
+///
+/// A node is stat'ed under `<dev_root>/dev/`; when it is missing, the major is taken
+/// from the driver registered in `/proc/devices` and the minor from the node's fixed
+/// role, because the NVIDIA and UVM modules register their majors before any node
+/// exists.
+#[derive(Debug, Clone)]
+pub struct HostDeviceNodes {
+    dev_root: PathBuf,
+    proc_devices: PathBuf,
+}
+
+impl HostDeviceNodes {
+    /// `dev_root` is `/` when this process sees the host's `/dev` at `/dev`.
+    pub fn new(dev_root: impl Into<PathBuf>) -> Self {
+        Self {
+            dev_root: dev_root.into(),
+            proc_devices: PathBuf::from("/proc/devices"),
+        }
+    }
+
+    /// Reads the registered drivers from another file than `/proc/devices`
+    /// (`/proc` is not namespaced for this file, so only tests need this).
+    pub fn with_proc_devices(mut self, path: impl Into<PathBuf>) -> Self {
+        self.proc_devices = path.into();
+        self
+    }
+
+    fn stat(&self, name: &str) -> Result<Option<NodeInfo>, CdiError> {
+        let path = self.dev_root.join("dev").join(name);
+        let meta = match fs::metadata(&path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(CdiError::DeviceNode { path, source }),
+        };
+        let ft = meta.file_type();
+        let kind = if ft.is_char_device() {
+            NodeKind::Char
+        } else if ft.is_block_device() {
+            NodeKind::Block
+        } else {
+            return Err(CdiError::NotADeviceNode { path });
+        };
+        let rdev = meta.rdev();
+        Ok(Some(NodeInfo {
+            kind,
+            major: libc::major(rdev),
+            minor: libc::minor(rdev),
+        }))
+    }
+
+    fn registered(&self, name: &str) -> Result<Option<NodeInfo>, CdiError> {
+        let Some((drivers, minor)) = fallback_for(name) else {
+            return Ok(None);
+        };
+        let text = match fs::read_to_string(&self.proc_devices) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => {
+                return Err(CdiError::DeviceNode {
+                    path: self.proc_devices.clone(),
+                    source,
+                });
+            }
+        };
+        let majors = char_majors(&text);
+        Ok(drivers
+            .iter()
+            .find_map(|d| majors.get(*d))
+            .map(|major| NodeInfo::char(*major, minor)))
+    }
+}
+
+impl DeviceNodes for HostDeviceNodes {
+    fn lookup(&self, name: &str) -> Result<Option<NodeInfo>, CdiError> {
+        match self.stat(name)? {
+            Some(info) => Ok(Some(info)),
+            None => self.registered(name),
+        }
+    }
+}
+
+/// For a node the NVIDIA modules own: the `/proc/devices` names that may carry its
+/// major (the name changed across driver generations) and its fixed minor.
+fn fallback_for(name: &str) -> Option<(&'static [&'static str], u32)> {
+    const FRONTEND: &[&str] = &["nvidia-frontend", "nvidia"];
+    match name {
+        "nvidiactl" => Some((FRONTEND, NVIDIACTL_MINOR)),
+        "nvidia-uvm" => Some((&["nvidia-uvm"], 0)),
+        "nvidia-uvm-tools" => Some((&["nvidia-uvm"], 1)),
+        _ => {
+            let minor: u32 = name.strip_prefix("nvidia")?.parse().ok()?;
+            Some((FRONTEND, minor))
+        }
+    }
+}
+
+/// The `Character devices:` section of `/proc/devices`, name to major.
+fn char_majors(text: &str) -> BTreeMap<&str, u32> {
+    let mut out = BTreeMap::new();
+    let mut in_char = false;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.ends_with(':') {
+            in_char = line == "Character devices:";
+            continue;
+        }
+        if !in_char {
+            continue;
+        }
+        if let Some((major, name)) = line.split_once(char::is_whitespace)
+            && let Ok(major) = major.parse()
+        {
+            out.entry(name.trim()).or_insert(major);
+        }
+    }
+    out
+}
+
+/// A fixed table of nodes, for tests and dry runs.
+#[derive(Debug, Clone, Default)]
+pub struct TableDeviceNodes(pub BTreeMap<String, NodeInfo>);
+
+impl TableDeviceNodes {
+    /// A typical node: `nvidia<minor>` for each given minor, `nvidiactl`, and UVM
+    /// under `uvm_major`.
+    pub fn nvidia(minors: impl IntoIterator<Item = u32>, uvm_major: u32) -> Self {
+        let mut t = BTreeMap::new();
+        for m in minors {
+            t.insert(format!("nvidia{m}"), NodeInfo::char(NVIDIA_MAJOR, m));
+        }
+        t.insert(
+            "nvidiactl".into(),
+            NodeInfo::char(NVIDIA_MAJOR, NVIDIACTL_MINOR),
+        );
+        t.insert("nvidia-uvm".into(), NodeInfo::char(uvm_major, 0));
+        t.insert("nvidia-uvm-tools".into(), NodeInfo::char(uvm_major, 1));
+        Self(t)
+    }
+}
+
+impl DeviceNodes for TableDeviceNodes {
+    fn lookup(&self, name: &str) -> Result<Option<NodeInfo>, CdiError> {
+        Ok(self.0.get(name).copied())
+    }
+}
+
+/// `/dev/<name>`, the path containers and the host both use.
+pub(crate) fn dev_path(name: &str) -> String {
+    format!("/dev/{name}")
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    const PROC_DEVICES: &str = "Character devices:
+  1 mem
+195 nvidia-frontend
+195 nvidia
+236 nvidia-nvlink
+509 nvidia-uvm
+510 nvidia-caps
+
+Block devices:
+  8 sd
+509 nvidia-uvm-fake-block
+";
+
+    #[test]
+    fn proc_devices_char_section_only() {
+        let m = char_majors(PROC_DEVICES);
+        assert_eq!(m.get("nvidia-uvm"), Some(&509));
+        assert_eq!(m.get("nvidia-frontend"), Some(&195));
+        assert_eq!(m.get("sd"), None);
+        assert_eq!(m.get("nvidia-uvm-fake-block"), None);
+    }
+
+    #[test]
+    fn missing_nodes_fall_back_to_registered_majors() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir(dir.path().join("dev")).unwrap();
+        let proc = dir.path().join("devices");
+        fs::write(&proc, PROC_DEVICES).unwrap();
+        let nodes = HostDeviceNodes::new(dir.path()).with_proc_devices(&proc);
+        assert_eq!(
+            nodes.lookup("nvidia-uvm").unwrap(),
+            Some(NodeInfo::char(509, 0))
+        );
+        assert_eq!(
+            nodes.lookup("nvidia-uvm-tools").unwrap(),
+            Some(NodeInfo::char(509, 1))
+        );
+        assert_eq!(
+            nodes.lookup("nvidiactl").unwrap(),
+            Some(NodeInfo::char(195, 255))
+        );
+        assert_eq!(
+            nodes.lookup("nvidia7").unwrap(),
+            Some(NodeInfo::char(195, 7))
+        );
+        assert_eq!(nodes.lookup("nvidia-caps").unwrap(), None);
+        assert_eq!(nodes.lookup("nvidiafoo").unwrap(), None);
+    }
+
+    #[test]
+    fn nothing_registered_means_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let nodes = HostDeviceNodes::new(dir.path()).with_proc_devices(dir.path().join("missing"));
+        assert_eq!(nodes.lookup("nvidia-uvm").unwrap(), None);
+    }
+
+    #[test]
+    fn a_regular_file_is_not_a_device() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir(dir.path().join("dev")).unwrap();
+        fs::write(dir.path().join("dev/nvidia0"), "").unwrap();
+        let err = HostDeviceNodes::new(dir.path())
+            .lookup("nvidia0")
+            .unwrap_err();
+        assert!(matches!(err, CdiError::NotADeviceNode { .. }), "{err}");
+        assert!(err.to_string().contains("dev/nvidia0"));
+    }
+
+    #[test]
+    fn stats_real_char_devices() {
+        // /dev/null is 1:3 on every Linux system.
+        if !Path::new("/dev/null").exists() {
+            return;
+        }
+        let info = HostDeviceNodes::new("/").lookup("null").unwrap().unwrap();
+        assert_eq!(info, NodeInfo::char(1, 3));
+    }
+}

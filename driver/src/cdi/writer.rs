@@ -1,0 +1,401 @@
+//! Claim spec files in the CDI spec directory.
+//!
+//! Runtimes watch the directory and load every `*.json` and `*.yaml` file, so a file
+//! must appear complete or not at all: it is written to a hidden temp name that
+//! runtimes ignore, synced, renamed over the final name, and the directory synced so
+//! the rename survives a crash. Any failure removes the temp file, so a full disk
+//! leaves neither a partial spec nor litter behind.
+
+use std::fs::{self, File, OpenOptions, Permissions};
+use std::io::{self, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::spec::Spec;
+use super::{CdiError, check_claim_uid, validate};
+
+/// Where runtimes look for transient specs; they also read `/etc/cdi`, which is for
+/// static ones.
+pub const DEFAULT_SPEC_DIR: &str = "/var/run/cdi";
+
+/// Every file we own starts with this: `<vendor>-<class>_`, the CDI convention for
+/// transient specs, so other vendors' files are never mistaken for ours.
+pub const SPEC_FILE_PREFIX: &str = "k8s.gpu.topodra.dev-claim_";
+const SPEC_FILE_SUFFIX: &str = ".json";
+/// Temp files: a leading dot and no `.json` ending keep runtimes from loading them.
+const TEMP_PREFIX: &str = ".k8s.gpu.topodra.dev-claim_";
+const TEMP_MARKER: &str = ".tmp-";
+
+/// World-readable: runtimes may read specs as another user than the plugin's.
+const SPEC_FILE_MODE: u32 = 0o644;
+
+/// `k8s.gpu.topodra.dev-claim_<claimUID>.json`.
+pub fn spec_file_name(claim_uid: &str) -> String {
+    format!("{SPEC_FILE_PREFIX}{claim_uid}{SPEC_FILE_SUFFIX}")
+}
+
+/// Writes, removes and lists this driver's claim specs in one directory.
+#[derive(Debug, Clone)]
+pub struct SpecWriter {
+    dir: PathBuf,
+}
+
+impl SpecWriter {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn path_for(&self, claim_uid: &str) -> PathBuf {
+        self.dir.join(spec_file_name(claim_uid))
+    }
+
+    /// Validates `spec` and writes it atomically as the claim's file, replacing any
+    /// earlier version (prepare is idempotent). Returns the file's path.
+    pub fn write(&self, claim_uid: &str, spec: &Spec) -> Result<PathBuf, CdiError> {
+        self.write_with(claim_uid, spec, |f| Box::new(f))
+    }
+
+    /// [`Self::write`], with the temp file's writer wrapped, so tests can make the
+    /// write fail midway.
+    fn write_with(&self, claim_uid: &str, spec: &Spec, wrap: Wrap) -> Result<PathBuf, CdiError> {
+        check_claim_uid(claim_uid)?;
+        validate(spec).map_err(|problems| CdiError::InvalidSpec {
+            claim_uid: claim_uid.to_owned(),
+            problems,
+        })?;
+        let mut data = serde_json::to_vec_pretty(spec).map_err(CdiError::Serialize)?;
+        data.push(b'\n');
+
+        fs::create_dir_all(&self.dir).map_err(|source| CdiError::Io {
+            op: "create spec directory",
+            path: self.dir.clone(),
+            source,
+        })?;
+        let path = self.path_for(claim_uid);
+        let tmp = self.dir.join(temp_name(claim_uid));
+        let result = write_file(&tmp, &data, wrap)
+            .and_then(|()| {
+                fs::rename(&tmp, &path).map_err(|source| CdiError::Io {
+                    op: "rename spec into place",
+                    path: path.clone(),
+                    source,
+                })
+            })
+            .and_then(|()| sync_dir(&self.dir));
+        if result.is_err() {
+            // The rename may already have happened; then this finds nothing.
+            let _ = fs::remove_file(&tmp);
+        }
+        result.map(|()| path)
+    }
+
+    /// Removes the claim's spec. Succeeds when there is none, because unprepare is
+    /// retried and may run after a restart that already cleaned up.
+    pub fn remove(&self, claim_uid: &str) -> Result<(), CdiError> {
+        check_claim_uid(claim_uid)?;
+        let path = self.path_for(claim_uid);
+        match fs::remove_file(&path) {
+            Ok(()) => sync_dir(&self.dir),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(CdiError::Io {
+                op: "remove spec",
+                path,
+                source,
+            }),
+        }
+    }
+
+    /// Claim UIDs of the specs in the directory that this driver wrote, sorted, for
+    /// garbage collection against the checkpoint. Other vendors' files, and names
+    /// that only look like ours, are never listed. A missing directory owns nothing.
+    pub fn list_owned(&self) -> Result<Vec<String>, CdiError> {
+        let mut uids: Vec<String> = self
+            .entries()?
+            .into_iter()
+            .filter_map(|name| {
+                let uid = name
+                    .strip_prefix(SPEC_FILE_PREFIX)?
+                    .strip_suffix(SPEC_FILE_SUFFIX)?;
+                check_claim_uid(uid).is_ok().then(|| uid.to_owned())
+            })
+            .collect();
+        uids.sort();
+        Ok(uids)
+    }
+
+    /// Removes temp files a crash left between create and rename. Returns how many.
+    pub fn remove_stale_temp_files(&self) -> Result<usize, CdiError> {
+        let mut removed = 0;
+        for name in self.entries()? {
+            if name.starts_with(TEMP_PREFIX) && name.contains(TEMP_MARKER) {
+                let path = self.dir.join(&name);
+                match fs::remove_file(&path) {
+                    Ok(()) => removed += 1,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(source) => {
+                        return Err(CdiError::Io {
+                            op: "remove stale temp spec",
+                            path,
+                            source,
+                        });
+                    }
+                }
+            }
+        }
+        Ok(removed)
+    }
+
+    fn entries(&self) -> Result<Vec<String>, CdiError> {
+        let rd = match fs::read_dir(&self.dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) => {
+                return Err(CdiError::Io {
+                    op: "list spec directory",
+                    path: self.dir.clone(),
+                    source,
+                });
+            }
+        };
+        let mut names = Vec::new();
+        for entry in rd {
+            let entry = entry.map_err(|source| CdiError::Io {
+                op: "list spec directory",
+                path: self.dir.clone(),
+                source,
+            })?;
+            if let Ok(name) = entry.file_name().into_string() {
+                names.push(name);
+            }
+        }
+        Ok(names)
+    }
+}
+
+/// Unique per process and call, so concurrent prepares of one claim (retries) never
+/// share a temp file.
+fn temp_name(claim_uid: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!(
+        "{TEMP_PREFIX}{claim_uid}{TEMP_MARKER}{}-{n}",
+        std::process::id()
+    )
+}
+
+/// Turns the temp file into the writer the spec bytes go through.
+type Wrap = fn(&File) -> Box<dyn Write + '_>;
+
+fn write_file(path: &Path, data: &[u8], wrap: Wrap) -> Result<(), CdiError> {
+    let io_err = |op| {
+        move |source| CdiError::Io {
+            op,
+            path: path.to_owned(),
+            source,
+        }
+    };
+    let file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(SPEC_FILE_MODE)
+        .open(path)
+        .map_err(io_err("create temp spec"))?;
+    // The umask may have narrowed the mode given at creation.
+    file.set_permissions(Permissions::from_mode(SPEC_FILE_MODE))
+        .map_err(io_err("set spec file mode"))?;
+    let mut w = wrap(&file);
+    w.write_all(data).map_err(io_err("write spec"))?;
+    w.flush().map_err(io_err("write spec"))?;
+    drop(w);
+    file.sync_all().map_err(io_err("sync spec"))
+}
+
+fn sync_dir(dir: &Path) -> Result<(), CdiError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|source| CdiError::Io {
+            op: "sync spec directory",
+            path: dir.to_owned(),
+            source,
+        })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::cdi::spec::{ContainerEdits, Device, DeviceNode};
+
+    const UID: &str = "0b7c2f4e-3c1d-4a5e-9f60-1d2e3f4a5b6c";
+
+    fn spec(device: &str) -> Spec {
+        Spec {
+            cdi_version: "0.5.0".into(),
+            kind: "k8s.gpu.topodra.dev/claim".into(),
+            devices: vec![Device {
+                name: format!("{UID}-{device}"),
+                container_edits: ContainerEdits {
+                    device_nodes: vec![DeviceNode {
+                        path: "/dev/nvidia0".into(),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn writes_replaces_and_removes() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = SpecWriter::new(dir.path().join("cdi"));
+        let path = w.write(UID, &spec("gpu-0")).unwrap();
+        assert_eq!(
+            path.file_name().unwrap().to_str().unwrap(),
+            format!("k8s.gpu.topodra.dev-claim_{UID}.json")
+        );
+        let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o644);
+        let back: Spec = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+        assert_eq!(back, spec("gpu-0"));
+
+        w.write(UID, &spec("gpu-1")).unwrap();
+        let back: Spec = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+        assert_eq!(back, spec("gpu-1"));
+        assert_eq!(names(w.dir()).len(), 1);
+
+        w.remove(UID).unwrap();
+        w.remove(UID).unwrap();
+        assert!(names(w.dir()).is_empty());
+    }
+
+    #[test]
+    fn lists_only_our_own_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = SpecWriter::new(dir.path());
+        assert!(
+            SpecWriter::new(dir.path().join("absent"))
+                .list_owned()
+                .unwrap()
+                .is_empty()
+        );
+        w.write(UID, &spec("gpu-0")).unwrap();
+        w.write("uid-2", &spec("gpu-0")).unwrap();
+        for other in [
+            "nvidia.yaml",
+            "nvidia.com-gpu.json",
+            "k8s.gpu.nvidia.com-claim_abc.json",
+            "k8s.gpu.topodra.dev-claim_.json",
+            "k8s.gpu.topodra.dev-claim_abc.yaml",
+            "k8s.gpu.topodra.dev-claim_a b.json",
+        ] {
+            fs::write(dir.path().join(other), "{}").unwrap();
+        }
+        assert_eq!(w.list_owned().unwrap(), [UID, "uid-2"]);
+    }
+
+    /// A writer that fails like a full disk after some bytes went through.
+    struct DiskFull<'a>(&'a File, usize);
+
+    impl Write for DiskFull<'_> {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if self.1 == 0 {
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+            let n = buf.len().min(self.1);
+            self.1 -= n;
+            self.0.write(&buf[..n])
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn disk_full_leaves_the_old_spec_and_no_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = SpecWriter::new(dir.path());
+        let path = w.write(UID, &spec("gpu-0")).unwrap();
+        let before = fs::read(&path).unwrap();
+
+        let err = w
+            .write_with(UID, &spec("gpu-1"), |f| Box::new(DiskFull(f, 10)))
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains(dir.path().to_str().unwrap()), "{msg}");
+        match &err {
+            CdiError::Io { source, .. } => assert_eq!(source.raw_os_error(), Some(libc::ENOSPC)),
+            other => panic!("{other}"),
+        }
+        assert_eq!(names(dir.path()), [spec_file_name(UID)]);
+        assert_eq!(fs::read(&path).unwrap(), before);
+
+        // A first write that fails leaves nothing at all.
+        w.write_with("uid-new", &spec("gpu-0"), |f| Box::new(DiskFull(f, 0)))
+            .unwrap_err();
+        assert_eq!(names(dir.path()), [spec_file_name(UID)]);
+    }
+
+    #[test]
+    fn dev_full_write_fails_with_enospc() {
+        // The real thing, where available: the kernel's always-full device.
+        fn dev_full(_: &File) -> Box<dyn Write + '_> {
+            Box::new(OpenOptions::new().write(true).open("/dev/full").unwrap())
+        }
+        if OpenOptions::new().write(true).open("/dev/full").is_err() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let w = SpecWriter::new(dir.path());
+        let err = w.write_with(UID, &spec("gpu-0"), dev_full).unwrap_err();
+        match err {
+            CdiError::Io { source, .. } => assert_eq!(source.raw_os_error(), Some(libc::ENOSPC)),
+            other => panic!("{other}"),
+        }
+        assert!(names(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn refuses_invalid_specs_and_uids() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = SpecWriter::new(dir.path());
+        let mut bad = spec("gpu-0");
+        bad.kind = "nope".into();
+        assert!(matches!(
+            w.write(UID, &bad).unwrap_err(),
+            CdiError::InvalidSpec { .. }
+        ));
+        assert!(matches!(
+            w.write("../x", &spec("gpu-0")).unwrap_err(),
+            CdiError::InvalidClaimUid { .. }
+        ));
+        assert!(w.remove("../x").is_err());
+        assert!(names(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn stale_temp_files_are_cleaned() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = SpecWriter::new(dir.path());
+        fs::write(dir.path().join(temp_name(UID)), "{").unwrap();
+        fs::write(dir.path().join(".other-vendor.tmp-1"), "").unwrap();
+        assert_eq!(w.remove_stale_temp_files().unwrap(), 1);
+        assert_eq!(names(dir.path()), [".other-vendor.tmp-1"]);
+    }
+}

@@ -1,0 +1,307 @@
+//! Binding the plugin sockets and cleaning them up.
+
+use std::fs::{self, DirBuilder, Permissions};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use tokio::net::UnixListener;
+use tokio_stream::Stream;
+use tracing::{debug, warn};
+
+use super::stream::ShimmedStream;
+
+/// Group access lets a non-root kubelet group reach the socket; others never can.
+pub(crate) const SOCKET_MODE: u32 = 0o660;
+/// Mode for socket directories this module creates (the kubelet's usually exist).
+const DIR_MODE: u32 = 0o750;
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BindError {
+    #[error("refusing to replace {}: it is a {kind}, not a socket", path.display())]
+    NotASocket { path: PathBuf, kind: &'static str },
+    #[error("cannot inspect {}", path.display())]
+    Inspect {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot remove the stale socket {}", path.display())]
+    RemoveStale {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot create the socket directory {}", path.display())]
+    CreateDir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot listen on {}", path.display())]
+    Bind {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot set the mode of {}", path.display())]
+    Permissions {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Unlinks the socket it was created for, on [`SocketGuard::remove`] or on drop.
+///
+/// Only that very socket (same device and inode) is removed: if another process
+/// has since bound a new socket at the path, it is left alone.
+#[derive(Debug)]
+pub(crate) struct SocketGuard {
+    path: PathBuf,
+    identity: Option<(u64, u64)>,
+    removed: bool,
+}
+
+impl SocketGuard {
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Removes the socket now, so the kubelet stops dialing it before the process
+    /// exits (the SIGTERM path). Idempotent; drop does nothing afterwards.
+    pub(crate) fn remove(&mut self) -> io::Result<()> {
+        if self.removed {
+            return Ok(());
+        }
+        self.removed = true;
+        let metadata = match fs::symlink_metadata(&self.path) {
+            Ok(metadata) => metadata,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        if self.identity != Some((metadata.dev(), metadata.ino())) {
+            debug!(path = %self.path.display(), "socket was replaced by someone else; not removing it");
+            return Ok(());
+        }
+        match fs::remove_file(&self.path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Drop for SocketGuard {
+    fn drop(&mut self) {
+        if let Err(error) = self.remove() {
+            warn!(path = %self.path.display(), %error, "cannot remove socket");
+        }
+    }
+}
+
+/// Binds a listening unix socket at `path`, replacing a stale socket left by a
+/// previous run but never any other kind of file. Needs a Tokio runtime.
+pub(crate) fn bind(path: &Path) -> Result<(UnixListener, SocketGuard), BindError> {
+    remove_stale(path)?;
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        DirBuilder::new()
+            .recursive(true)
+            .mode(DIR_MODE)
+            .create(parent)
+            .map_err(|source| BindError::CreateDir {
+                path: parent.to_owned(),
+                source,
+            })?;
+    }
+    let bind_error = |source| BindError::Bind {
+        path: path.to_owned(),
+        source,
+    };
+    let listener = std::os::unix::net::UnixListener::bind(path).map_err(bind_error)?;
+    // From here on the guard owns the file, so every error below cleans it up.
+    let mut guard = SocketGuard {
+        path: path.to_owned(),
+        identity: None,
+        removed: false,
+    };
+    let metadata = fs::symlink_metadata(path).map_err(|source| BindError::Inspect {
+        path: path.to_owned(),
+        source,
+    })?;
+    guard.identity = Some((metadata.dev(), metadata.ino()));
+    fs::set_permissions(path, Permissions::from_mode(SOCKET_MODE)).map_err(|source| {
+        BindError::Permissions {
+            path: path.to_owned(),
+            source,
+        }
+    })?;
+    listener.set_nonblocking(true).map_err(bind_error)?;
+    let listener = UnixListener::from_std(listener).map_err(bind_error)?;
+    Ok((listener, guard))
+}
+
+fn remove_stale(path: &Path) -> Result<(), BindError> {
+    let metadata = match fs::symlink_metadata(path) {
+        Ok(metadata) => metadata,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(BindError::Inspect {
+                path: path.to_owned(),
+                source,
+            });
+        }
+    };
+    let file_type = metadata.file_type();
+    if !file_type.is_socket() {
+        let kind = if file_type.is_dir() {
+            "directory"
+        } else if file_type.is_symlink() {
+            "symbolic link"
+        } else if file_type.is_file() {
+            "regular file"
+        } else {
+            "special file"
+        };
+        return Err(BindError::NotASocket {
+            path: path.to_owned(),
+            kind,
+        });
+    }
+    debug!(path = %path.display(), "removing stale socket");
+    match fs::remove_file(path) {
+        Err(source) if source.kind() != io::ErrorKind::NotFound => Err(BindError::RemoveStale {
+            path: path.to_owned(),
+            source,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Accepted connections, each wrapped in the `:authority` shim; feed it to
+/// `tonic::transport::Server::serve_with_incoming`.
+#[derive(Debug)]
+pub(crate) struct Incoming {
+    listener: UnixListener,
+}
+
+impl Incoming {
+    pub(crate) fn new(listener: UnixListener) -> Self {
+        Self { listener }
+    }
+}
+
+impl Stream for Incoming {
+    type Item = io::Result<ShimmedStream>;
+
+    /// Never ends. Accept errors (e.g. out of file descriptors) are yielded and the
+    /// stream stays usable; tonic logs them and keeps accepting.
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let (stream, _) = ready!(self.listener.poll_accept(cx))?;
+        Poll::Ready(Some(Ok(ShimmedStream::new(stream))))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn binds_with_mode_and_creates_the_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plugins/gpu.topodra.dev/dra.sock");
+        let (_listener, guard) = bind(&path).unwrap();
+        assert_eq!(guard.path(), path);
+        let metadata = fs::symlink_metadata(&path).unwrap();
+        assert!(metadata.file_type().is_socket());
+        assert_eq!(metadata.permissions().mode() & 0o777, SOCKET_MODE);
+        let parent = fs::metadata(path.parent().unwrap()).unwrap();
+        assert_eq!(parent.permissions().mode() & 0o777, DIR_MODE);
+    }
+
+    #[tokio::test]
+    async fn replaces_a_stale_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x-reg.sock");
+        // A socket file whose listener is gone, as after a crash.
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        assert!(path.exists());
+        let (_listener, _guard) = bind(&path).unwrap();
+        tokio::net::UnixStream::connect(&path).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn refuses_to_replace_anything_but_a_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file.sock");
+        fs::write(&file, b"keep me").unwrap();
+        let err = bind(&file).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                BindError::NotASocket {
+                    kind: "regular file",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("file.sock"), "{err}");
+        assert_eq!(fs::read(&file).unwrap(), b"keep me");
+
+        let sub = dir.path().join("dir.sock");
+        fs::create_dir(&sub).unwrap();
+        let err = bind(&sub).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                BindError::NotASocket {
+                    kind: "directory",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(sub.is_dir());
+
+        let link = dir.path().join("link.sock");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert!(matches!(
+            bind(&link),
+            Err(BindError::NotASocket {
+                kind: "symbolic link",
+                ..
+            })
+        ));
+        assert!(file.exists());
+    }
+
+    #[tokio::test]
+    async fn guard_removes_the_socket_on_drop_and_on_demand() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.sock");
+        let (listener, guard) = bind(&path).unwrap();
+        drop(guard);
+        assert!(!path.exists());
+        drop(listener);
+
+        let (_listener, mut guard) = bind(&path).unwrap();
+        guard.remove().unwrap();
+        assert!(!path.exists());
+        guard.remove().unwrap();
+    }
+
+    #[tokio::test]
+    async fn guard_leaves_a_socket_that_replaced_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.sock");
+        let (_old_listener, old_guard) = bind(&path).unwrap();
+        // A newer instance takes over the path before the old one exits.
+        let (_new_listener, _new_guard) = bind(&path).unwrap();
+        drop(old_guard);
+        assert!(path.exists());
+        tokio::net::UnixStream::connect(&path).await.unwrap();
+    }
+}
