@@ -11,6 +11,7 @@ pub mod cpuset;
 pub mod discovery;
 pub mod inventory;
 pub mod pci;
+pub mod prepare;
 pub mod slice;
 pub mod topology;
 

@@ -50,7 +50,10 @@ pub mod writer;
 use std::io;
 use std::path::PathBuf;
 
-pub use claim::{ClaimGpu, ClaimSpecRequest, claim_spec};
+pub use claim::{
+    ANNOTATION_CLAIM_NAME, ANNOTATION_CLAIM_NAMESPACE, ANNOTATION_CLAIM_UID, ClaimGpu, ClaimSpecRequest,
+    claim_spec,
+};
 pub use driver_files::{DriverFiles, DriverFilesSource, DriverRoot};
 pub use nodes::{DeviceNodes, HostDeviceNodes, NodeInfo, NodeKind, TableDeviceNodes};
 pub use spec::{ContainerEdits, Device, DeviceNode, Hook, Mount, Spec};

@@ -1,0 +1,118 @@
+use crate::cdi::CdiError;
+use crate::checkpoint::CheckpointError;
+use crate::config::ConfigError;
+
+/// Why one claim could not be prepared or unprepared. The message goes into that
+/// claim's answer to the kubelet (and from there into the pod's events), so each
+/// variant says what is wrong with which object.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    #[error(
+        "claim {namespace}/{name}: UID is {found}, the kubelet asked for {expected}; the claim was replaced"
+    )]
+    UidMismatch {
+        namespace: String,
+        name: String,
+        expected: String,
+        found: String,
+    },
+
+    #[error("claim {namespace}/{name} is not allocated")]
+    NotAllocated { namespace: String, name: String },
+
+    #[error("claim {namespace}/{name} has no device of driver {driver}")]
+    NoDevicesForDriver {
+        namespace: String,
+        name: String,
+        driver: String,
+    },
+
+    #[error(
+        "claim {namespace}/{name}: device {device} is allocated from pool {pool}, but this is node {node}; \
+         the claim belongs to another node"
+    )]
+    WrongPool {
+        namespace: String,
+        name: String,
+        pool: String,
+        device: String,
+        node: String,
+    },
+
+    #[error(
+        "claim {namespace}/{name}: device {device} is not a GPU of this node (lost, or removed since the slice was published)"
+    )]
+    UnknownDevice {
+        namespace: String,
+        name: String,
+        device: String,
+    },
+
+    #[error("claim {namespace}/{name}: invalid device config: {source}")]
+    Config {
+        namespace: String,
+        name: String,
+        #[source]
+        source: ConfigError,
+    },
+
+    #[error("claim {namespace}/{name}: {what} is not supported by this version of the plugin")]
+    Unsupported {
+        namespace: String,
+        name: String,
+        what: String,
+    },
+
+    #[error(
+        "claim {namespace}/{name}: config requires NUMA-aligned GPUs, but the allocation spans NUMA nodes {nodes}; \
+         add a matchAttribute constraint on resource.kubernetes.io/numaNode"
+    )]
+    NotAligned {
+        namespace: String,
+        name: String,
+        nodes: String,
+    },
+
+    #[error("device {device} is already prepared for claim {holder}")]
+    DeviceInUse { device: String, holder: String },
+
+    #[error("writing the CDI spec: {0}")]
+    Cdi(#[from] CdiError),
+
+    #[error("recording the claim in the checkpoint: {0}")]
+    Checkpoint(#[from] CheckpointError),
+
+    /// Only from a crash point set for fault-injection tests: the process stopped
+    /// here on purpose, leaving state as a crash would.
+    #[error("stopped at crash point {0:?}")]
+    Crashed(super::CrashPoint),
+}
+
+impl ClaimError {
+    /// A short machine-readable kind, for metrics labels.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::UidMismatch { .. } => "uid_mismatch",
+            Self::NotAllocated { .. } => "not_allocated",
+            Self::NoDevicesForDriver { .. } => "no_devices",
+            Self::WrongPool { .. } => "wrong_node",
+            Self::UnknownDevice { .. } => "unknown_device",
+            Self::Config { .. } => "config",
+            Self::Unsupported { .. } => "unsupported",
+            Self::NotAligned { .. } => "not_aligned",
+            Self::DeviceInUse { .. } => "device_in_use",
+            Self::Cdi(_) => "cdi",
+            Self::Checkpoint(_) => "checkpoint",
+            Self::Crashed(_) => "crashed",
+        }
+    }
+}
+
+/// Why the state machine could not start at all.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("checkpoint: {0}")]
+    Checkpoint(#[from] CheckpointError),
+    #[error("CDI: {0}")]
+    Cdi(#[from] CdiError),
+}

@@ -1,0 +1,312 @@
+//! The prepare/unprepare state machine behind the kubelet's DRA calls.
+//!
+//! A claim is prepared in two recorded phases: the checkpoint first records the claim
+//! as started (with the CDI spec path it is about to write), then the spec is written
+//! atomically, then the claim is recorded as completed. A crash at any point leaves
+//! either a started record, which the next start rolls back, or a completed one, which
+//! a retried prepare returns as is. Unprepare needs nothing but the checkpoint.
+//!
+//! Devices are locked one by one, so claims on disjoint GPUs proceed in parallel;
+//! checkpoint writes are serialized, and memory is only updated after the disk is.
+//! Every error is per claim: the caller answers each claim of a batch separately.
+
+mod error;
+mod locks;
+mod plan;
+mod recovery;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+
+pub use error::{ClaimError, StartError};
+pub use recovery::StartupReport;
+
+use crate::cdi::{self, ClaimGpu, ClaimSpecRequest, DeviceNodes, DriverFiles, SpecWriter};
+use crate::checkpoint::{
+    self, Checkpoint, CheckpointError, CheckpointStore, ClaimRecord, ClaimRef, ClaimState,
+    PreparedDevice,
+};
+use crate::inventory::{Gpu, Inventory};
+
+/// Points where fault-injection tests stop a prepare as a crash would.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CrashPoint {
+    /// The started record is on disk; no CDI spec yet.
+    AfterStartedRecord,
+    /// The CDI spec is written; the claim is still recorded as started.
+    AfterCdiWrite,
+    /// The completed record is on disk; the kubelet never got the answer.
+    AfterCompletedRecord,
+}
+
+impl std::str::FromStr for CrashPoint {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "after-started-record" => Ok(Self::AfterStartedRecord),
+            "after-cdi-write" => Ok(Self::AfterCdiWrite),
+            "after-completed-record" => Ok(Self::AfterCompletedRecord),
+            other => Err(format!(
+                "unknown crash point {other:?}: after-started-record, after-cdi-write, after-completed-record"
+            )),
+        }
+    }
+}
+
+/// Called at each [`CrashPoint`]; returning `true` stops the prepare there without any
+/// cleanup. The kubelet plugin's hook aborts the process instead of returning.
+pub type CrashHook = Arc<dyn Fn(CrashPoint) -> bool + Send + Sync>;
+
+/// Where the state machine keeps its state and who it is.
+#[derive(Debug, Clone)]
+pub struct PreparerConfig {
+    pub driver_name: String,
+    /// This node's name, which is also its pool's name.
+    pub node_name: String,
+    /// Directory of the checkpoint.
+    pub state_dir: PathBuf,
+    /// The current boot id (`/proc/sys/kernel/random/boot_id`).
+    pub boot_id: String,
+    /// Directory of the CDI specs.
+    pub cdi_spec_dir: PathBuf,
+}
+
+/// One prepared device in the answer to the kubelet.
+pub type Prepared = PreparedDevice;
+
+pub struct Preparer {
+    driver_name: String,
+    pool: String,
+    gpus: BTreeMap<String, Gpu>,
+    locks: locks::DeviceLocks,
+    writer: SpecWriter,
+    nodes: Box<dyn DeviceNodes + Send + Sync>,
+    files: DriverFiles,
+    store: CheckpointStore,
+    state: Mutex<Checkpoint>,
+    crash_hook: Option<CrashHook>,
+}
+
+impl std::fmt::Debug for Preparer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Preparer")
+            .field("driver_name", &self.driver_name)
+            .field("pool", &self.pool)
+            .field("devices", &self.gpus.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Preparer {
+    /// Loads the checkpoint and brings disk and checkpoint back in line (see
+    /// [`recovery`]); the report says what had to be done, for logs and Events.
+    pub fn start(
+        config: &PreparerConfig,
+        inventory: &Inventory,
+        nodes: Box<dyn DeviceNodes + Send + Sync>,
+        files: DriverFiles,
+    ) -> Result<(Self, StartupReport), StartError> {
+        let store = CheckpointStore::new(&config.state_dir);
+        let writer = SpecWriter::new(&config.cdi_spec_dir);
+        let (checkpoint, report) =
+            recovery::recover(&store, &writer, &config.boot_id, &config.node_name)?;
+        let gpus: BTreeMap<String, Gpu> = inventory
+            .gpus
+            .iter()
+            .map(|g| (g.device_name(), g.clone()))
+            .collect();
+        let preparer = Self {
+            driver_name: config.driver_name.clone(),
+            pool: config.node_name.clone(),
+            locks: locks::DeviceLocks::new(gpus.keys().cloned()),
+            gpus,
+            writer,
+            nodes,
+            files,
+            store,
+            state: Mutex::new(checkpoint),
+            crash_hook: None,
+        };
+        Ok((preparer, report))
+    }
+
+    /// Installs a fault-injection hook; see [`CrashPoint`].
+    pub fn with_crash_hook(mut self, hook: CrashHook) -> Self {
+        self.crash_hook = Some(hook);
+        self
+    }
+
+    fn crash(&self, point: CrashPoint) -> Result<(), ClaimError> {
+        match &self.crash_hook {
+            Some(hook) if hook(point) => Err(ClaimError::Crashed(point)),
+            _ => Ok(()),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, Checkpoint> {
+        // The checkpoint in memory is only replaced after a successful save, so a
+        // panic elsewhere cannot have left it half-updated.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Applies `change` to a copy of the checkpoint, saves the copy, and only then
+    /// makes it current, so memory never runs ahead of disk.
+    fn update<T>(&self, change: impl FnOnce(&mut Checkpoint) -> T) -> Result<T, CheckpointError> {
+        let mut state = self.state();
+        let mut next = state.clone();
+        let out = change(&mut next);
+        self.store.save(&next)?;
+        *state = next;
+        Ok(out)
+    }
+
+    /// A copy of the current checkpoint.
+    pub fn checkpoint(&self) -> Checkpoint {
+        self.state().clone()
+    }
+
+    /// Number of devices held by prepared (or preparing) claims.
+    pub fn prepared_devices(&self) -> usize {
+        self.state().claims.values().map(|c| c.devices.len()).sum()
+    }
+
+    /// Prepares one claim whose object the caller has read from the API server.
+    /// Idempotent: a claim already prepared with the same devices gets the same answer.
+    pub fn prepare(
+        &self,
+        claim_ref: &ClaimRef,
+        claim: &ResourceClaim,
+    ) -> Result<Vec<Prepared>, ClaimError> {
+        let ctx = plan::Context {
+            driver_name: &self.driver_name,
+            pool: &self.pool,
+            gpus: &self.gpus,
+        };
+        let plan = plan::plan(&ctx, claim_ref, claim)?;
+        let names: Vec<String> = plan.devices.iter().map(|d| d.device.clone()).collect();
+        let _held = self.locks.lock(&names);
+
+        {
+            let state = self.state();
+            if let Some(done) = state.get(&claim_ref.uid)
+                && done.state == ClaimState::PrepareCompleted
+                && same_devices(done, &names)
+                && self.writer.path_for(&claim_ref.uid).exists()
+            {
+                return Ok(done.devices.clone());
+            }
+            for name in &names {
+                if let Some(holder) = state.holder_of(&self.pool, name)
+                    && holder.uid != claim_ref.uid
+                {
+                    return Err(ClaimError::DeviceInUse {
+                        device: name.clone(),
+                        holder: format!("{}/{} ({})", holder.namespace, holder.name, holder.uid),
+                    });
+                }
+            }
+        }
+
+        // Build the spec before recording anything: if the node cannot describe the
+        // devices, there is nothing to roll back.
+        let request = ClaimSpecRequest {
+            claim_uid: claim_ref.uid.clone(),
+            claim_namespace: claim_ref.namespace.clone(),
+            claim_name: claim_ref.name.clone(),
+            gpus: plan
+                .devices
+                .iter()
+                .filter_map(|d| self.gpus.get(&d.device))
+                .map(ClaimGpu::from_gpu)
+                .collect::<Result<_, _>>()?,
+            env_hints: plan.env_hints,
+        };
+        let spec = cdi::claim_spec(&request, self.nodes.as_ref(), &self.files)?;
+        let prepared: Vec<Prepared> = plan
+            .devices
+            .iter()
+            .map(|d| PreparedDevice {
+                requests: d.requests.clone(),
+                pool: self.pool.clone(),
+                device: d.device.clone(),
+                cdi_device_ids: vec![cdi::cdi_device_id(&claim_ref.uid, &d.device)],
+                share_id: d.share_id.clone(),
+            })
+            .collect();
+        let spec_path = self.writer.path_for(&claim_ref.uid);
+
+        self.update(|cp| {
+            checkpoint::begin_prepare(
+                cp,
+                claim_ref.clone(),
+                prepared.clone(),
+                Some(spec_path.display().to_string()),
+                checkpoint::unix_now(),
+            )
+            .map(|_| ())
+        })?
+        .map_err(|e| match e {
+            checkpoint::PrepareError::DeviceInUse { device, holder, .. } => {
+                ClaimError::DeviceInUse { device, holder }
+            }
+            other => ClaimError::Unsupported {
+                namespace: claim_ref.namespace.clone(),
+                name: claim_ref.name.clone(),
+                what: other.to_string(),
+            },
+        })?;
+        self.crash(CrashPoint::AfterStartedRecord)?;
+
+        if let Err(e) = self.writer.write(&claim_ref.uid, &spec) {
+            // Nothing was handed out: forget the claim so its devices are free again.
+            if let Err(rollback) = self.update(|cp| cp.remove(&claim_ref.uid)) {
+                tracing::error!(claim = %claim_ref.uid, error = %rollback, "rolling back a failed prepare");
+            }
+            return Err(e.into());
+        }
+        self.crash(CrashPoint::AfterCdiWrite)?;
+
+        self.update(|cp| {
+            checkpoint::complete_prepare(cp, &claim_ref.uid, checkpoint::unix_now()).map(|_| ())
+        })?
+        .map_err(|e| ClaimError::Unsupported {
+            namespace: claim_ref.namespace.clone(),
+            name: claim_ref.name.clone(),
+            what: e.to_string(),
+        })?;
+        self.crash(CrashPoint::AfterCompletedRecord)?;
+        Ok(prepared)
+    }
+
+    /// Unprepares a claim by UID, from the checkpoint alone. Idempotent: an unknown
+    /// claim is already unprepared.
+    pub fn unprepare(&self, uid: &str) -> Result<(), ClaimError> {
+        let devices: Vec<String> = match self.state().get(uid) {
+            Some(record) => record.devices.iter().map(|d| d.device.clone()).collect(),
+            None => Vec::new(),
+        };
+        let _held = self.locks.lock(&devices);
+        // The spec goes first: a crash between the two steps leaves a record whose
+        // spec is gone, which the next unprepare finishes; the reverse would leave a
+        // spec that no record owns until the next start.
+        self.writer.remove(uid)?;
+        if self.state().get(uid).is_some() {
+            self.update(|cp| cp.remove(uid))?;
+        }
+        Ok(())
+    }
+}
+
+fn same_devices(record: &ClaimRecord, names: &[String]) -> bool {
+    let mut have: Vec<&String> = record.devices.iter().map(|d| &d.device).collect();
+    let mut want: Vec<&String> = names.iter().collect();
+    have.sort();
+    want.sort();
+    have == want
+}
+
+#[cfg(test)]
+mod tests;

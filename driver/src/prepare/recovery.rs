@@ -1,0 +1,114 @@
+//! What a start does before serving: load the checkpoint, and make it and the CDI
+//! spec directory agree again after a crash, a reboot or a corrupt file.
+
+use crate::cdi::{self, Spec, SpecWriter};
+use crate::checkpoint::{
+    self, Checkpoint, CheckpointStore, ClaimRecord, ClaimState, PreparedDevice, Quarantined,
+};
+
+use super::StartError;
+
+/// What recovery did, for logs, metrics and Events.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StartupReport {
+    /// The checkpoint was corrupt and moved aside; it was rebuilt from CDI specs.
+    pub quarantined: Option<Quarantined>,
+    /// Claims rebuilt from CDI spec files after a quarantine.
+    pub rebuilt: Vec<String>,
+    /// The node rebooted since the checkpoint was written.
+    pub rebooted: bool,
+    /// Claims whose prepare had started but not completed: spec removed, record dropped.
+    pub rolled_back: Vec<String>,
+    /// CDI specs of ours that no claim owned: removed.
+    pub orphan_specs_removed: Vec<String>,
+}
+
+pub(super) fn recover(
+    store: &CheckpointStore,
+    writer: &SpecWriter,
+    boot_id: &str,
+    pool: &str,
+) -> Result<(Checkpoint, StartupReport), StartError> {
+    let loaded = store.load(boot_id)?;
+    let mut checkpoint = loaded.checkpoint;
+    let mut report = StartupReport {
+        rebooted: loaded.rebooted,
+        ..Default::default()
+    };
+
+    if let Some(q) = loaded.quarantined {
+        tracing::warn!(path = %q.path.display(), reason = %q.reason, "checkpoint was corrupt; rebuilding from CDI specs");
+        for uid in writer.list_owned()? {
+            if let Some(record) = record_from_spec(writer, &uid, pool) {
+                report.rebuilt.push(uid);
+                checkpoint.insert(record);
+            }
+        }
+        report.quarantined = Some(q);
+    }
+
+    if loaded.rebooted {
+        let reprepare = checkpoint::after_reboot(&mut checkpoint, boot_id);
+        tracing::info!(
+            claims = reprepare.len(),
+            "node rebooted; prepared claims will be prepared again"
+        );
+    }
+
+    for record in checkpoint::rollback_candidates(&checkpoint) {
+        writer.remove(&record.uid)?;
+        checkpoint.remove(&record.uid);
+        report.rolled_back.push(record.uid);
+    }
+
+    for uid in writer.list_owned()? {
+        if checkpoint.get(&uid).is_none() {
+            writer.remove(&uid)?;
+            report.orphan_specs_removed.push(uid);
+        }
+    }
+    writer.remove_stale_temp_files()?;
+    store.save(&checkpoint)?;
+    Ok((checkpoint, report))
+}
+
+/// A completed record recovered from a spec we wrote. The spec names the claim in its
+/// annotations and each device as `<claimUID>-<deviceName>`; the request names are
+/// lost, which only matters for a retried prepare, and that re-derives them.
+fn record_from_spec(writer: &SpecWriter, uid: &str, pool: &str) -> Option<ClaimRecord> {
+    let path = writer.path_for(uid);
+    let spec: Spec = match std::fs::read(&path).map(|b| serde_json::from_slice(&b)) {
+        Ok(Ok(spec)) => spec,
+        Ok(Err(e)) => {
+            tracing::warn!(path = %path.display(), error = %e, "unreadable CDI spec skipped in rebuild");
+            return None;
+        }
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "CDI spec vanished during rebuild");
+            return None;
+        }
+    };
+    let annotation = |key: &str| spec.annotations.get(key).cloned().unwrap_or_default();
+    let prefix = format!("{uid}-");
+    let devices = spec
+        .devices
+        .iter()
+        .filter_map(|d| d.name.strip_prefix(&prefix))
+        .map(|device| PreparedDevice {
+            requests: Vec::new(),
+            pool: pool.to_owned(),
+            device: device.to_owned(),
+            cdi_device_ids: vec![cdi::cdi_device_id(uid, device)],
+            share_id: None,
+        })
+        .collect();
+    Some(ClaimRecord {
+        uid: uid.to_owned(),
+        namespace: annotation(cdi::ANNOTATION_CLAIM_NAMESPACE),
+        name: annotation(cdi::ANNOTATION_CLAIM_NAME),
+        state: ClaimState::PrepareCompleted,
+        devices,
+        cdi_spec: Some(path.display().to_string()),
+        updated_at: checkpoint::unix_now(),
+    })
+}

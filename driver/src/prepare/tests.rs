@@ -1,0 +1,565 @@
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationConfiguration, DeviceAllocationResult,
+    DeviceRequestAllocationResult, OpaqueDeviceConfiguration, ResourceClaim, ResourceClaimStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+
+use super::*;
+use crate::cdi::{ContainerEdits, DriverFilesSource, Mount, TableDeviceNodes};
+
+const DRIVER: &str = "gpu.topodra.dev";
+const NODE: &str = "node-a";
+
+fn inventory(gpus: u32) -> Inventory {
+    Inventory {
+        gpus: (0..gpus)
+            .map(|i| {
+                let mut g = Gpu::at(crate::PciAddress::new(0, 0x10 + i as u8, 0, 0));
+                g.minor = Some(i);
+                g.index = Some(i);
+                g.uuid = Some(format!("GPU-{i:08}"));
+                g.numa_node = Some(i / 4);
+                g.local_cpus = if i < 4 {
+                    "0-3".parse().unwrap()
+                } else {
+                    "4-7".parse().unwrap()
+                };
+                g
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn driver_files() -> DriverFiles {
+    DriverFiles {
+        source: DriverFilesSource::Discovered { root: "/".into() },
+        edits: ContainerEdits {
+            mounts: vec![Mount {
+                host_path: "/usr/lib/x86_64-linux-gnu/libcuda.so.550.90.07".into(),
+                container_path: "/usr/lib/x86_64-linux-gnu/libcuda.so.1".into(),
+                kind: Some("bind".into()),
+                options: vec!["ro".into(), "nosuid".into(), "nodev".into(), "rbind".into()],
+            }],
+            ..Default::default()
+        },
+    }
+}
+
+struct Node {
+    dir: tempfile::TempDir,
+    gpus: u32,
+}
+
+impl Node {
+    fn new(gpus: u32) -> Self {
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+            gpus,
+        }
+    }
+
+    fn config(&self, boot_id: &str) -> PreparerConfig {
+        PreparerConfig {
+            driver_name: DRIVER.into(),
+            node_name: NODE.into(),
+            state_dir: self.dir.path().join("state"),
+            boot_id: boot_id.into(),
+            cdi_spec_dir: self.cdi_dir(),
+        }
+    }
+
+    fn cdi_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("cdi")
+    }
+
+    /// Starts (or restarts) the state machine on this node's directories.
+    fn start_with_boot(&self, boot_id: &str) -> (Preparer, StartupReport) {
+        Preparer::start(
+            &self.config(boot_id),
+            &inventory(self.gpus),
+            Box::new(TableDeviceNodes::nvidia(0..self.gpus, 509)),
+            driver_files(),
+        )
+        .unwrap()
+    }
+
+    fn start(&self) -> Preparer {
+        self.start_with_boot("boot-1").0
+    }
+
+    fn spec_files(&self) -> Vec<String> {
+        match std::fs::read_dir(self.cdi_dir()) {
+            Ok(entries) => {
+                let mut names: Vec<String> = entries
+                    .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect();
+                names.sort();
+                names
+            }
+            Err(_) => vec![],
+        }
+    }
+}
+
+fn claim_ref(uid: &str) -> ClaimRef {
+    ClaimRef {
+        uid: uid.into(),
+        namespace: "team-a".into(),
+        name: format!("claim-{uid}"),
+    }
+}
+
+fn result(request: &str, device: &str) -> DeviceRequestAllocationResult {
+    DeviceRequestAllocationResult {
+        request: request.into(),
+        driver: DRIVER.into(),
+        pool: NODE.into(),
+        device: device.into(),
+        ..Default::default()
+    }
+}
+
+fn claim_with(
+    uid: &str,
+    results: Vec<DeviceRequestAllocationResult>,
+    config: Vec<DeviceAllocationConfiguration>,
+) -> ResourceClaim {
+    ResourceClaim {
+        metadata: ObjectMeta {
+            uid: Some(uid.into()),
+            namespace: Some("team-a".into()),
+            name: Some(format!("claim-{uid}")),
+            ..Default::default()
+        },
+        spec: Some(Default::default()),
+        status: Some(ResourceClaimStatus {
+            allocation: Some(AllocationResult {
+                devices: Some(DeviceAllocationResult {
+                    results: Some(results),
+                    config: (!config.is_empty()).then_some(config),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+fn claim(uid: &str, devices: &[u32]) -> ResourceClaim {
+    claim_with(
+        uid,
+        devices
+            .iter()
+            .map(|d| result("gpus", &format!("gpu-{d}")))
+            .collect(),
+        vec![],
+    )
+}
+
+fn opaque(parameters: serde_json::Value) -> DeviceAllocationConfiguration {
+    DeviceAllocationConfiguration {
+        source: "FromClaim".into(),
+        requests: None,
+        opaque: Some(OpaqueDeviceConfiguration {
+            driver: DRIVER.into(),
+            parameters: RawExtension(parameters),
+        }),
+    }
+}
+
+#[test]
+fn prepares_one_and_eight_gpu_claims() {
+    let node = Node::new(8);
+    let p = node.start();
+    let one = p.prepare(&claim_ref("u1"), &claim("u1", &[0])).unwrap();
+    assert_eq!(one.len(), 1);
+    assert_eq!(
+        one[0].cdi_device_ids,
+        vec!["k8s.gpu.topodra.dev/claim=u1-gpu-0"]
+    );
+    assert_eq!(one[0].requests, vec!["gpus"]);
+    p.unprepare("u1").unwrap();
+
+    let eight = p
+        .prepare(&claim_ref("u8"), &claim("u8", &[0, 1, 2, 3, 4, 5, 6, 7]))
+        .unwrap();
+    assert_eq!(eight.len(), 8);
+    assert_eq!(node.spec_files(), vec!["k8s.gpu.topodra.dev-claim_u8.json"]);
+    let spec: crate::cdi::Spec = serde_json::from_slice(
+        &std::fs::read(node.cdi_dir().join("k8s.gpu.topodra.dev-claim_u8.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(spec.devices.len(), 8);
+    assert_eq!(
+        p.checkpoint().get("u8").unwrap().state,
+        ClaimState::PrepareCompleted
+    );
+    assert_eq!(p.prepared_devices(), 8);
+}
+
+#[test]
+fn sub_requests_answer_with_base_request_names() {
+    let node = Node::new(2);
+    let p = node.start();
+    let c = claim_with("u1", vec![result("gpus/large", "gpu-0")], vec![]);
+    assert_eq!(
+        p.prepare(&claim_ref("u1"), &c).unwrap()[0].requests,
+        vec!["gpus"]
+    );
+}
+
+#[test]
+fn double_prepare_is_idempotent_and_rewrites_a_lost_spec() {
+    let node = Node::new(2);
+    let p = node.start();
+    let first = p.prepare(&claim_ref("u1"), &claim("u1", &[1])).unwrap();
+    assert_eq!(
+        p.prepare(&claim_ref("u1"), &claim("u1", &[1])).unwrap(),
+        first
+    );
+    std::fs::remove_file(node.cdi_dir().join("k8s.gpu.topodra.dev-claim_u1.json")).unwrap();
+    assert_eq!(
+        p.prepare(&claim_ref("u1"), &claim("u1", &[1])).unwrap(),
+        first
+    );
+    assert_eq!(node.spec_files().len(), 1);
+}
+
+#[test]
+fn unprepare_is_idempotent_and_removes_the_spec() {
+    let node = Node::new(2);
+    let p = node.start();
+    p.unprepare("never-prepared").unwrap();
+    p.prepare(&claim_ref("u1"), &claim("u1", &[0])).unwrap();
+    p.unprepare("u1").unwrap();
+    p.unprepare("u1").unwrap();
+    assert!(node.spec_files().is_empty());
+    assert!(p.checkpoint().claims.is_empty());
+}
+
+#[test]
+fn unprepare_after_restart_needs_only_the_checkpoint() {
+    let node = Node::new(2);
+    node.start()
+        .prepare(&claim_ref("u1"), &claim("u1", &[0, 1]))
+        .unwrap();
+    let restarted = node.start();
+    restarted.unprepare("u1").unwrap();
+    assert!(node.spec_files().is_empty());
+}
+
+#[test]
+fn a_device_prepared_for_another_live_claim_is_refused() {
+    let node = Node::new(4);
+    let p = node.start();
+    p.prepare(&claim_ref("u1"), &claim("u1", &[0, 1])).unwrap();
+    let err = p
+        .prepare(&claim_ref("u2"), &claim("u2", &[1, 2]))
+        .unwrap_err();
+    assert!(matches!(err, ClaimError::DeviceInUse { .. }), "{err}");
+    assert!(
+        err.to_string().contains("gpu-1") && err.to_string().contains("u1"),
+        "{err}"
+    );
+    assert!(
+        p.checkpoint().get("u2").is_none(),
+        "refusal changes nothing"
+    );
+    p.unprepare("u1").unwrap();
+    p.prepare(&claim_ref("u2"), &claim("u2", &[1, 2])).unwrap();
+}
+
+#[test]
+fn concurrent_prepares_disjoint_all_succeed_overlapping_exactly_one() {
+    let node = Node::new(8);
+    let p = Arc::new(node.start());
+    let barrier = Arc::new(Barrier::new(8));
+    let handles: Vec<_> = (0..8u32)
+        .map(|i| {
+            let (p, barrier) = (p.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                let uid = format!("d{i}");
+                p.prepare(&claim_ref(&uid), &claim(&uid, &[i])).is_ok()
+            })
+        })
+        .collect();
+    assert!(handles.into_iter().all(|h| h.join().unwrap()));
+    assert_eq!(p.prepared_devices(), 8);
+    for i in 0..8 {
+        p.unprepare(&format!("d{i}")).unwrap();
+    }
+
+    let barrier = Arc::new(Barrier::new(6));
+    let handles: Vec<_> = (0..6u32)
+        .map(|i| {
+            let (p, barrier) = (p.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                let uid = format!("o{i}");
+                p.prepare(&claim_ref(&uid), &claim(&uid, &[3, 4])).is_ok()
+            })
+        })
+        .collect();
+    let won = handles
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .filter(|ok| *ok)
+        .count();
+    assert_eq!(won, 1);
+    assert_eq!(node.spec_files().len(), 1);
+}
+
+#[test]
+fn a_hundred_claims_prepare_and_unprepare() {
+    let node = Node::new(100);
+    let p = node.start();
+    for i in 0..100u32 {
+        let uid = format!("c{i}");
+        p.prepare(&claim_ref(&uid), &claim(&uid, &[i])).unwrap();
+    }
+    assert_eq!(node.spec_files().len(), 100);
+    let restarted = node.start();
+    assert_eq!(restarted.prepared_devices(), 100);
+    for i in 0..100 {
+        restarted.unprepare(&format!("c{i}")).unwrap();
+    }
+    assert!(node.spec_files().is_empty());
+}
+
+#[test]
+fn a_crash_at_any_step_then_a_restart_leaks_nothing_and_the_retry_succeeds() {
+    for point in [
+        CrashPoint::AfterStartedRecord,
+        CrashPoint::AfterCdiWrite,
+        CrashPoint::AfterCompletedRecord,
+    ] {
+        let node = Node::new(4);
+        let armed = Arc::new(AtomicBool::new(true));
+        let hook_armed = armed.clone();
+        let p = node.start().with_crash_hook(Arc::new(move |at| {
+            at == point && hook_armed.swap(false, Ordering::SeqCst)
+        }));
+        let err = p
+            .prepare(&claim_ref("u1"), &claim("u1", &[0, 1]))
+            .unwrap_err();
+        assert!(matches!(err, ClaimError::Crashed(at) if at == point));
+        drop(p);
+
+        let (restarted, report) = node.start_with_boot("boot-1");
+        match point {
+            CrashPoint::AfterCompletedRecord => assert!(report.rolled_back.is_empty()),
+            _ => assert_eq!(report.rolled_back, vec!["u1"], "{point:?}"),
+        }
+        assert!(report.orphan_specs_removed.is_empty());
+        let expected_specs = usize::from(point == CrashPoint::AfterCompletedRecord);
+        assert_eq!(
+            node.spec_files().len(),
+            expected_specs,
+            "{point:?}: {:?}",
+            node.spec_files()
+        );
+
+        let again = restarted
+            .prepare(&claim_ref("u1"), &claim("u1", &[0, 1]))
+            .unwrap();
+        assert_eq!(again.len(), 2);
+        assert_eq!(node.spec_files(), vec!["k8s.gpu.topodra.dev-claim_u1.json"]);
+        restarted.unprepare("u1").unwrap();
+        assert!(node.spec_files().is_empty(), "{point:?}");
+        assert!(restarted.checkpoint().claims.is_empty());
+    }
+}
+
+#[test]
+fn an_orphan_spec_is_removed_at_start() {
+    let node = Node::new(2);
+    let p = node.start();
+    p.prepare(&claim_ref("u1"), &claim("u1", &[0])).unwrap();
+    std::fs::copy(
+        node.cdi_dir().join("k8s.gpu.topodra.dev-claim_u1.json"),
+        node.cdi_dir().join("k8s.gpu.topodra.dev-claim_ghost.json"),
+    )
+    .unwrap();
+    std::fs::write(node.cdi_dir().join("nvidia.yaml"), "not ours").unwrap();
+    drop(p);
+    let (_p, report) = node.start_with_boot("boot-1");
+    assert_eq!(report.orphan_specs_removed, vec!["ghost"]);
+    assert_eq!(
+        node.spec_files(),
+        vec!["k8s.gpu.topodra.dev-claim_u1.json", "nvidia.yaml"]
+    );
+}
+
+#[test]
+fn after_a_reboot_claims_are_prepared_again_and_unprepare_still_works() {
+    let node = Node::new(2);
+    node.start()
+        .prepare(&claim_ref("u1"), &claim("u1", &[0]))
+        .unwrap();
+    node.start()
+        .prepare(&claim_ref("u2"), &claim("u2", &[1]))
+        .unwrap();
+    // /var/run is a tmpfs: a reboot empties the CDI directory.
+    std::fs::remove_dir_all(node.cdi_dir()).unwrap();
+    let (p, report) = node.start_with_boot("boot-2");
+    assert!(report.rebooted);
+    assert_eq!(
+        p.checkpoint().get("u1").unwrap().state,
+        ClaimState::NeedsReprepare
+    );
+    p.prepare(&claim_ref("u1"), &claim("u1", &[0])).unwrap();
+    assert_eq!(
+        p.checkpoint().get("u1").unwrap().state,
+        ClaimState::PrepareCompleted
+    );
+    // Until then the device stays reserved for its claim.
+    assert!(p.prepare(&claim_ref("u3"), &claim("u3", &[1])).is_err());
+    p.unprepare("u2").unwrap();
+    assert!(p.checkpoint().get("u2").is_none());
+}
+
+#[test]
+fn a_corrupt_checkpoint_is_quarantined_and_rebuilt_from_specs() {
+    for corruption in [&b""[..], b"{\"version\":1,\"checks", b"\x00\xff garbage"] {
+        let node = Node::new(4);
+        let p = node.start();
+        p.prepare(&claim_ref("u1"), &claim("u1", &[0, 2])).unwrap();
+        drop(p);
+        std::fs::write(node.dir.path().join("state/checkpoint.json"), corruption).unwrap();
+        let (p, report) = node.start_with_boot("boot-1");
+        assert!(report.quarantined.is_some());
+        assert_eq!(report.rebuilt, vec!["u1"]);
+        let record = p.checkpoint().get("u1").cloned().unwrap();
+        assert_eq!(record.namespace, "team-a");
+        let devices: Vec<&str> = record.devices.iter().map(|d| d.device.as_str()).collect();
+        assert_eq!(devices, ["gpu-0", "gpu-2"]);
+        // The rebuilt record still guards its devices and unprepares cleanly.
+        assert!(p.prepare(&claim_ref("u2"), &claim("u2", &[2])).is_err());
+        p.unprepare("u1").unwrap();
+        assert!(node.spec_files().is_empty());
+    }
+}
+
+#[test]
+fn a_failed_cdi_write_rolls_back() {
+    let node = Node::new(2);
+    let p = node.start();
+    // The spec directory is a file: every write fails, as on a full or broken disk.
+    std::fs::create_dir_all(node.dir.path()).unwrap();
+    std::fs::write(node.cdi_dir(), b"").unwrap();
+    let err = p.prepare(&claim_ref("u1"), &claim("u1", &[0])).unwrap_err();
+    assert!(matches!(err, ClaimError::Cdi(_)), "{err}");
+    assert!(p.checkpoint().claims.is_empty(), "the device is free again");
+    std::fs::remove_file(node.cdi_dir()).unwrap();
+    p.prepare(&claim_ref("u1"), &claim("u1", &[0])).unwrap();
+}
+
+#[test]
+fn bad_claims_are_refused_with_a_clear_error_and_no_state_change() {
+    let node = Node::new(2);
+    let p = node.start();
+    let other_node = {
+        let mut r = result("gpus", "gpu-0");
+        r.pool = "node-b".into();
+        claim_with("u1", vec![r], vec![])
+    };
+    let other_driver = {
+        let mut r = result("gpus", "gpu-0");
+        r.driver = "gpu.nvidia.com".into();
+        claim_with("u1", vec![r], vec![])
+    };
+    let mut not_allocated = claim("u1", &[0]);
+    not_allocated.status = None;
+    let cases: Vec<(ResourceClaim, &str)> = vec![
+        (other_node, "another node"),
+        (other_driver, "no device of driver gpu.topodra.dev"),
+        (not_allocated, "is not allocated"),
+        (claim("u1", &[9]), "gpu-9 is not a GPU of this node"),
+        (claim("other-uid", &[0]), "the claim was replaced"),
+        (
+            claim_with(
+                "u1",
+                vec![result("gpus", "gpu-0")],
+                vec![opaque(serde_json::json!({
+            "apiVersion": "gpu.topodra.dev/v1alpha1", "kind": "GpuConfig",
+            "sharing": {"strategy": "Exclusive", "exclusiv": {}}}))],
+            ),
+            "sharing.exclusiv",
+        ),
+        (
+            claim_with(
+                "u1",
+                vec![result("gpus", "gpu-0")],
+                vec![opaque(serde_json::json!({
+            "apiVersion": "gpu.topodra.dev/v1alpha1", "kind": "GpuConfig",
+            "sharing": {"strategy": "MPS"}}))],
+            ),
+            "MPS",
+        ),
+    ];
+    for (c, want) in cases {
+        let err = p.prepare(&claim_ref("u1"), &c).unwrap_err();
+        assert!(
+            err.to_string().contains(want),
+            "{err} does not contain {want}"
+        );
+    }
+    assert!(p.checkpoint().claims.is_empty());
+    assert!(node.spec_files().is_empty());
+}
+
+#[test]
+fn require_aligned_refuses_a_split_allocation() {
+    let node = Node::new(8);
+    let p = node.start();
+    let aligned = serde_json::json!({"apiVersion": "gpu.topodra.dev/v1alpha1", "kind": "GpuConfig", "numa": {"requireAligned": true}});
+    let split = claim_with(
+        "u1",
+        vec![result("gpus", "gpu-3"), result("gpus", "gpu-4")],
+        vec![opaque(aligned.clone())],
+    );
+    let err = p.prepare(&claim_ref("u1"), &split).unwrap_err();
+    assert!(err.to_string().contains("spans NUMA nodes 0,1"), "{err}");
+    let ok = claim_with(
+        "u1",
+        vec![result("gpus", "gpu-0"), result("gpus", "gpu-3")],
+        vec![opaque(aligned)],
+    );
+    p.prepare(&claim_ref("u1"), &ok).unwrap();
+}
+
+#[test]
+fn env_hints_follow_the_numa_config() {
+    let node = Node::new(2);
+    let p = node.start();
+    let no_hints = serde_json::json!({"apiVersion": "gpu.topodra.dev/v1alpha1", "kind": "GpuConfig", "numa": {"exportHints": false}});
+    p.prepare(
+        &claim_ref("u1"),
+        &claim_with("u1", vec![result("gpus", "gpu-0")], vec![opaque(no_hints)]),
+    )
+    .unwrap();
+    p.prepare(&claim_ref("u2"), &claim("u2", &[1])).unwrap();
+    let env = |uid: &str| {
+        let path = node
+            .cdi_dir()
+            .join(format!("k8s.gpu.topodra.dev-claim_{uid}.json"));
+        let spec: crate::cdi::Spec =
+            serde_json::from_slice(&std::fs::read(Path::new(&path)).unwrap()).unwrap();
+        spec.container_edits.env
+    };
+    assert!(
+        !env("u1")
+            .iter()
+            .any(|e| e.starts_with("TOPODRA_NUMA_NODES="))
+    );
+    assert!(env("u2").iter().any(|e| e == "TOPODRA_NUMA_NODES=0"));
+}
