@@ -1,13 +1,18 @@
 //! `topodra-kubelet-plugin`: the node side of topodra.
 //!
-//! Today it runs discovery (`discover`); the kubelet-facing servers land on top of
-//! the same inventory.
+//! `discover` prints what this node would publish; `serve` is the DaemonSet's
+//! process: the kubelet's DRA and registration services, ResourceSlice publishing,
+//! health, metrics.
 
 mod discover_cmd;
+mod grpc;
+mod health;
+mod liveness;
 mod logging;
+mod metrics;
+mod publish;
+mod serve_cmd;
 mod table;
-// Wired into the gRPC servers by `serve`.
-#[allow(dead_code)]
 mod uds;
 
 use anyhow::Result;
@@ -32,6 +37,8 @@ enum Command {
     /// Discover the node's GPUs and topology and print them, or the ResourceSlices
     /// that would be published.
     Discover(discover_cmd::DiscoverArgs),
+    /// Run the kubelet plugin: serve the kubelet's DRA calls and publish ResourceSlices.
+    Serve(Box<serve_cmd::ServeArgs>),
 }
 
 fn main() -> std::process::ExitCode {
@@ -52,5 +59,9 @@ fn main() -> std::process::ExitCode {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Discover(args) => discover_cmd::run(&args, &mut std::io::stdout().lock()),
+        Command::Serve(args) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(serve_cmd::run(*args)),
     }
 }

@@ -51,8 +51,8 @@ use std::io;
 use std::path::PathBuf;
 
 pub use claim::{
-    ANNOTATION_CLAIM_NAME, ANNOTATION_CLAIM_NAMESPACE, ANNOTATION_CLAIM_UID, ClaimGpu, ClaimSpecRequest,
-    claim_spec,
+    ANNOTATION_CLAIM_NAME, ANNOTATION_CLAIM_NAMESPACE, ANNOTATION_CLAIM_UID, ClaimGpu,
+    ClaimSpecRequest, claim_spec,
 };
 pub use driver_files::{DriverFiles, DriverFilesSource, DriverRoot};
 pub use nodes::{DeviceNodes, HostDeviceNodes, NodeInfo, NodeKind, TableDeviceNodes};

@@ -24,7 +24,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-use k8s_openapi::api::resource::v1::{Device, ResourcePool, ResourceSlice, ResourceSliceSpec};
+use k8s_openapi::api::resource::v1::{
+    Device, DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde::{Deserialize, Serialize};
 
@@ -90,7 +92,8 @@ impl FromStr for NumaNodeFormat {
 }
 
 /// What the operator and the publisher decide; the inventory says the rest.
-#[derive(Debug, Clone, PartialEq, Eq)]
+// Not `Eq`: k8s-openapi's `DeviceTaint` is only `PartialEq`.
+#[derive(Debug, Clone, PartialEq)]
 pub struct SliceOptions {
     pub driver_name: String,
     pub node_name: String,
@@ -102,6 +105,10 @@ pub struct SliceOptions {
     pub node_uid: Option<String>,
     /// Fewer devices per slice than the API allows; for tests that need splitting.
     pub max_devices_per_slice: Option<usize>,
+    /// Taints by device name, from health checks: a GPU that went bad stays in the
+    /// pool, so claims already on it keep a device to refer to, while the scheduler
+    /// stops placing new claims there. A tainted device halves its slice's limit.
+    pub device_taints: BTreeMap<String, Vec<DeviceTaint>>,
 }
 
 impl SliceOptions {
@@ -115,6 +122,7 @@ impl SliceOptions {
             pool_generation: 1,
             node_uid: None,
             max_devices_per_slice: None,
+            device_taints: BTreeMap::new(),
         }
     }
 }
@@ -228,10 +236,17 @@ pub enum SliceError {
 pub fn build_device(gpu: &Gpu, inv: &Inventory, opts: &SliceOptions) -> Device {
     let attributes = device_attributes(gpu, inv, opts);
     let capacity = device_capacity(gpu);
+    let name = gpu.device_name();
+    let taints = opts
+        .device_taints
+        .get(&name)
+        .filter(|t| !t.is_empty())
+        .cloned();
     Device {
-        name: gpu.device_name(),
+        name,
         attributes: (!attributes.is_empty()).then_some(attributes),
         capacity: (!capacity.is_empty()).then_some(capacity),
+        taints,
         ..Default::default()
     }
 }
@@ -417,6 +432,41 @@ mod tests {
         );
         assert_eq!(owner.uid, "6f1e0c1a-8d2b-4b5e-9c4f-0a1b2c3d4e5f");
         assert!(s.spec.all_nodes.is_none() && s.spec.node_selector.is_none());
+    }
+
+    #[test]
+    fn taints_go_to_their_device_and_shrink_the_slice_limit() {
+        let taint = DeviceTaint {
+            key: "gpu.topodra.dev/unhealthy".to_owned(),
+            value: Some("xid-79".to_owned()),
+            effect: "NoSchedule".to_owned(),
+            ..Default::default()
+        };
+        let opts = SliceOptions {
+            device_taints: BTreeMap::from([
+                ("gpu-3".to_owned(), vec![taint.clone()]),
+                // An empty list is no taint, and an unknown device is ignored.
+                ("gpu-4".to_owned(), vec![]),
+                ("gpu-99".to_owned(), vec![taint.clone()]),
+            ]),
+            ..SliceOptions::new("dgx-01")
+        };
+        let slices = build_slices(&dgx_h100(), &opts).unwrap();
+        let devices = slices[0].spec.devices.as_ref().unwrap();
+        let gpu3 = devices.iter().find(|d| d.name == "gpu-3").unwrap();
+        assert_eq!(gpu3.taints.as_deref(), Some(&[taint][..]));
+        assert!(
+            devices
+                .iter()
+                .filter(|d| d.name != "gpu-3")
+                .all(|d| d.taints.is_none())
+        );
+
+        // 100 GPUs with one tainted: its slice holds 64 at most.
+        let mut opts = SliceOptions::new("big");
+        opts.device_taints
+            .insert("gpu-0".to_owned(), vec![DeviceTaint::default()]);
+        assert_eq!(sizes(&build_slices(&many(100), &opts).unwrap()), [64, 36]);
     }
 
     #[test]

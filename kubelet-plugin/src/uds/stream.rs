@@ -52,6 +52,7 @@ impl ShimmedStream {
     }
 
     /// The underlying socket, e.g. for peer credentials.
+    #[cfg(test)]
     pub(crate) fn get_ref(&self) -> &UnixStream {
         &self.inner
     }

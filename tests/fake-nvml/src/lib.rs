@@ -15,6 +15,7 @@
 pub mod ffi;
 pub mod hwloc_xml;
 pub mod profile;
+pub mod sim;
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;

@@ -1,0 +1,84 @@
+//! The health picture shared by the monitor, the gRPC stream and the taint builder.
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use topodra_driver::{Gpu, Inventory, PciAddress};
+
+/// Health of one device, in the terms of the kubelet's DRA health API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Status {
+    Healthy,
+    Unhealthy,
+    /// Not determined (yet): NVML unavailable, or no probe has answered.
+    Unknown,
+}
+
+/// Why a device is unhealthy, in a form short enough for a label value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cause {
+    /// A critical XID (double-bit ECC events count as XID 48).
+    Xid(u64),
+    /// NVML answers GPU_IS_LOST, or no longer knows the device.
+    Lost,
+}
+
+impl Cause {
+    /// `xid-79`, `lost`: valid as a Kubernetes label value.
+    pub(crate) fn label(&self) -> String {
+        match self {
+            Self::Xid(xid) => format!("xid-{xid}"),
+            Self::Lost => "lost".to_owned(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DeviceHealth {
+    pub(crate) status: Status,
+    /// When `status` (or `cause`) last changed.
+    pub(crate) since: SystemTime,
+    /// For operators, e.g. "XID 79: GPU has fallen off the bus".
+    pub(crate) reason: String,
+    /// Set exactly when `status` is Unhealthy.
+    pub(crate) cause: Option<Cause>,
+}
+
+/// Health of every device of the node, keyed by ResourceSlice device name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct HealthState {
+    pub(crate) devices: BTreeMap<String, DeviceHealth>,
+}
+
+impl HealthState {
+    pub(crate) fn unhealthy(&self) -> impl Iterator<Item = (&String, &DeviceHealth)> {
+        self.devices
+            .iter()
+            .filter(|(_, h)| h.status == Status::Unhealthy)
+    }
+}
+
+/// What the monitor needs to know about a GPU to match NVML's answers to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DeviceRef {
+    /// The ResourceSlice device name (`gpu-<minor>`).
+    pub(crate) name: String,
+    pub(crate) uuid: Option<String>,
+    pub(crate) bus_id: PciAddress,
+    pub(crate) index: Option<u32>,
+}
+
+impl DeviceRef {
+    pub(crate) fn from_gpu(gpu: &Gpu) -> Self {
+        Self {
+            name: gpu.device_name(),
+            uuid: gpu.uuid.clone(),
+            bus_id: gpu.pci_bus_id,
+            index: gpu.index,
+        }
+    }
+
+    pub(crate) fn all(inventory: &Inventory) -> Vec<Self> {
+        inventory.gpus.iter().map(Self::from_gpu).collect()
+    }
+}

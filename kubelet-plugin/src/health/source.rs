@@ -1,0 +1,79 @@
+//! Where health facts come from, behind traits so the monitor runs against NVML in
+//! production and against scripted sources in tests.
+
+use std::time::Duration;
+
+use topodra_driver::PciAddress;
+
+use super::model::DeviceRef;
+
+/// How an event names its GPU; NVML may be unable to answer a UUID query for a GPU
+/// that just failed, so the source uses whatever it could learn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum EventDevice {
+    Uuid(String),
+    BusId(PciAddress),
+    /// The source could not tell which GPU; the monitor probes them all.
+    Unknown,
+}
+
+impl EventDevice {
+    pub(crate) fn matches(&self, device: &DeviceRef) -> bool {
+        match self {
+            Self::Uuid(uuid) => device.uuid.as_deref() == Some(uuid.as_str()),
+            Self::BusId(bus_id) => device.bus_id == *bus_id,
+            Self::Unknown => false,
+        }
+    }
+}
+
+/// A critical error report. Double-bit ECC events arrive as XID 48, the XID the
+/// driver logs for them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct XidEvent {
+    pub(crate) device: EventDevice,
+    pub(crate) xid: u64,
+}
+
+/// The answer to "does NVML still reach this GPU?".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Probe {
+    Ok,
+    Lost,
+    /// Any other failure; says nothing either way about the GPU.
+    Error(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum SourceError {
+    /// NVML cannot be loaded or initialized.
+    #[error("NVML unavailable: {0}")]
+    Unavailable(String),
+    /// Waiting for events failed; the source stays usable.
+    #[error("waiting for NVML events: {0}")]
+    Wait(String),
+}
+
+/// An opened event source. Calls block; the monitor makes them on a thread of its
+/// own.
+pub(crate) trait EventSource {
+    /// Waits up to `timeout` for the next event; `Ok(None)` when none came.
+    fn wait(&mut self, timeout: Duration) -> Result<Option<XidEvent>, SourceError>;
+
+    /// Checks that the GPU still answers.
+    fn probe(&mut self, device: &DeviceRef) -> Probe;
+}
+
+/// Opens an [`EventSource`] and lends it to `body` on the calling thread.
+///
+/// A callback rather than a returned value because a real source borrows from the
+/// NVML handle it was opened with: both live on the opener's stack for exactly as
+/// long as `body` runs.
+pub(crate) trait OpenSource: Send + 'static {
+    /// Fails when the source cannot be opened; otherwise returns once `body` does.
+    fn with_source(
+        &mut self,
+        devices: &[DeviceRef],
+        body: &mut dyn FnMut(&mut dyn EventSource),
+    ) -> Result<(), SourceError>;
+}

@@ -1,0 +1,345 @@
+//! Counting our own API requests by verb and resource.
+//!
+//! The seed lesson is that control planes melt under LIST storms from node agents, so
+//! the plugin counts what it sends, and the metrics module exports it: a LIST or a
+//! WATCHLIST appearing in steady state is a bug to be seen, not guessed at.
+//!
+//! The layer wraps the whole kube client stack, so it counts calls as the plugin makes
+//! them; retries that kube's own stack performs on 429/503 are not counted twice.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use http::{Method, Request};
+use tower::{Layer, Service};
+
+/// What a request does, in the API server's vocabulary (`apiserver_request_total`),
+/// except that a streaming list (`sendInitialEvents=true`) is told apart from a
+/// resumed watch: it costs the server a full read, like a LIST.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Verb {
+    Get,
+    List,
+    Watch,
+    WatchList,
+    Create,
+    Update,
+    /// A server-side apply patch.
+    Apply,
+    /// Any other patch (merge, strategic merge, JSON patch).
+    Patch,
+    Delete,
+    DeleteCollection,
+    Other,
+}
+
+impl Verb {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Get => "get",
+            Self::List => "list",
+            Self::Watch => "watch",
+            Self::WatchList => "watchlist",
+            Self::Create => "create",
+            Self::Update => "update",
+            Self::Apply => "apply",
+            Self::Patch => "patch",
+            Self::Delete => "delete",
+            Self::DeleteCollection => "deletecollection",
+            Self::Other => "other",
+        }
+    }
+}
+
+impl fmt::Display for Verb {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Request counts shared between the client (which adds) and metrics (which read).
+/// Cloning shares the counts.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RequestCounter {
+    // A mutex is enough: a node agent sends a handful of requests a minute.
+    counts: Arc<Mutex<BTreeMap<(Verb, String), u64>>>,
+}
+
+impl RequestCounter {
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    /// Counts so far, keyed by verb and resource (`resourceslices`, `nodes`,
+    /// `pods/status`; the path itself for non-resource URLs).
+    pub(crate) fn snapshot(&self) -> BTreeMap<(Verb, String), u64> {
+        self.lock().clone()
+    }
+
+    /// The count for one verb and resource.
+    #[cfg(test)]
+    pub(crate) fn get(&self, verb: Verb, resource: &str) -> u64 {
+        self.lock()
+            .get(&(verb, resource.to_owned()))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The layer that counts every request through the service it wraps.
+    pub(crate) fn layer(&self) -> CountingLayer {
+        CountingLayer {
+            counter: self.clone(),
+        }
+    }
+
+    fn record(&self, verb: Verb, resource: String) {
+        *self.lock().entry((verb, resource)).or_insert(0) += 1;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(Verb, String), u64>> {
+        // Counting never panics while holding the lock, and a count is still
+        // meaningful after someone else's panic.
+        self.counts.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A tower layer for `kube::client::ClientBuilder::with_layer`.
+#[derive(Debug, Clone)]
+pub(crate) struct CountingLayer {
+    counter: RequestCounter,
+}
+
+impl<S> Layer<S> for CountingLayer {
+    type Service = CountingService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        CountingService {
+            inner,
+            counter: self.counter.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct CountingService<S> {
+    inner: S,
+    counter: RequestCounter,
+}
+
+impl<S, B> Service<Request<B>> for CountingService<S>
+where
+    S: Service<Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let (verb, resource) = classify(&req);
+        self.counter.record(verb, resource);
+        self.inner.call(req)
+    }
+}
+
+/// Verb and resource of a request to the API server.
+pub(crate) fn classify<B>(req: &Request<B>) -> (Verb, String) {
+    let query = req.uri().query().unwrap_or("");
+    let param = |key: &str| {
+        query
+            .split('&')
+            .filter_map(|kv| kv.split_once('='))
+            .any(|(k, v)| k == key && (v == "true" || v == "1"))
+    };
+    let Some(target) = parse_path(req.uri().path()) else {
+        return (Verb::Other, req.uri().path().to_owned());
+    };
+    let resource = match target.subresource {
+        Some(sub) => format!("{}/{sub}", target.resource),
+        None => target.resource.to_owned(),
+    };
+    let named = target.name.is_some();
+    let verb = match *req.method() {
+        Method::GET if named => Verb::Get,
+        Method::GET if param("watch") && param("sendInitialEvents") => Verb::WatchList,
+        Method::GET if param("watch") => Verb::Watch,
+        Method::GET => Verb::List,
+        Method::POST => Verb::Create,
+        Method::PUT => Verb::Update,
+        Method::PATCH if is_apply(req) => Verb::Apply,
+        Method::PATCH => Verb::Patch,
+        Method::DELETE if named => Verb::Delete,
+        Method::DELETE => Verb::DeleteCollection,
+        _ => Verb::Other,
+    };
+    (verb, resource)
+}
+
+fn is_apply<B>(req: &Request<B>) -> bool {
+    req.headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/apply-patch"))
+}
+
+struct Target<'a> {
+    resource: &'a str,
+    name: Option<&'a str>,
+    subresource: Option<&'a str>,
+}
+
+/// `/api/v1/...` or `/apis/<group>/<version>/...`, optionally namespaced.
+fn parse_path(path: &str) -> Option<Target<'_>> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let rest = match segs.as_slice() {
+        ["api", _version, rest @ ..] => rest,
+        ["apis", _group, _version, rest @ ..] => rest,
+        _ => return None,
+    };
+    // `namespaces/<ns>/<resource>...` is namespaced; `namespaces[/<ns>]` alone is the
+    // Namespace resource itself.
+    let rest = match rest {
+        ["namespaces", _ns, tail @ ..] if !tail.is_empty() => tail,
+        _ => rest,
+    };
+    match rest {
+        [resource] => Some(Target {
+            resource,
+            name: None,
+            subresource: None,
+        }),
+        [resource, name] => Some(Target {
+            resource,
+            name: Some(name),
+            subresource: None,
+        }),
+        [resource, name, sub, ..] => Some(Target {
+            resource,
+            name: Some(name),
+            subresource: Some(sub),
+        }),
+        [] => None,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn req(method: Method, uri: &str, content_type: Option<&str>) -> Request<()> {
+        let mut b = Request::builder().method(method).uri(uri);
+        if let Some(ct) = content_type {
+            b = b.header(http::header::CONTENT_TYPE, ct);
+        }
+        b.body(()).unwrap()
+    }
+
+    #[test]
+    fn requests_are_classified_like_the_api_server_does() {
+        let slices = "/apis/resource.k8s.io/v1/resourceslices";
+        let cases = [
+            (
+                req(Method::GET, "/api/v1/nodes/n1", None),
+                Verb::Get,
+                "nodes",
+            ),
+            (req(Method::GET, slices, None), Verb::List, "resourceslices"),
+            (
+                req(
+                    Method::GET,
+                    &format!("{slices}?&watch=true&resourceVersion=5"),
+                    None,
+                ),
+                Verb::Watch,
+                "resourceslices",
+            ),
+            (
+                req(
+                    Method::GET,
+                    &format!("{slices}?watch=true&sendInitialEvents=true"),
+                    None,
+                ),
+                Verb::WatchList,
+                "resourceslices",
+            ),
+            (
+                req(
+                    Method::PATCH,
+                    &format!("{slices}/a?fieldManager=m&force=true"),
+                    Some("application/apply-patch+yaml"),
+                ),
+                Verb::Apply,
+                "resourceslices",
+            ),
+            (
+                req(
+                    Method::PATCH,
+                    "/api/v1/namespaces/ns/pods/p/status",
+                    Some("application/merge-patch+json"),
+                ),
+                Verb::Patch,
+                "pods/status",
+            ),
+            (
+                req(Method::POST, "/api/v1/namespaces/ns/events", None),
+                Verb::Create,
+                "events",
+            ),
+            (
+                req(Method::PUT, &format!("{slices}/a"), None),
+                Verb::Update,
+                "resourceslices",
+            ),
+            (
+                req(Method::DELETE, &format!("{slices}/a"), None),
+                Verb::Delete,
+                "resourceslices",
+            ),
+            (
+                req(Method::DELETE, slices, None),
+                Verb::DeleteCollection,
+                "resourceslices",
+            ),
+            (
+                req(Method::GET, "/api/v1/namespaces/kube-system", None),
+                Verb::Get,
+                "namespaces",
+            ),
+            (req(Method::GET, "/version", None), Verb::Other, "/version"),
+        ];
+        for (r, verb, resource) in cases {
+            assert_eq!(classify(&r), (verb, resource.to_owned()), "{}", r.uri());
+        }
+    }
+
+    #[tokio::test]
+    async fn the_layer_counts_and_clones_share_counts() {
+        use tower::ServiceExt;
+
+        let counter = RequestCounter::new();
+        let svc = counter
+            .layer()
+            .layer(tower::service_fn(|_: Request<()>| async {
+                Ok::<_, std::convert::Infallible>(())
+            }));
+        for _ in 0..2 {
+            svc.clone()
+                .oneshot(req(Method::GET, "/api/v1/nodes/n1", None))
+                .await
+                .unwrap();
+        }
+        let reader = counter.clone();
+        assert_eq!(reader.get(Verb::Get, "nodes"), 2);
+        assert_eq!(reader.get(Verb::List, "nodes"), 0);
+        assert_eq!(
+            reader.snapshot(),
+            BTreeMap::from([((Verb::Get, "nodes".to_owned()), 2)])
+        );
+    }
+}

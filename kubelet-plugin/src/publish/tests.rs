@@ -1,0 +1,390 @@
+//! The publisher against a mocked API server, on a simulated clock: which requests it
+//! sends, and when it sends none.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Method;
+use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceSlice};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use topodra_driver::slice::{SliceOptions, build_slices};
+use topodra_driver::{Gpu, Inventory};
+
+use super::counter::Verb;
+use super::mock::{MockApi, Recorded, SLICES};
+use super::{DesiredPool, PublishStatus, Publisher, PublisherConfig, RequestCounter};
+
+const NODE: &str = "dgx-01";
+const NODE_UID: &str = "6f1e0c1a-8d2b-4b5e-9c4f-0a1b2c3d4e5f";
+const DRIVER: &str = "gpu.topodra.dev";
+
+fn inventory(gpus: u32) -> Arc<Inventory> {
+    let mut inv = Inventory::default();
+    for i in 0..gpus {
+        let mut g = Gpu::at(format!("0000:{:02x}:00.0", 0x18 + i).parse().unwrap());
+        g.minor = Some(i);
+        g.index = Some(i);
+        g.memory_bytes = Some(80 << 30);
+        g.numa_node = Some(i / 4);
+        inv.gpus.push(g);
+    }
+    Arc::new(inv)
+}
+
+fn config(max_devices_per_slice: Option<usize>) -> PublisherConfig {
+    PublisherConfig {
+        max_devices_per_slice,
+        ..PublisherConfig::new(DRIVER, NODE)
+    }
+}
+
+/// The slices as the publisher would build them, for seeding the mock.
+fn slices(inv: &Inventory, generation: i64, max: Option<usize>) -> Vec<ResourceSlice> {
+    let opts = SliceOptions {
+        pool_generation: generation,
+        node_uid: Some(NODE_UID.to_owned()),
+        max_devices_per_slice: max,
+        ..SliceOptions::new(NODE)
+    };
+    build_slices(inv, &opts).unwrap()
+}
+
+fn slice_name(i: usize) -> String {
+    format!("{NODE}-{DRIVER}-{i}")
+}
+
+fn taint(reason: &str) -> DeviceTaint {
+    DeviceTaint {
+        key: "gpu.topodra.dev/unhealthy".to_owned(),
+        value: Some(reason.to_owned()),
+        effect: "NoSchedule".to_owned(),
+        ..Default::default()
+    }
+}
+
+struct Running {
+    mock: MockApi,
+    counter: RequestCounter,
+    desired: watch::Sender<DesiredPool>,
+    status: watch::Receiver<PublishStatus>,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+fn start(mock: &MockApi, config: PublisherConfig, pool: DesiredPool) -> Running {
+    let counter = RequestCounter::new();
+    let (desired, rx) = watch::channel(pool);
+    let publisher = Publisher::new(mock.client(&counter), config, rx);
+    let status = publisher.status();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(publisher.run(async {
+        let _ = stopped.await;
+    }));
+    Running {
+        mock: mock.clone(),
+        counter,
+        desired,
+        status,
+        stop: Some(stop),
+        task,
+    }
+}
+
+impl Running {
+    /// Waits, in simulated time, for a status; then lets the debounce and any echoes
+    /// settle, so that "nothing more happens" can be asserted.
+    async fn until(&mut self, want: PublishStatus) {
+        let wait = self.status.wait_for(|s| *s == want);
+        if tokio::time::timeout(Duration::from_secs(300), wait)
+            .await
+            .is_err()
+        {
+            panic!("no {want:?}; now {:?}", *self.status.borrow());
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+
+    fn requests(&self) -> Vec<Recorded> {
+        self.mock.requests()
+    }
+
+    fn applies(&self) -> Vec<Recorded> {
+        self.requests()
+            .into_iter()
+            .filter(Recorded::is_apply)
+            .collect()
+    }
+
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(5), self.task)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+}
+
+fn generation_of(r: &Recorded) -> i64 {
+    r.body.as_ref().unwrap()["spec"]["pool"]["generation"]
+        .as_i64()
+        .unwrap()
+}
+
+fn assert_no_list(requests: &[Recorded]) {
+    let lists: Vec<_> = requests.iter().filter(|r| r.is_slice_list()).collect();
+    assert!(lists.is_empty(), "LIST requests: {lists:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn startup_is_one_get_one_streaming_watch_and_the_applies_then_silence() {
+    let mock = MockApi::new(NODE, NODE_UID);
+    let mut run = start(&mock, config(Some(3)), DesiredPool::new(inventory(8)));
+    run.until(PublishStatus::InSync { generation: 1 }).await;
+
+    let requests = run.requests();
+    let shape: Vec<(Method, &str)> = requests
+        .iter()
+        .map(|r| (r.method.clone(), r.path.as_str()))
+        .collect();
+    let applies: Vec<String> = (0..3)
+        .map(|i| format!("{SLICES}/{}", slice_name(i)))
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            (Method::GET, "/api/v1/nodes/dgx-01"),
+            (Method::GET, SLICES),
+            (Method::PATCH, applies[0].as_str()),
+            (Method::PATCH, applies[1].as_str()),
+            (Method::PATCH, applies[2].as_str()),
+        ]
+    );
+
+    let watch = &requests[1].query;
+    assert_eq!(watch["watch"], "true");
+    assert_eq!(watch["sendInitialEvents"], "true");
+    assert_eq!(watch["resourceVersionMatch"], "NotOlderThan");
+    assert_eq!(watch["allowWatchBookmarks"], "true");
+    assert_eq!(
+        watch["fieldSelector"],
+        format!("spec.nodeName={NODE},spec.driver={DRIVER}")
+    );
+
+    for (i, apply) in requests[2..].iter().enumerate() {
+        assert_eq!(
+            apply.content_type.as_deref(),
+            Some("application/apply-patch+yaml")
+        );
+        assert_eq!(
+            apply.query["fieldManager"],
+            "gpu.topodra.dev-kubelet-plugin"
+        );
+        assert_eq!(apply.query["force"], "true");
+        let body = apply.body.as_ref().unwrap();
+        assert_eq!(body["metadata"]["name"], slice_name(i));
+        assert_eq!(body["spec"]["pool"]["generation"], 1);
+        assert_eq!(body["spec"]["pool"]["resourceSliceCount"], 3);
+        let owner = &body["metadata"]["ownerReferences"][0];
+        assert_eq!(
+            (&owner["kind"], &owner["name"], &owner["uid"]),
+            (&"Node".into(), &NODE.into(), &NODE_UID.into())
+        );
+    }
+
+    let counts = BTreeMap::from([
+        ((Verb::Get, "nodes".to_owned()), 1),
+        ((Verb::WatchList, "resourceslices".to_owned()), 1),
+        ((Verb::Apply, "resourceslices".to_owned()), 3),
+    ]);
+    assert_eq!(run.counter.snapshot(), counts);
+
+    // Ten idle minutes: the server ends each watch after timeoutSeconds, and the
+    // publisher only resumes it from where it was, without a relist.
+    let last_seen = mock.resource_version();
+    let before = requests.len();
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    let later = &run.requests()[before..];
+    assert!(!later.is_empty(), "the watch was never resumed");
+    for r in later {
+        assert!(r.is_watch() && r.path == SLICES, "unexpected request {r:?}");
+        assert_eq!(r.query["resourceVersion"], last_seen);
+        assert!(!r.query.contains_key("sendInitialEvents"), "{r:?}");
+    }
+    // 290 s per watch: two resumptions in ten minutes.
+    assert_eq!(later.len(), 2, "{later:?}");
+    assert_no_list(&run.requests());
+    assert_eq!(run.counter.get(Verb::Watch, "resourceslices"), 2);
+    assert_eq!(run.counter.get(Verb::List, "resourceslices"), 0);
+    assert!(run.status.borrow().is_in_sync());
+    run.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_is_written_when_nothing_changed_and_a_taint_is_one_apply() {
+    let inv = inventory(8);
+    let mock = MockApi::new(NODE, NODE_UID);
+    mock.seed(&slices(&inv, 3, None));
+    let mut run = start(&mock, config(None), DesiredPool::new(inv.clone()));
+    run.until(PublishStatus::InSync { generation: 3 }).await;
+    let requests = run.requests();
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    assert!(run.applies().is_empty());
+
+    // A GPU goes bad: one apply, one generation up. The server defaults the taint's
+    // timeAdded, and that must not look like a difference.
+    let mut pool = DesiredPool::new(inv.clone());
+    pool.device_taints
+        .insert("gpu-2".to_owned(), vec![taint("xid-79")]);
+    run.desired.send_replace(pool.clone());
+    run.until(PublishStatus::InSync { generation: 4 }).await;
+    let applies = run.applies();
+    assert_eq!(applies.len(), 1);
+    assert_eq!(generation_of(&applies[0]), 4);
+    let devices = applies[0].body.as_ref().unwrap()["spec"]["devices"].clone();
+    let gpu2 = devices
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "gpu-2")
+        .unwrap();
+    assert_eq!(gpu2["taints"][0]["value"], "xid-79");
+    let stored = &mock.stored()[&slice_name(0)];
+    assert!(stored["spec"]["devices"].to_string().contains("timeAdded"));
+
+    // The same value again is no change at all.
+    run.desired.send_replace(pool);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(run.applies().len(), 1);
+
+    // All eight GPUs go bad one after another: one apply once they are done.
+    let mut pool = DesiredPool::new(inv);
+    for gpu in 0..8 {
+        pool.device_taints
+            .insert(format!("gpu-{gpu}"), vec![taint("xid-48")]);
+        run.desired.send_replace(pool.clone());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    run.until(PublishStatus::InSync { generation: 5 }).await;
+    let applies = run.applies();
+    assert_eq!(applies.len(), 2, "{applies:?}");
+    assert_eq!(generation_of(&applies[1]), 5);
+    assert_no_list(&run.requests());
+    run.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wiped_pool_is_published_again() {
+    let mock = MockApi::new(NODE, NODE_UID);
+    let mut run = start(&mock, config(None), DesiredPool::new(inventory(2)));
+    run.until(PublishStatus::InSync { generation: 1 }).await;
+    assert_eq!(run.applies().len(), 1);
+
+    mock.wipe(&slice_name(0));
+    run.until(PublishStatus::InSync { generation: 2 }).await;
+    let applies = run.applies();
+    assert_eq!(applies.len(), 2);
+    assert_eq!(generation_of(&applies[1]), 2);
+    assert!(mock.stored().contains_key(&slice_name(0)));
+    assert_no_list(&run.requests());
+    run.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unreachable_api_server_is_retried_with_backoff() {
+    let mock = MockApi::new(NODE, NODE_UID);
+    mock.make_unreachable_for(4);
+    let mut run = start(&mock, config(None), DesiredPool::new(inventory(1)));
+    let failing = run
+        .status
+        .wait_for(|s| matches!(s, PublishStatus::Failing { .. }))
+        .await
+        .unwrap()
+        .clone();
+    assert!(matches!(failing, PublishStatus::Failing { error, .. } if error.contains("dgx-01")));
+    run.until(PublishStatus::InSync { generation: 1 }).await;
+
+    let requests = run.requests();
+    let gets: Vec<Duration> = requests
+        .iter()
+        .filter(|r| r.path == "/api/v1/nodes/dgx-01")
+        .map(|r| r.at)
+        .collect();
+    assert_eq!(gets.len(), 5, "{requests:?}");
+    let gaps: Vec<Duration> = gets.windows(2).map(|w| w[1] - w[0]).collect();
+    // 0.5 s doubling, with up to 25% taken off by jitter.
+    for (gap, base) in gaps.iter().zip([500, 1000, 2000, 4000]) {
+        let base = Duration::from_millis(base);
+        assert!(*gap >= base.mul_f64(0.75) && *gap <= base, "gaps {gaps:?}");
+    }
+    assert_eq!(requests.iter().filter(|r| r.is_watch()).count(), 1);
+    assert_eq!(run.applies().len(), 1);
+    run.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_writes_are_retried_with_backoff() {
+    let mock = MockApi::new(NODE, NODE_UID);
+    mock.fail_applies(2);
+    let mut run = start(&mock, config(None), DesiredPool::new(inventory(1)));
+    run.until(PublishStatus::InSync { generation: 1 }).await;
+    let applies = run.applies();
+    assert_eq!(applies.len(), 3);
+    // A failed write was never written: the retry keeps its generation.
+    assert!(applies.iter().all(|a| generation_of(a) == 1));
+    let gaps: Vec<Duration> = applies.windows(2).map(|w| w[1].at - w[0].at).collect();
+    assert!(gaps[0] >= Duration::from_millis(375), "{gaps:?}");
+    assert!(gaps[1] >= Duration::from_millis(750), "{gaps:?}");
+    run.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shrinking_pool_applies_then_deletes_the_extra_slice() {
+    let mock = MockApi::new(NODE, NODE_UID);
+    mock.seed(&slices(&inventory(8), 2, Some(3)));
+    let mut run = start(&mock, config(Some(3)), DesiredPool::new(inventory(5)));
+    run.until(PublishStatus::InSync { generation: 3 }).await;
+
+    let writes: Vec<Recorded> = run
+        .requests()
+        .into_iter()
+        .filter(|r| r.is_apply() || r.is_delete())
+        .collect();
+    let shape: Vec<(Method, String)> = writes
+        .iter()
+        .map(|r| (r.method.clone(), r.path.clone()))
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            (Method::PATCH, format!("{SLICES}/{}", slice_name(0))),
+            (Method::PATCH, format!("{SLICES}/{}", slice_name(1))),
+            (Method::DELETE, format!("{SLICES}/{}", slice_name(2))),
+        ]
+    );
+    for apply in &writes[..2] {
+        let pool = &apply.body.as_ref().unwrap()["spec"]["pool"];
+        assert_eq!(
+            (
+                pool["generation"].as_i64(),
+                pool["resourceSliceCount"].as_i64()
+            ),
+            (Some(3), Some(2))
+        );
+    }
+    // Deleted only if it is still the slice we saw.
+    let uid = &writes[2].body.as_ref().unwrap()["preconditions"]["uid"];
+    assert!(
+        uid.as_str()
+            .unwrap()
+            .starts_with("uid-dgx-01-gpu.topodra.dev-2")
+    );
+    assert_eq!(mock.stored().len(), 2);
+    assert_eq!(run.counter.get(Verb::Delete, "resourceslices"), 1);
+    run.stop().await;
+}

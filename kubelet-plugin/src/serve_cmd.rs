@@ -1,0 +1,464 @@
+//! `serve`: the DaemonSet entry point. Discovers the node, recovers prepared claims,
+//! serves the kubelet over Unix sockets, publishes the ResourceSlices, and exposes
+//! metrics and health, until SIGTERM.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use k8s_openapi::api::core::v1::ObjectReference;
+use tokio::sync::watch;
+use topodra_driver::cdi::{CdiConfig, DriverFiles};
+use topodra_driver::checkpoint::read_boot_id;
+use topodra_driver::discovery::{self, DiscoveryConfig, NvmlPolicy, TopologyInput};
+use topodra_driver::prepare::{CrashPoint, Preparer, PreparerConfig, StartupReport};
+use topodra_driver::slice::{self, NumaNodeFormat};
+use topodra_proto::dra::{v1, v1beta1};
+use topodra_proto::pluginregistration::v1::registration_server::RegistrationServer;
+
+use crate::grpc::claims::ApiClaims;
+use crate::grpc::dra::{DraService, DraServiceV1beta1};
+use crate::grpc::registration::RegistrationService;
+use crate::health::grpc::HealthService;
+use crate::health::model::HealthState;
+use crate::health::monitor::{HealthMonitor, MonitorConfig};
+use crate::health::nvml::NvmlOpener;
+use crate::health::policy::HealthPolicy;
+use crate::health::taints::{TaintEffect, device_taints};
+use crate::metrics::{Endpoints, Metrics};
+use crate::publish::{self, DesiredPool, Publisher, PublisherConfig, RequestCounter};
+use crate::uds;
+
+/// Turns each health change into the pool's taints; the publisher writes them.
+async fn follow_health(
+    mut health: watch::Receiver<HealthState>,
+    desired: watch::Sender<DesiredPool>,
+    inventory: Arc<topodra_driver::Inventory>,
+    effect: TaintEffect,
+) {
+    loop {
+        let taints = device_taints(
+            &health.borrow_and_update(),
+            std::time::SystemTime::now(),
+            effect,
+        );
+        desired.send_if_modified(|pool| {
+            if pool.device_taints == taints {
+                return false;
+            }
+            *pool = DesiredPool {
+                inventory: inventory.clone(),
+                device_taints: taints,
+            };
+            true
+        });
+        if health.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// This node's name: the pool name and the slices' nodeName.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+
+    /// DRA driver name.
+    #[arg(long, env = "TOPODRA_DRIVER_NAME", default_value = slice::DEFAULT_DRIVER_NAME)]
+    driver_name: String,
+
+    /// The kubelet's plugin registry directory, watched by its plugin manager.
+    #[arg(
+        long,
+        env = "TOPODRA_KUBELET_REGISTRY_DIR",
+        default_value = "/var/lib/kubelet/plugins_registry"
+    )]
+    kubelet_registry_dir: PathBuf,
+
+    /// The kubelet's plugins directory; the DRA socket goes in `<dir>/<driver>/`.
+    #[arg(
+        long,
+        env = "TOPODRA_KUBELET_PLUGINS_DIR",
+        default_value = "/var/lib/kubelet/plugins"
+    )]
+    kubelet_plugins_dir: PathBuf,
+
+    /// Where the checkpoint lives (default: the plugin's directory under the kubelet's).
+    #[arg(long, env = "TOPODRA_STATE_DIR")]
+    state_dir: Option<PathBuf>,
+
+    /// The pod's UID, for socket names that let a new plugin pod register before the
+    /// old one is gone (rolling update).
+    #[arg(long, env = "POD_UID")]
+    pod_uid: Option<String>,
+
+    /// The CDI spec directory container runtimes read.
+    #[arg(long, env = "TOPODRA_CDI_DIR", default_value = topodra_driver::cdi::DEFAULT_SPEC_DIR)]
+    cdi_dir: PathBuf,
+
+    /// Root of the NVIDIA driver installation as the host sees it (`/run/nvidia/driver`
+    /// for a containerized driver).
+    #[arg(long, env = "TOPODRA_DRIVER_ROOT", default_value = "/")]
+    driver_root: PathBuf,
+
+    /// Where this container sees the driver root, when it is mounted elsewhere.
+    #[arg(long, env = "TOPODRA_DRIVER_ROOT_LOCAL")]
+    driver_root_local: Option<PathBuf>,
+
+    /// A toolkit-generated CDI spec whose mounts and hooks replace our own discovery.
+    #[arg(long, env = "TOPODRA_TOOLKIT_CDI_SPEC")]
+    toolkit_cdi_spec: Option<PathBuf>,
+
+    /// The directory holding the host's `dev/`, as this container sees it.
+    #[arg(long, env = "TOPODRA_DEV_ROOT", default_value = "/")]
+    dev_root: PathBuf,
+
+    /// The kernel's device registry, for device majors when a node is not in `/dev`.
+    #[arg(long, env = "TOPODRA_PROC_DEVICES", default_value = "/proc/devices")]
+    proc_devices: PathBuf,
+
+    /// NVML library to load.
+    #[arg(long, env = "TOPODRA_NVML_LIB", default_value = discovery::nvml::DEFAULT_NVML_LIB)]
+    nvml_lib: PathBuf,
+
+    /// Read topology from this hwloc XML export instead of the live machine.
+    #[arg(long, env = "TOPODRA_HWLOC_XML")]
+    hwloc_xml: Option<PathBuf>,
+
+    /// sysfs root for the topology fallback.
+    #[arg(long, env = "TOPODRA_SYSFS_ROOT", default_value = "/sys")]
+    sysfs_root: PathBuf,
+
+    /// `int` or `list` form of `resource.kubernetes.io/numaNode`.
+    #[arg(long, env = "TOPODRA_NUMA_NODE_FORMAT", default_value = "int")]
+    numa_node_format: NumaNodeFormat,
+
+    /// Address of the /metrics, /healthz and /readyz endpoint.
+    #[arg(long, env = "TOPODRA_HTTP_ADDR", default_value = "0.0.0.0:9464")]
+    http_addr: SocketAddr,
+
+    /// File holding the kernel's boot id.
+    #[arg(long, env = "TOPODRA_BOOT_ID_FILE", default_value = topodra_driver::checkpoint::DEFAULT_BOOT_ID_PATH)]
+    boot_id_file: PathBuf,
+
+    /// XIDs never treated as a GPU failure, on top of the built-in application errors
+    /// (13, 31, 43, 45, 68, 109). Comma-separated.
+    #[arg(long, env = "TOPODRA_IGNORED_XIDS", value_delimiter = ',')]
+    ignored_xids: Vec<u64>,
+
+    /// Seconds without a fatal XID before an unhealthy GPU may be healthy again.
+    #[arg(
+        long,
+        env = "TOPODRA_HEALTH_QUIET_PERIOD_SECONDS",
+        default_value_t = 300
+    )]
+    health_quiet_period_seconds: u64,
+
+    /// Taint unhealthy GPUs `NoExecute` (evicting the pods using them) instead of
+    /// `NoSchedule`.
+    #[arg(long, env = "TOPODRA_EVICT_UNHEALTHY")]
+    evict_unhealthy: bool,
+
+    /// Fault injection for tests: abort the process at this point of every prepare.
+    #[arg(long, env = "TOPODRA_TEST_CRASH_AT", hide = true)]
+    test_crash_at: Option<String>,
+}
+
+struct Sockets {
+    registration: PathBuf,
+    dra: PathBuf,
+}
+
+impl ServeArgs {
+    fn sockets(&self) -> Sockets {
+        let plugin_dir = self.kubelet_plugins_dir.join(&self.driver_name);
+        match &self.pod_uid {
+            Some(uid) => Sockets {
+                registration: self
+                    .kubelet_registry_dir
+                    .join(format!("{}-{uid}-reg.sock", self.driver_name)),
+                dra: plugin_dir.join(format!("dra-{uid}.sock")),
+            },
+            None => Sockets {
+                registration: self
+                    .kubelet_registry_dir
+                    .join(format!("{}-reg.sock", self.driver_name)),
+                dra: plugin_dir.join("dra.sock"),
+            },
+        }
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.state_dir
+            .clone()
+            .unwrap_or_else(|| self.kubelet_plugins_dir.join(&self.driver_name))
+    }
+}
+
+async fn shutdown_signal() {
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot listen for SIGTERM");
+                    return std::future::pending().await;
+                }
+            };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        }
+    }
+}
+
+async fn quarantine_event(client: kube::Client, node: &str, report: &StartupReport) {
+    let Some(q) = &report.quarantined else { return };
+    let recorder = kube::runtime::events::Recorder::new(
+        client,
+        kube::runtime::events::Reporter {
+            controller: "topodra-kubelet-plugin".into(),
+            instance: Some(node.to_owned()),
+        },
+    );
+    let event = kube::runtime::events::Event {
+        type_: kube::runtime::events::EventType::Warning,
+        reason: "CheckpointQuarantined".into(),
+        note: Some(format!(
+            "corrupt checkpoint ({}) moved to {}; rebuilt {} claim(s) from CDI specs",
+            q.reason,
+            q.path.display(),
+            report.rebuilt.len()
+        )),
+        action: "Recover".into(),
+        secondary: None,
+    };
+    let node_ref = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node.to_owned()),
+        ..Default::default()
+    };
+    if let Err(e) = recorder.publish(&event, &node_ref).await {
+        tracing::warn!(error = %e, "could not record the checkpoint quarantine event");
+    }
+}
+
+pub(crate) async fn run(args: ServeArgs) -> Result<()> {
+    let inventory = discovery::discover(&DiscoveryConfig {
+        nvml_lib: Some(args.nvml_lib.clone()),
+        nvml: NvmlPolicy::Required,
+        topology: match &args.hwloc_xml {
+            Some(path) => TopologyInput::HwlocXml(path.clone()),
+            None => TopologyInput::Live,
+        },
+        sysfs_root: args.sysfs_root.clone(),
+    })
+    .context("discovering GPUs")?;
+    tracing::info!(gpus = inventory.gpus.len(), "discovered");
+
+    let cdi = CdiConfig {
+        spec_dir: args.cdi_dir.clone(),
+        driver_root: args.driver_root.clone(),
+        driver_root_local: args.driver_root_local.clone(),
+        toolkit_spec: args.toolkit_cdi_spec.clone(),
+        dev_root: args.dev_root.clone(),
+    };
+    let files =
+        DriverFiles::load(&cdi).context("finding the NVIDIA driver's files for CDI specs")?;
+    let boot_id = read_boot_id(&args.boot_id_file).context("reading the boot id")?;
+    let (mut preparer, report) = Preparer::start(
+        &PreparerConfig {
+            driver_name: args.driver_name.clone(),
+            node_name: args.node_name.clone(),
+            state_dir: args.state_dir(),
+            boot_id,
+            cdi_spec_dir: args.cdi_dir.clone(),
+        },
+        &inventory,
+        Box::new(cdi.device_nodes().with_proc_devices(&args.proc_devices)),
+        files,
+    )
+    .context("starting the prepare state machine")?;
+    tracing::info!(
+        rebooted = report.rebooted,
+        rolled_back = report.rolled_back.len(),
+        orphan_specs_removed = report.orphan_specs_removed.len(),
+        quarantined = report.quarantined.is_some(),
+        "recovered prepared claims"
+    );
+    if let Some(point) = &args.test_crash_at {
+        let point: CrashPoint = point.parse().map_err(anyhow::Error::msg)?;
+        tracing::warn!(
+            ?point,
+            "fault injection: the process aborts there in every prepare"
+        );
+        preparer = preparer.with_crash_hook(Arc::new(move |at| {
+            if at == point {
+                std::process::abort();
+            }
+            false
+        }));
+    }
+    let preparer = Arc::new(preparer);
+
+    let counter = RequestCounter::new();
+    let kube_config = kube::Config::infer()
+        .await
+        .context("finding the API server (kubeconfig or in-cluster)")?;
+    let client =
+        publish::counted_client(kube_config, &counter).context("building the API client")?;
+    {
+        let (client, node) = (client.clone(), args.node_name.clone());
+        tokio::spawn(async move { quarantine_event(client, &node, &report).await });
+    }
+
+    let metrics = Arc::new(Metrics::new());
+    metrics.set_devices(inventory.gpus.len());
+    metrics.set_prepared_devices(preparer.prepared_devices());
+
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let shutdown = {
+        let rx = shutdown_rx.clone();
+        move || {
+            let mut rx = rx.clone();
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+        }
+    };
+
+    let mut policy = HealthPolicy::default();
+    policy
+        .ignored_xids
+        .extend(args.ignored_xids.iter().copied());
+    policy.quiet_period = Duration::from_secs(args.health_quiet_period_seconds);
+    let (health_task, health_rx) = HealthMonitor::spawn(
+        &inventory,
+        NvmlOpener::new(Some(args.nvml_lib.clone())),
+        MonitorConfig {
+            policy,
+            ..MonitorConfig::default()
+        },
+        shutdown(),
+    );
+    let inventory = Arc::new(inventory);
+    let (desired_tx, desired_rx) = watch::channel(DesiredPool::new(inventory.clone()));
+    let effect = if args.evict_unhealthy {
+        TaintEffect::NoExecute
+    } else {
+        TaintEffect::NoSchedule
+    };
+    let taints_task = tokio::spawn(follow_health(
+        health_rx.clone(),
+        desired_tx,
+        inventory,
+        effect,
+    ));
+
+    // The DRA socket first: the kubelet may call it as soon as registration succeeds.
+    let sockets = args.sockets();
+    let dra = DraService::new(
+        preparer.clone(),
+        Arc::new(ApiClaims::new(client.clone())),
+        metrics.clone(),
+    );
+    let (mut dra_guard, dra_incoming) =
+        uds::serve_uds(&sockets.dra).context("binding the DRA socket")?;
+    let dra_server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(v1::dra_plugin_server::DraPluginServer::new(dra.clone()))
+            .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(
+                DraServiceV1beta1(dra),
+            ))
+            .add_service(HealthService::new(&args.node_name, health_rx.clone()).v1_server())
+            .add_service(HealthService::new(&args.node_name, health_rx.clone()).v1alpha1_server())
+            .serve_with_incoming_shutdown(dra_incoming, shutdown()),
+    );
+
+    let registered = Arc::new(AtomicBool::new(false));
+    let registration = RegistrationService {
+        driver_name: args.driver_name.clone(),
+        endpoint: sockets.dra.display().to_string(),
+        supported_versions: topodra_proto::DRA_SUPPORTED_SERVICES
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect(),
+        registered: registered.clone(),
+    };
+    let (mut reg_guard, reg_incoming) =
+        uds::serve_uds(&sockets.registration).context("binding the registration socket")?;
+    let reg_server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RegistrationServer::new(registration))
+            .serve_with_incoming_shutdown(reg_incoming, shutdown()),
+    );
+    tracing::info!(registration = %sockets.registration.display(), dra = %sockets.dra.display(), "serving the kubelet");
+
+    let mut publisher_config = PublisherConfig::new(&args.driver_name, &args.node_name);
+    publisher_config.numa_node_format = args.numa_node_format;
+    let publisher = Publisher::new(client, publisher_config, desired_rx);
+    let publish_status = publisher.status();
+    let publisher_task = tokio::spawn(publisher.run(shutdown()));
+
+    let endpoints = Endpoints {
+        metrics: metrics.clone(),
+        before_scrape: Arc::new(move |m: &Metrics| {
+            let totals = counter
+                .snapshot()
+                .into_iter()
+                .map(|((verb, resource), n)| ((verb.as_str().to_owned(), resource), n))
+                .collect();
+            m.record_api_totals(&totals);
+        }),
+        live: {
+            let sockets = (sockets.registration.clone(), sockets.dra.clone());
+            Arc::new(move || {
+                let sockets = sockets.clone();
+                Box::pin(async move { crate::liveness::check(&sockets.0, &sockets.1).await })
+            })
+        },
+        ready: {
+            let status = publish_status.clone();
+            let registered = registered.clone();
+            Arc::new(move || {
+                let status = status.borrow().clone();
+                let registered = registered.load(Ordering::SeqCst);
+                Box::pin(async move {
+                    if !registered {
+                        return Err("not registered with the kubelet yet".to_owned());
+                    }
+                    if !status.is_in_sync() {
+                        return Err(format!("ResourceSlices not published: {status:?}"));
+                    }
+                    Ok(())
+                })
+            })
+        },
+    };
+    let http = tokio::spawn(crate::metrics::serve(args.http_addr, endpoints, shutdown()));
+
+    shutdown_signal().await;
+    // Unregister first: with the registration socket gone the kubelet stops sending
+    // new claims here, while prepares in flight finish on the DRA socket.
+    let _ = shutdown_tx.send(true);
+    if let Err(e) = reg_guard.remove() {
+        tracing::warn!(socket = %reg_guard.path().display(), error = %e, "removing the registration socket");
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(10), reg_server).await;
+    let _ = tokio::time::timeout(Duration::from_secs(20), dra_server).await;
+    if let Err(e) = dra_guard.remove() {
+        tracing::warn!(socket = %dra_guard.path().display(), error = %e, "removing the DRA socket");
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(5), publisher_task).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), http).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), health_task).await;
+    taints_task.abort();
+    tracing::info!("stopped");
+    Ok(())
+}
