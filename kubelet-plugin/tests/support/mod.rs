@@ -1,0 +1,248 @@
+//! Runs the real `topodra-kubelet-plugin serve` binary on a simulated node, against
+//! the mock API server, and talks to it over its real Unix sockets.
+
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Endpoint, Uri};
+use topodra_fake_nvml::sim::{self, SimNode};
+use topodra_proto::dra::v1;
+
+pub const DRIVER: &str = "gpu.topodra.dev";
+
+/// A node directory: the simulated hardware, the kubelet's directories, CDI and state.
+pub struct NodeDirs {
+    pub root: tempfile::TempDir,
+    pub sim: SimNode,
+    pub name: String,
+}
+
+impl NodeDirs {
+    pub fn new(profile_yaml: &str, name: &str) -> Self {
+        let root = tempfile::tempdir().unwrap();
+        let lib = topodra_fake_nvml::cdylib_path();
+        let sim = sim::materialize(&root.path().join("sim"), profile_yaml, &lib).unwrap();
+        Self {
+            root,
+            sim,
+            name: name.to_owned(),
+        }
+    }
+
+    pub fn profile(name: &str) -> Self {
+        let yaml =
+            std::fs::read_to_string(topodra_fake_nvml::profiles_dir().join(format!("{name}.yaml")))
+                .unwrap();
+        Self::new(&yaml, "node-a")
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.root.path().join(rel)
+    }
+
+    pub fn registration_socket(&self) -> PathBuf {
+        self.path("registry").join(format!("{DRIVER}-reg.sock"))
+    }
+
+    pub fn dra_socket(&self) -> PathBuf {
+        self.path("plugins").join(DRIVER).join("dra.sock")
+    }
+
+    pub fn cdi_dir(&self) -> PathBuf {
+        self.path("cdi")
+    }
+
+    pub fn cdi_specs(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.cdi_dir())
+            .map(|d| {
+                d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+}
+
+pub fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// A running plugin process; killed on drop.
+pub struct Plugin {
+    pub child: Child,
+    pub http: SocketAddr,
+    pub log: PathBuf,
+}
+
+impl Plugin {
+    pub fn start(node: &NodeDirs, kubeconfig: &Path, env: &[(&str, &str)]) -> Self {
+        let http = free_port();
+        let log = node.path(&format!("plugin-{}.log", http.port()));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_topodra-kubelet-plugin"));
+        cmd.arg("serve")
+            .arg(format!("--node-name={}", node.name))
+            .arg(format!(
+                "--kubelet-registry-dir={}",
+                node.path("registry").display()
+            ))
+            .arg(format!(
+                "--kubelet-plugins-dir={}",
+                node.path("plugins").display()
+            ))
+            .arg(format!("--cdi-dir={}", node.cdi_dir().display()))
+            .arg(format!("--http-addr={http}"))
+            .arg(format!("--boot-id-file={}", node.path("boot_id").display()))
+            .args(node.sim.plugin_args())
+            .env("KUBECONFIG", kubeconfig)
+            .env("TOPODRA_LOG", "info")
+            .env_remove("TOPODRA_TEST_CRASH_AT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        if !node.path("boot_id").exists() {
+            std::fs::write(node.path("boot_id"), "boot-1\n").unwrap();
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().unwrap();
+        Self { child, http, log }
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until both sockets answer (the liveness endpoint calls both).
+    pub async fn wait_live(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("plugin exited with {status}:\n{}", self.logs());
+            }
+            if http_get(self.http, "/healthz").await.map(|(s, _)| s) == Some(200) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "plugin not live in {timeout:?}:\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = self.child.id() as i32;
+        // SAFETY: sending a signal to our own child process.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "plugin ignored SIGTERM:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits for the process to exit by itself (e.g. at a crash point).
+    pub fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "plugin did not exit:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A plain HTTP/1 GET on loopback; `None` when nothing answers.
+pub async fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    stream.write_all(req.as_bytes()).await.ok()?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Some((status, body))
+}
+
+pub async fn channel(path: &Path) -> Channel {
+    let path = path.to_owned();
+    Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+        }))
+        .await
+        .unwrap()
+}
+
+pub async fn dra_client(node: &NodeDirs) -> v1::dra_plugin_client::DraPluginClient<Channel> {
+    v1::dra_plugin_client::DraPluginClient::new(channel(&node.dra_socket()).await)
+}
+
+pub fn claim_ref(uid: &str) -> v1::Claim {
+    v1::Claim {
+        namespace: "team-a".into(),
+        uid: uid.into(),
+        name: format!("claim-{uid}"),
+    }
+}
+
+/// A ResourceClaim allocated on `node` with `devices`.
+pub fn claim_json(uid: &str, node: &str, devices: &[&str], config: Option<Value>) -> Value {
+    let results: Vec<Value> = devices
+        .iter()
+        .map(|d| json!({"request": "gpus", "driver": DRIVER, "pool": node, "device": d}))
+        .collect();
+    let mut allocation = json!({"devices": {"results": results}});
+    if let Some(params) = config {
+        allocation["devices"]["config"] =
+            json!([{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": params}}]);
+    }
+    json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"namespace": "team-a", "name": format!("claim-{uid}"), "uid": uid},
+        "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {"deviceClassName": DRIVER, "count": devices.len()}}]}},
+        "status": {"allocation": allocation}
+    })
+}
