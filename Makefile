@@ -5,7 +5,7 @@ CARGO ?= cargo
 SIM_PROFILE ?= dgx-h100
 PROFILES := tests/fake-nvml/profiles
 
-.PHONY: all setup build release demo test test-unit lint fmt fmt-check clippy bench clean
+.PHONY: all setup build release demo test test-unit tools-cdi lint fmt fmt-check clippy bench clean
 
 all: build
 
@@ -25,10 +25,15 @@ demo: setup
 ## test: everything CI runs: formatting, lints, unit and integration tests.
 test: setup fmt-check clippy test-unit
 
-test-unit:
+test-unit: tools-cdi
 	@echo "== cargo test (first build compiles the dependency tree: a few minutes on 2 cores)"
 	$(CARGO) build -p topodra-fake-nvml
-	$(CARGO) test --workspace --no-fail-fast
+	TOPODRA_CDI_CHECK=$$(bash tests/cdi-check/build.sh) TOPODRA_REQUIRE_TOOLS=1 $(CARGO) test --workspace --no-fail-fast
+
+## tools-cdi: the CDI Go library check (what container runtimes run on our specs), and its own tests.
+tools-cdi:
+	@bash tests/cdi-check/build.sh >/dev/null
+	cd tests/cdi-check && go test ./...
 
 fmt:
 	$(CARGO) fmt --all
@@ -38,6 +43,14 @@ fmt-check:
 
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+## bench: prepare/unprepare latency of the release plugin over its real sockets, as
+## ratios to references measured in the same run; writes target/bench/prepare.json.
+## See docs/benchmarks.md. TOPODRA_BENCH_ITERS / TOPODRA_BENCH_WARMUP override 300 / 30.
+bench: setup
+	@echo "== cargo bench (release build: the first one takes several minutes on 2 cores)"
+	$(CARGO) build -p topodra-fake-nvml
+	$(CARGO) bench -p topodra-kubelet-plugin --bench prepare
 
 clean:
 	$(CARGO) clean

@@ -1,0 +1,19 @@
+// cdi-check: loads a CDI spec directory with the container-device-interface library
+// (the registry/cache code containerd and CRI-O use) and injects devices into an OCI
+// runtime spec. Built by tests/cdi-check/build.sh; used by
+// kubelet-plugin/tests/cdi_runtime.rs.
+module topodra.dev/tests/cdi-check
+
+go 1.26.0
+
+require (
+	github.com/opencontainers/runtime-spec v1.3.0
+	tags.cncf.io/container-device-interface v1.1.2
+)
+
+require (
+	github.com/fsnotify/fsnotify v1.7.0 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
+	golang.org/x/sys v0.19.0 // indirect
+	tags.cncf.io/container-device-interface/specs-go v1.1.1 // indirect
+)
