@@ -1,0 +1,133 @@
+{{/*
+Chart name, truncated to the 63 characters a label value allows.
+*/}}
+{{- define "topodra.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Prefix of object names: the release name, with the chart name appended unless the
+release name already contains it ("topodra" renders as "topodra").
+*/}}
+{{- define "topodra.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Name of the kubelet plugin's objects (DaemonSet, cluster-scoped RBAC, policies).
+*/}}
+{{- define "topodra.kubeletPlugin.fullname" -}}
+{{- printf "%s-kubelet-plugin" (include "topodra.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Labels on every object.
+*/}}
+{{- define "topodra.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "topodra.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: topodra
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Selector labels of the kubelet plugin pods. Immutable in a DaemonSet: never change.
+*/}}
+{{- define "topodra.kubeletPlugin.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "topodra.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: kubelet-plugin
+{{- end }}
+
+{{/*
+All labels of the kubelet plugin's objects.
+*/}}
+{{- define "topodra.kubeletPlugin.labels" -}}
+{{ include "topodra.labels" . }}
+app.kubernetes.io/component: kubelet-plugin
+{{- end }}
+
+{{/*
+The kubelet plugin's ServiceAccount name.
+*/}}
+{{- define "topodra.kubeletPlugin.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "topodra.kubeletPlugin.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+The user name the API server sees for the plugin's ServiceAccount token.
+*/}}
+{{- define "topodra.kubeletPlugin.username" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "topodra.kubeletPlugin.serviceAccountName" .) }}
+{{- end }}
+
+{{/*
+The image reference: repository@digest, or repository:tag (tag defaults to appVersion).
+*/}}
+{{- define "topodra.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+A host path joined with a relative path, without doubled slashes ("/" + "dev" is "/dev").
+*/}}
+{{- define "topodra.hostJoin" -}}
+{{- $base := index . 0 | trimSuffix "/" }}
+{{- printf "%s/%s" $base (index . 1) }}
+{{- end }}
+
+{{/*
+LD_LIBRARY_PATH through which the plugin finds libnvidia-ml.so.1 in the driver root.
+*/}}
+{{- define "topodra.kubeletPlugin.ldLibraryPath" -}}
+{{- if .Values.kubeletPlugin.ldLibraryPath }}
+{{- .Values.kubeletPlugin.ldLibraryPath }}
+{{- else }}
+{{- $dirs := list "usr/lib64" "usr/lib/x86_64-linux-gnu" "usr/lib/aarch64-linux-gnu" "lib64" "lib/x86_64-linux-gnu" "lib/aarch64-linux-gnu" "usr/lib" }}
+{{- $out := list }}
+{{- range $dirs }}
+{{- $out = append $out (printf "/driver-root/%s" .) }}
+{{- end }}
+{{- join ":" $out }}
+{{- end }}
+{{- end }}
+
+{{/*
+Checks of values that would otherwise fail at run time on every node.
+*/}}
+{{- define "topodra.validate" -}}
+{{- if not (has .Values.kubeletPlugin.numaNodeFormat (list "int" "list")) }}
+{{- fail (printf "kubeletPlugin.numaNodeFormat must be \"int\" or \"list\", not %q" .Values.kubeletPlugin.numaNodeFormat) }}
+{{- end }}
+{{- if not (has .Values.kubeletPlugin.logFormat (list "json" "text")) }}
+{{- fail (printf "kubeletPlugin.logFormat must be \"json\" or \"text\", not %q" .Values.kubeletPlugin.logFormat) }}
+{{- end }}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$" .Values.driverName) }}
+{{- fail (printf "driverName must be a DNS subdomain with at least one dot (like gpu.topodra.dev), not %q" .Values.driverName) }}
+{{- end }}
+{{- if not (hasPrefix "/" (toString .Values.kubeletPlugin.driverRoot)) }}
+{{- fail "kubeletPlugin.driverRoot must be an absolute host path" }}
+{{- end }}
+{{- end }}
