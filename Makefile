@@ -5,7 +5,7 @@ CARGO ?= cargo
 SIM_PROFILE ?= dgx-h100
 PROFILES := tests/fake-nvml/profiles
 
-.PHONY: all setup build release demo test test-unit tools-cdi lint fmt fmt-check clippy bench clean
+.PHONY: all setup build release demo test test-unit test-e2e tools-cdi lint fmt fmt-check clippy bench clean
 
 all: build
 
@@ -23,12 +23,18 @@ demo: setup
 	@bash tests/scripts/demo.sh $(SIM_PROFILE)
 
 ## test: everything CI runs: formatting, lints, unit and integration tests.
-test: setup fmt-check clippy test-unit
+test: setup fmt-check clippy test-unit test-e2e
 
 test-unit: tools-cdi
 	@echo "== cargo test (first build compiles the dependency tree: a few minutes on 2 cores)"
 	$(CARGO) build -p topodra-fake-nvml
 	TOPODRA_CDI_CHECK=$$(bash tests/cdi-check/build.sh) TOPODRA_REQUIRE_TOOLS=1 $(CARGO) test --workspace --no-fail-fast
+
+## test-e2e: a real control plane built from its Go modules (tools cached outside the
+## repository: the first build takes 15-30 minutes on 2 cores), then the end-to-end suites.
+test-e2e:
+	@bash tests/tools/build.sh kube etcd kwok
+	eval "$$(bash tests/tools/build.sh --env)" && cd tests/cluster && TOPODRA_REQUIRE_TOOLS=1 go test -count=1 ./...
 
 ## tools-cdi: the CDI Go library check (what container runtimes run on our specs), and its own tests.
 tools-cdi:

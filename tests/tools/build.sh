@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# Builds the upstream tools that the end-to-end and scale suites run, each from its
+# own wrapper Go module under tests/tools/<tool>/ (pinned in go.mod + go.sum), into
+# a cache outside the repository:
+#
+#   ${TOPODRA_TOOLS_CACHE:-$HOME/.cache/topodra/tools}/<tool>-<version>/bin/
+#
+# A tool whose cache entry carries a stamp matching its recipe (go.mod, go.sum,
+# main files, build flags) is reused; a version bump lands in a new directory, any
+# other change rebuilds in place.  Progress goes to stderr; stdout carries only what
+# was asked for, so callers can do `eval "$(tests/tools/build.sh --env)"`.
+#
+# Usage: tests/tools/build.sh [options] [tool...]      (tools: kube etcd kwok helm;
+#                                                       default: all of them)
+#   --print-path   print the bin dirs as a PATH fragment (dir:dir:...)
+#   --env          print `export TOPODRA_TOOLS_BIN=...` and `export PATH=...`
+#   --check        build nothing; exit 1 (listing what is missing) unless all built
+#   --force        rebuild even when the stamp matches
+#   -h, --help     this text
+#
+# Environment: TOPODRA_TOOLS_CACHE (cache root), GOCACHE/GOMODCACHE/GOPROXY as usual.
+# Times on the 2-core reference machine are in docs/e2e.md.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cache_root="${TOPODRA_TOOLS_CACHE:-${HOME:-/root}/.cache/topodra/tools}"
+all_tools=(kube etcd kwok helm)
+# Bump when the recipe below changes in a way go.mod/go.sum do not show.
+recipe_rev=1
+
+mode=build
+force=0
+tools=()
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
+while (($#)); do
+	case "$1" in
+	--print-path) mode=path ;;
+	--env) mode=env ;;
+	--check) mode=check ;;
+	--force) force=1 ;;
+	-h | --help) usage; exit 0 ;;
+	-*) echo "build.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
+	*)
+		case " ${all_tools[*]} " in
+		*" $1 "*) tools+=("$1") ;;
+		*) echo "build.sh: unknown tool $1 (known: ${all_tools[*]})" >&2; exit 2 ;;
+		esac
+		;;
+	esac
+	shift
+done
+((${#tools[@]})) || tools=("${all_tools[@]}")
+
+log() { printf '[tools %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+# Module whose version names the cache entry, and the packages to build.
+main_module() {
+	case "$1" in
+	kube) echo k8s.io/kubernetes ;;
+	etcd) echo go.etcd.io/etcd/server/v3 ;;
+	kwok) echo sigs.k8s.io/kwok ;;
+	helm) echo helm.sh/helm/v3 ;;
+	esac
+}
+packages() {
+	case "$1" in
+	kube) echo k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+		k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl ;;
+	etcd) echo . ;;
+	kwok) echo sigs.k8s.io/kwok/cmd/kwok ./kwok-stages ;;
+	helm) echo helm.sh/helm/v3/cmd/helm ;;
+	esac
+}
+binaries() {
+	case "$1" in
+	kube) echo kube-apiserver kube-controller-manager kube-scheduler kubectl ;;
+	etcd) echo etcd ;;
+	kwok) echo kwok kwok-stages ;;
+	helm) echo helm ;;
+	esac
+}
+
+# The version the wrapper's go.mod requires, read without touching the network.
+module_version() {
+	local dir="$here/$1" mod
+	mod="$(main_module "$1")"
+	awk -v m="$mod" '
+		$1 == "require" && $2 == m { print $3; exit }
+		$1 == m && $2 ~ /^v/ { print $2; exit }' "$dir/go.mod"
+}
+
+# ldflags TOOL VERSION [BUILD_DATE]: the date only labels the binary and is left
+# out of the stamp, so that a cache hit never needs the module cache or network.
+ldflags() {
+	local tool="$1" version="$2" date="${3:-unset}" flags="-s -w"
+	case "$tool" in
+	kube)
+		# Without these the binaries report v0.0.0-master, and components that
+		# compare versions (kubelet, scheduler, compatibility versions) misbehave.
+		local major minor
+		major="${version#v}"; major="${major%%.*}"
+		minor="${version#v*.}"; minor="${minor%%.*}"
+		for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+			flags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+			flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date"
+		done
+		;;
+	etcd) flags+=" -X go.etcd.io/etcd/api/v3/version.GitSHA=$version" ;;
+	kwok) flags+=" -X sigs.k8s.io/kwok/pkg/consts.Version=${version#v}" ;;
+	helm) flags+=" -X helm.sh/helm/v3/internal/version.version=$version -X helm.sh/helm/v3/internal/version.gitTreeState=clean" ;;
+	esac
+	echo "$flags"
+}
+
+# Release time of the pinned module (for buildDate), from the module cache or proxy.
+module_time() {
+	local t
+	t="$(cd "$here/$1" && go list -m -f '{{if .Time}}{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}{{end}}' "$(main_module "$1")" 2>/dev/null || true)"
+	echo "${t:-1970-01-01T00:00:00Z}"
+}
+
+recipe_hash() {
+	local tool="$1"
+	{
+		echo "recipe=$recipe_rev go=$(go env GOVERSION) goos=$(go env GOOS) goarch=$(go env GOARCH)"
+		echo "ldflags=$(ldflags "$tool" "$(module_version "$tool")")"
+		(cd "$here/$tool" && cat go.mod go.sum && find . -name '*.go' -type f | LC_ALL=C sort | xargs -r cat)
+	} | sha256sum | cut -d' ' -f1
+}
+
+tool_dir() { echo "$cache_root/$1-$(module_version "$1")"; }
+
+is_built() {
+	local tool="$1" dir b
+	dir="$(tool_dir "$tool")"
+	[[ -f "$dir/stamp" ]] || return 1
+	[[ "$(cat "$dir/stamp")" == "$(recipe_hash "$tool")" ]] || return 1
+	for b in $(binaries "$tool"); do [[ -x "$dir/bin/$b" ]] || return 1; done
+}
+
+build_one() {
+	local tool="$1" version dir start tmp
+	version="$(module_version "$tool")"
+	dir="$(tool_dir "$tool")"
+	if ((!force)) && is_built "$tool"; then
+		log "$tool $version: cached in $dir/bin"
+		return 0
+	fi
+	# Two builds of the same tool at once (parallel make targets): the second
+	# waits for the first and then finds it built.
+	mkdir -p "$dir"
+	local lockfd
+	exec {lockfd}>"$dir/.lock"
+	if ! flock -n "$lockfd"; then
+		log "$tool $version: another build is running, waiting for it"
+		flock "$lockfd"
+		if ((!force)) && is_built "$tool"; then
+			log "$tool $version: built by the other build in $dir/bin"
+			exec {lockfd}>&-
+			return 0
+		fi
+	fi
+	log "$tool $version: building $(binaries "$tool")$([[ $tool == kube ]] && echo " (cold: about 15-30 minutes on 2 cores)")"
+	start=$SECONDS
+	tmp="$(mktemp -d "$dir/.bin.XXXXXX")"
+	# Heartbeat so a long cold build is visibly alive.
+	(exec {lockfd}>&-; while sleep 60; do log "$tool $version: still building ($((SECONDS - start))s)"; done) &
+	local beat=$!
+	local rc=0
+	(
+		cd "$here/$tool"
+		# shellcheck disable=SC2046
+		CGO_ENABLED=0 GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=readonly" \
+			go build -trimpath -ldflags="$(ldflags "$tool" "$version" "$(module_time "$tool")")" -o "$tmp/" $(packages "$tool")
+	) || rc=$?
+	kill "$beat" 2>/dev/null || true
+	wait "$beat" 2>/dev/null || true
+	if ((rc != 0)); then
+		rm -rf "$tmp"
+		log "$tool $version: build FAILED after $((SECONDS - start))s"
+		exec {lockfd}>&-
+		return "$rc"
+	fi
+	chmod 755 "$tmp"
+	rm -rf "$dir/bin"
+	mv "$tmp" "$dir/bin"
+	recipe_hash "$tool" >"$dir/stamp"
+	exec {lockfd}>&-
+	log "$tool $version: built in $((SECONDS - start))s -> $dir/bin"
+}
+
+bin_path() {
+	local out="" t
+	for t in "${tools[@]}"; do out+="${out:+:}$(tool_dir "$t")/bin"; done
+	echo "$out"
+}
+
+command -v go >/dev/null || { echo "build.sh: go is not installed" >&2; exit 1; }
+
+if [[ "$mode" == check ]]; then
+	missing=0
+	for t in "${tools[@]}"; do
+		if ! is_built "$t"; then echo "not built: $t $(module_version "$t") ($(tool_dir "$t"))" >&2; missing=1; fi
+	done
+	exit "$missing"
+fi
+
+total=$SECONDS
+for t in "${tools[@]}"; do build_one "$t"; done
+log "all requested tools ready in $((SECONDS - total))s"
+
+case "$mode" in
+path) bin_path ;;
+env)
+	p="$(bin_path)"
+	printf 'export TOPODRA_TOOLS_BIN=%q\n' "$p"
+	printf 'export PATH=%q:"$PATH"\n' "$p"
+	;;
+esac
