@@ -4,8 +4,6 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::str::FromStr;
 
-use serde::{Deserialize, Serialize};
-
 /// An ordered set of small ids; prints and parses the kernel's list format.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct IdList(BTreeSet<u32>);
@@ -108,18 +106,7 @@ impl fmt::Display for IdList {
     }
 }
 
-impl Serialize for IdList {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for IdList {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
+serde_as_string!(IdList);
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]

@@ -8,8 +8,6 @@
 use std::fmt;
 use std::str::FromStr;
 
-use serde::{Deserialize, Serialize};
-
 /// A PCI function address: domain, bus, device, function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PciAddress {
@@ -103,18 +101,7 @@ impl fmt::Display for PciAddress {
     }
 }
 
-impl Serialize for PciAddress {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for PciAddress {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
+serde_as_string!(PciAddress);
 
 /// A PCIe root complex, named like its sysfs directory (`pci0000:15`), which is the
 /// value format of `resource.kubernetes.io/pcieRoot`.
@@ -154,18 +141,7 @@ impl FromStr for PcieRoot {
     }
 }
 
-impl Serialize for PcieRoot {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for PcieRoot {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
+serde_as_string!(PcieRoot);
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]

@@ -153,19 +153,7 @@ async fn per_claim_errors_name_the_problem() {
     ));
     api.put_claim(claim_json("other-node", "node-b", &["gpu-1"], None));
     api.put_claim(claim_json("good", "node-a", &["gpu-2"], None));
-    let resp = dra_client(&node)
-        .await
-        .node_prepare_resources(v1::NodePrepareResourcesRequest {
-            claims: vec![
-                claim_ref("bad-config"),
-                claim_ref("other-node"),
-                claim_ref("missing"),
-                claim_ref("good"),
-            ],
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let resp = prepare(&node, &["bad-config", "other-node", "missing", "good"]).await;
     assert!(
         resp.claims["bad-config"].error.contains("numa.exportHint"),
         "{:?}",
@@ -212,28 +200,14 @@ async fn a_crash_at_each_prepare_step_then_a_restart_leaks_nothing() {
 
         let mut plugin = Plugin::start(&node, &kubeconfig, &[]);
         plugin.wait_live(Duration::from_secs(60)).await;
-        let resp = dra_client(&node)
-            .await
-            .node_prepare_resources(v1::NodePrepareResourcesRequest {
-                claims: vec![claim_ref("u1")],
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let resp = prepare(&node, &["u1"]).await;
         assert_eq!(resp.claims["u1"].error, "", "{point}");
         assert_eq!(
             node.cdi_specs(),
             vec!["k8s.gpu.topodra.dev-claim_u1.json"],
             "{point}"
         );
-        let un = dra_client(&node)
-            .await
-            .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
-                claims: vec![claim_ref("u1")],
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let un = unprepare(&node, &["u1"]).await;
         assert_eq!(un.claims["u1"].error, "");
         assert!(
             node.cdi_specs().is_empty(),
@@ -251,14 +225,7 @@ async fn prepared_claims_survive_a_restart_and_a_corrupt_checkpoint() {
     api.put_claim(claim_json("u1", "node-a", &["gpu-3"], None));
     let mut plugin = Plugin::start(&node, &kubeconfig, &[]);
     plugin.wait_live(Duration::from_secs(60)).await;
-    let resp = dra_client(&node)
-        .await
-        .node_prepare_resources(v1::NodePrepareResourcesRequest {
-            claims: vec![claim_ref("u1")],
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let resp = prepare(&node, &["u1"]).await;
     assert_eq!(resp.claims["u1"].error, "");
     assert!(plugin.terminate().success());
 
@@ -287,14 +254,7 @@ async fn prepared_claims_survive_a_restart_and_a_corrupt_checkpoint() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let un = dra_client(&node)
-        .await
-        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
-            claims: vec![claim_ref("u1")],
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let un = unprepare(&node, &["u1"]).await;
     assert_eq!(un.claims["u1"].error, "");
     assert!(node.cdi_specs().is_empty());
 }

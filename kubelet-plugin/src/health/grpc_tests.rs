@@ -6,12 +6,11 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
-use hyper_util::rt::TokioIo;
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixListener;
 use tokio::sync::{oneshot, watch};
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::server::Router;
-use tonic::transport::{Channel, Endpoint, Server, Uri};
+use tonic::transport::{Channel, Server};
 
 use super::grpc::HealthService;
 use super::model::{Cause, DeviceHealth, HealthState, Status};
@@ -32,13 +31,7 @@ fn serve(router: Router, dir: &std::path::Path) -> (PathBuf, oneshot::Sender<()>
 }
 
 async fn connect(path: PathBuf) -> Channel {
-    Endpoint::from_static("http://localhost")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-        }))
-        .await
-        .unwrap()
+    crate::liveness::channel(&path).await.unwrap()
 }
 
 fn device(status: Status, reason: &str, since: u64) -> DeviceHealth {

@@ -220,6 +220,28 @@ pub async fn dra_client(node: &NodeDirs) -> v1::dra_plugin_client::DraPluginClie
     v1::dra_plugin_client::DraPluginClient::new(channel(&node.dra_socket()).await)
 }
 
+/// NodePrepareResources for the claims `uids` (see [`claim_ref`]), over a new connection.
+pub async fn prepare(node: &NodeDirs, uids: &[&str]) -> v1::NodePrepareResourcesResponse {
+    let claims = uids.iter().map(|u| claim_ref(u)).collect();
+    dra_client(node)
+        .await
+        .node_prepare_resources(v1::NodePrepareResourcesRequest { claims })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// NodeUnprepareResources for the claims `uids`, over a new connection.
+pub async fn unprepare(node: &NodeDirs, uids: &[&str]) -> v1::NodeUnprepareResourcesResponse {
+    let claims = uids.iter().map(|u| claim_ref(u)).collect();
+    dra_client(node)
+        .await
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
 pub fn claim_ref(uid: &str) -> v1::Claim {
     v1::Claim {
         namespace: "team-a".into(),
