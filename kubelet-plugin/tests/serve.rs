@@ -367,3 +367,72 @@ async fn a_hundred_claims_in_one_call() {
         "one GET per claim, no list"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_calls_disjoint_all_succeed_overlapping_exactly_one() {
+    let node = NodeDirs::profile("dgx-h100");
+    let (api, kubeconfig) = api_for(&node).await;
+    for i in 0..8 {
+        api.put_claim(claim_json(
+            &format!("d{i}"),
+            "node-a",
+            &[&format!("gpu-{i}")],
+            None,
+        ));
+    }
+    for i in 0..4 {
+        api.put_claim(claim_json(
+            &format!("o{i}"),
+            "node-a",
+            &["gpu-2", "gpu-3"],
+            None,
+        ));
+    }
+    let mut plugin = Plugin::start(&node, &kubeconfig, &[]);
+    plugin.wait_live(Duration::from_secs(60)).await;
+
+    // Eight calls at once, each on its own connection, each for a different GPU.
+    let disjoint: Vec<_> = (0..8)
+        .map(|i| {
+            let uid = format!("d{i}");
+            let node = &node;
+            async move { prepare(node, &[&uid]).await.claims[&uid].clone() }
+        })
+        .collect();
+    let answers = futures::future::join_all(disjoint).await;
+    assert!(
+        answers
+            .iter()
+            .all(|a| a.error.is_empty() && a.devices.len() == 1),
+        "{answers:?}"
+    );
+    let uids: Vec<String> = (0..8).map(|i| format!("d{i}")).collect();
+    let uids: Vec<&str> = uids.iter().map(String::as_str).collect();
+    assert!(
+        unprepare(&node, &uids)
+            .await
+            .claims
+            .values()
+            .all(|c| c.error.is_empty())
+    );
+
+    // Four calls at once for the same two GPUs: exactly one claim gets them.
+    let overlapping: Vec<_> = (0..4)
+        .map(|i| {
+            let uid = format!("o{i}");
+            let node = &node;
+            async move { prepare(node, &[&uid]).await.claims[&uid].clone() }
+        })
+        .collect();
+    let answers = futures::future::join_all(overlapping).await;
+    let won = answers.iter().filter(|a| a.error.is_empty()).count();
+    assert_eq!(won, 1, "{answers:?}");
+    assert!(
+        answers
+            .iter()
+            .filter(|a| !a.error.is_empty())
+            .all(|a| a.error.contains("already prepared")),
+        "{answers:?}"
+    );
+    assert_eq!(node.cdi_specs().len(), 1);
+}
