@@ -5,7 +5,7 @@ CARGO ?= cargo
 SIM_PROFILE ?= dgx-h100
 PROFILES := tests/fake-nvml/profiles
 
-.PHONY: all setup build release demo test test-unit test-e2e tools-cdi lint fmt fmt-check clippy bench clean
+.PHONY: all setup build release demo test test-unit test-e2e e2e tools-cdi lint fmt fmt-check clippy bench clean
 
 all: build
 
@@ -36,6 +36,16 @@ test-e2e:
 	@bash tests/tools/build.sh kube etcd kwok
 	eval "$$(bash tests/tools/build.sh --env)" && cd tests/cluster && TOPODRA_REQUIRE_TOOLS=1 go test -count=1 ./...
 
+## e2e: the end-to-end tests of tests/e2e: the plugin binary on simulated nodes, the
+## kubelet's own plugin-manager and DRA-manager code (tests/e2e/harness) as its peer, the
+## real kube-scheduler and controller-manager. E2E_RUN=<regexp> selects tests.
+E2E_RUN ?= .
+e2e:
+	$(CARGO) build -p topodra-fake-nvml -p topodra-kubelet-plugin
+	@bash tests/tools/build.sh kube etcd
+	eval "$$(bash tests/tools/build.sh --env kube etcd)" && cd tests/e2e && \
+		CGO_ENABLED=0 go test -trimpath -count=1 -timeout 30m -v -run '$(E2E_RUN)' ./...
+
 ## tools-cdi: the CDI Go library check (what container runtimes run on our specs), and its own tests.
 tools-cdi:
 	@bash tests/cdi-check/build.sh >/dev/null
@@ -52,7 +62,7 @@ clippy:
 
 ## bench: prepare/unprepare latency of the release plugin over its real sockets, as
 ## ratios to references measured in the same run; writes target/bench/prepare.json.
-## See docs/benchmarks.md. TOPODRA_BENCH_ITERS / TOPODRA_BENCH_WARMUP override 300 / 30.
+## See docs/benchmarks.md. TOPODRA_BENCH_ITERS / TOPODRA_BENCH_WARMUP override 1000 / 100.
 bench: setup
 	@echo "== cargo bench (release build: the first one takes several minutes on 2 cores)"
 	$(CARGO) build -p topodra-fake-nvml
