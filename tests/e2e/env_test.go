@@ -1,0 +1,529 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/textlogger"
+
+	"topodra.dev/tests/cluster"
+	"topodra.dev/tests/e2e/harness"
+)
+
+const driverName = "gpu.topodra.dev"
+
+// repoRoot is the repository root (this package is tests/e2e).
+func repoRoot(t testing.TB) string {
+	t.Helper()
+	abs, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return abs
+}
+
+// binary finds a binary built by cargo: $env, else target/debug/<name>.
+func binary(t testing.TB, env, name string) string {
+	t.Helper()
+	p := os.Getenv(env)
+	if p == "" {
+		p = filepath.Join(repoRoot(t), "target", "debug", name)
+	}
+	if st, err := os.Stat(p); err != nil || st.IsDir() {
+		msg := fmt.Sprintf("%s not found at %s (build it: cargo build -p topodra-kubelet-plugin -p topodra-fake-nvml, or set %s)", name, p, env)
+		if cluster.RequireTools() {
+			t.Fatal(msg)
+		}
+		t.Skip("skipping: " + msg)
+	}
+	return p
+}
+
+// env is one cluster with one harness node running the real plugin.
+type env struct {
+	t       *testing.T
+	c       *cluster.Cluster
+	admin   kubernetes.Interface
+	node    string
+	dir     string // node directory: sim/, registry/, plugins/, cdi/, kubelet/
+	h       *harness.Harness
+	plugin  *pluginProc
+	profile string
+	args    []string // extra plugin flags
+
+	pluginKubeconfig string
+}
+
+type envOptions struct {
+	profile    string
+	node       string
+	pluginArgs []string
+}
+
+func newEnv(t *testing.T, o envOptions) *env {
+	t.Helper()
+	binary(t, "TOPODRA_PLUGIN_BIN", "topodra-kubelet-plugin") // skip early when absent
+	simNode := binary(t, "TOPODRA_SIM_NODE_BIN", "topodra-sim-node")
+	if o.node == "" {
+		o.node = "gpu-node-a"
+	}
+	c := cluster.StartT(t, cluster.Options{})
+	admin, err := c.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, c: c, admin: admin, node: o.node, dir: filepath.Join(c.Dir, "node-"+o.node), profile: o.profile, args: o.pluginArgs}
+	for _, d := range []string{"registry", "plugins", "cdi", "kubelet"} {
+		if err := os.MkdirAll(filepath.Join(e.dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(e.dir, "boot_id"), []byte("e2e-boot-1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(simNode, o.profile, filepath.Join(e.dir, "sim")).Output()
+	if err != nil {
+		t.Fatalf("topodra-sim-node %s: %v", o.profile, err)
+	}
+	e.args = append(strings.Fields(string(out)), e.args...)
+
+	e.applyManifests()
+
+	nodeKubeconfig, err := c.NodeKubeconfig(o.node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logFile, err := os.Create(filepath.Join(c.LogsDir, "kubelet-harness-"+o.node+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(logFile), textlogger.Verbosity(4)))
+	klog.SetLogger(logger) // the kubelet code also logs through the global logger
+	e.h, err = harness.New(harness.Config{
+		Kubeconfig: nodeKubeconfig, NodeName: o.node,
+		RegistryDir: filepath.Join(e.dir, "registry"), CDIDir: filepath.Join(e.dir, "cdi"),
+		StateDir: filepath.Join(e.dir, "kubelet"), FeatureGates: c.Gates, Logger: logger,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := e.h.Start(ctx); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		e.h.Stop()
+		logFile.Close()
+		klog.SetLogger(logr.Discard())
+		if t.Failed() {
+			t.Logf("--- tail of %s:\n%s", logFile.Name(), tailFile(logFile.Name(), 40))
+		}
+	})
+	// The plugin runs as in a deployment: the ServiceAccount of deploy/manifests
+	// with a token bound to a pod on this node, under its RBAC, admission policy
+	// and APF objects.
+	e.pluginKubeconfig = filepath.Join(c.Dir, "kubeconfigs", "plugin-"+o.node+".kubeconfig")
+	if err := harness.PluginIdentity(context.Background(), admin, c.Server, c.PKI.CAPEM(), o.node, e.pluginKubeconfig, 2*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	e.plugin = e.startPlugin(e.pluginKubeconfig)
+	t.Cleanup(func() {
+		e.plugin.stop(t)
+		if t.Failed() {
+			t.Logf("--- tail of %s:\n%s", e.plugin.log, tailFile(e.plugin.log, 40))
+		}
+	})
+	return e
+}
+
+type pluginProc struct {
+	cmd  *exec.Cmd
+	log  string
+	http string
+	done chan struct{}
+}
+
+func (e *env) startPlugin(kubeconfig string) *pluginProc {
+	t := e.t
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	logPath := filepath.Join(e.c.LogsDir, fmt.Sprintf("plugin-%s-%d.log", e.node, time.Now().UnixNano()))
+	lf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"serve",
+		"--node-name=" + e.node,
+		"--kubelet-registry-dir=" + filepath.Join(e.dir, "registry"),
+		"--kubelet-plugins-dir=" + filepath.Join(e.dir, "plugins"),
+		"--cdi-dir=" + filepath.Join(e.dir, "cdi"),
+		"--http-addr=" + addr,
+		"--boot-id-file=" + filepath.Join(e.dir, "boot_id"),
+	}, e.args...)
+	cmd := exec.Command(binary(t, "TOPODRA_PLUGIN_BIN", "topodra-kubelet-plugin"), args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig, "TOPODRA_LOG=info")
+	cmd.Stdout, cmd.Stderr = lf, lf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &pluginProc{cmd: cmd, log: logPath, http: addr, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); lf.Close(); close(p.done) }()
+	return p
+}
+
+func (p *pluginProc) stop(t testing.TB) {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(20 * time.Second):
+		t.Errorf("plugin ignored SIGTERM for 20s; killing it")
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// applyManifests applies deploy/manifests without the DaemonSet (the harness
+// starts the plugin process itself): namespace, ServiceAccount, RBAC, DeviceClass,
+// APF objects and the ResourceSlice admission policy.
+func (e *env) applyManifests() {
+	dir := filepath.Join(repoRoot(e.t), "deploy", "manifests")
+	ns, err := os.ReadFile(filepath.Join(dir, "00-namespace.yaml"))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.kubectlApply(string(ns))
+	e.kubectlApply(manifestDocs(e.t, filepath.Join(dir, "topodra.yaml"), func(kind string) bool { return kind != "DaemonSet" }))
+}
+
+func (e *env) kubectlApply(yaml string) {
+	e.t.Helper()
+	f := filepath.Join(e.c.Dir, fmt.Sprintf("apply-%d.yaml", time.Now().UnixNano()))
+	if err := os.WriteFile(f, []byte(yaml), 0o644); err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out, err := e.c.Kubectl(ctx, "apply", "-f", f); err != nil {
+		e.t.Fatalf("%v", err)
+	} else {
+		e.t.Logf("kubectl apply: %s", strings.TrimSpace(string(out)))
+	}
+}
+
+// manifestDoc returns the YAML documents of file whose kind is kind.
+func manifestDoc(t testing.TB, file, kind string) string {
+	t.Helper()
+	return manifestDocs(t, file, func(k string) bool { return k == kind })
+}
+
+// manifestDocs returns the YAML documents of file whose top-level kind passes keep.
+func manifestDocs(t testing.TB, file string, keep func(kind string) bool) string {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	re := regexp.MustCompile(`(?m)^kind:\s*(\S+)\s*$`)
+	var out []string
+	for _, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(b), -1) {
+		if m := re.FindStringSubmatch(doc); m != nil && keep(m[1]) {
+			out = append(out, strings.TrimSpace(doc))
+		}
+	}
+	if len(out) == 0 {
+		t.Fatalf("no matching documents in %s", file)
+	}
+	return strings.Join(out, "\n---\n") + "\n"
+}
+
+func (e *env) waitRegistered(timeout time.Duration) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	ep, err := e.h.WaitRegistered(ctx, driverName)
+	if err != nil {
+		e.t.Fatalf("%v; plugin log:\n%s", err, tailFile(e.plugin.log, 30))
+	}
+	e.t.Logf("plugin registered through the kubelet's plugin manager, DRA endpoint %s", ep)
+}
+
+// slices lists this node's slices of our driver.
+func (e *env) slices(ctx context.Context) []resourceapi.ResourceSlice {
+	e.t.Helper()
+	l, err := e.admin.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
+		FieldSelector: fields.AndSelectors(fields.OneTermEqualSelector("spec.nodeName", e.node),
+			fields.OneTermEqualSelector("spec.driver", driverName)).String(),
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return l.Items
+}
+
+// waitDevices waits until the node's slices (a complete pool) publish n devices.
+func (e *env) waitDevices(n int, timeout time.Duration) map[string]resourceapi.Device {
+	e.t.Helper()
+	var got map[string]resourceapi.Device
+	eventually(e.t, timeout, func() error {
+		got = map[string]resourceapi.Device{}
+		ss := e.slices(context.Background())
+		for _, s := range ss {
+			if int64(len(ss)) != s.Spec.Pool.ResourceSliceCount {
+				return fmt.Errorf("%d slices, pool says %d", len(ss), s.Spec.Pool.ResourceSliceCount)
+			}
+			for _, d := range s.Spec.Devices {
+				got[d.Name] = d
+			}
+		}
+		if len(got) != n {
+			return fmt.Errorf("%d devices published, want %d", len(got), n)
+		}
+		return nil
+	})
+	return got
+}
+
+// attr returns a device attribute by name; names without a domain are the driver's.
+func attr(d resourceapi.Device, name string) (resourceapi.DeviceAttribute, bool) {
+	for k, v := range d.Attributes {
+		full := string(k)
+		if !strings.Contains(full, "/") {
+			full = driverName + "/" + full
+		}
+		if full == name || (!strings.Contains(name, "/") && full == driverName+"/"+name) {
+			return v, true
+		}
+	}
+	return resourceapi.DeviceAttribute{}, false
+}
+
+// numaOf is the device's own NUMA node (the first entry of the list form).
+func numaOf(t testing.TB, d resourceapi.Device) int64 {
+	a, ok := attr(d, "resource.kubernetes.io/numaNode")
+	if !ok {
+		t.Fatalf("device %s has no numaNode", d.Name)
+	}
+	if a.IntValue != nil {
+		return *a.IntValue
+	}
+	if v := listInts(a); len(v) > 0 {
+		return v[0]
+	}
+	t.Fatalf("device %s: numaNode %+v is neither an int nor a list of ints", d.Name, a)
+	return -1
+}
+
+func (e *env) createNamespace(name string) {
+	e.t.Helper()
+	_, err := e.admin.CoreV1().Namespaces().Create(context.Background(), &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		e.t.Fatal(err)
+	}
+	// The service-account controller adds "default"; pods need it.
+	eventually(e.t, time.Minute, func() error {
+		_, err := e.admin.CoreV1().ServiceAccounts(name).Get(context.Background(), "default", metav1.GetOptions{})
+		return err
+	})
+}
+
+// createPod creates a one-container pod using the claim template tmpl.
+func (e *env) createPod(ns, name, tmpl string) *v1.Pod {
+	e.t.Helper()
+	p := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: v1.PodSpec{
+			RestartPolicy:                 v1.RestartPolicyNever,
+			TerminationGracePeriodSeconds: ptrTo[int64](5),
+			ResourceClaims:                []v1.PodResourceClaim{{Name: "gpus", ResourceClaimTemplateName: &tmpl}},
+			Containers: []v1.Container{{
+				Name: "main", Image: "ubuntu:24.04", Command: []string{"sleep", "3600"},
+				Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpus"}}},
+			}},
+		},
+	}
+	out, err := e.admin.CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+func (e *env) waitPodRunning(ns, name string, timeout time.Duration) *v1.Pod {
+	e.t.Helper()
+	var pod *v1.Pod
+	eventually(e.t, timeout, func() error {
+		var err error
+		pod, err = e.admin.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if pod.Status.Phase != v1.PodRunning {
+			return fmt.Errorf("pod %s/%s is %s (node %q); events: %s", ns, name, pod.Status.Phase, pod.Spec.NodeName, e.eventsOf(ns, name))
+		}
+		return nil
+	})
+	return pod
+}
+
+func (e *env) waitPodGone(ns, name string, timeout time.Duration) {
+	e.t.Helper()
+	eventually(e.t, timeout, func() error {
+		p, err := e.admin.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		return fmt.Errorf("pod %s/%s still exists (%s, deletionTimestamp %v)", ns, name, p.Status.Phase, p.DeletionTimestamp)
+	})
+}
+
+// eventsOf renders the events of a pod as "Reason: message" lines.
+func (e *env) eventsOf(ns, name string) string {
+	l, err := e.admin.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{
+		FieldSelector: fields.AndSelectors(fields.OneTermEqualSelector("involvedObject.kind", "Pod"),
+			fields.OneTermEqualSelector("involvedObject.name", name)).String(),
+	})
+	if err != nil {
+		return err.Error()
+	}
+	sort.Slice(l.Items, func(i, j int) bool { return l.Items[i].LastTimestamp.Before(&l.Items[j].LastTimestamp) })
+	var lines []string
+	for _, ev := range l.Items {
+		lines = append(lines, fmt.Sprintf("%s %s (%s): %s", ev.Type, ev.Reason, ev.Source.Component, ev.Message))
+	}
+	return strings.Join(lines, "\n")
+}
+
+// waitEvent waits for an event of the pod with reason whose message matches re.
+func (e *env) waitEvent(ns, name, reason string, re *regexp.Regexp, timeout time.Duration) string {
+	e.t.Helper()
+	var msg string
+	eventually(e.t, timeout, func() error {
+		l, err := e.admin.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{
+			FieldSelector: fields.AndSelectors(fields.OneTermEqualSelector("involvedObject.name", name),
+				fields.OneTermEqualSelector("reason", reason)).String(),
+		})
+		if err != nil {
+			return err
+		}
+		for _, ev := range l.Items {
+			if re.MatchString(ev.Message) {
+				msg = ev.Message
+				return nil
+			}
+		}
+		return fmt.Errorf("no %s event matching %q on %s/%s; events:\n%s", reason, re, ns, name, e.eventsOf(ns, name))
+	})
+	return msg
+}
+
+// allocation returns the devices allocated to the pod's claim "gpus", with the claim.
+func (e *env) allocation(pod *v1.Pod) (*resourceapi.ResourceClaim, []string) {
+	e.t.Helper()
+	var claimName string
+	for _, s := range pod.Status.ResourceClaimStatuses {
+		if s.Name == "gpus" && s.ResourceClaimName != nil {
+			claimName = *s.ResourceClaimName
+		}
+	}
+	if claimName == "" {
+		e.t.Fatalf("pod %s has no generated claim: %+v", pod.Name, pod.Status.ResourceClaimStatuses)
+	}
+	claim, err := e.admin.ResourceV1().ResourceClaims(pod.Namespace).Get(context.Background(), claimName, metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if claim.Status.Allocation == nil {
+		e.t.Fatalf("claim %s not allocated", claimName)
+	}
+	var devs []string
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver != driverName || r.Pool != e.node {
+			e.t.Fatalf("claim %s: result %+v is not of %s on %s", claimName, r, driverName, e.node)
+		}
+		devs = append(devs, r.Device)
+	}
+	sort.Strings(devs)
+	return claim, devs
+}
+
+func eventually(t testing.TB, timeout time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %v", timeout, err)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+func tailFile(path string, n int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	var lines []string
+	s := bufio.NewScanner(f)
+	s.Buffer(make([]byte, 1<<20), 1<<20)
+	for s.Scan() {
+		lines = append(lines, s.Text())
+		if len(lines) > n {
+			lines = lines[1:]
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+func minorOf(dev string) int {
+	n, _ := strconv.Atoi(strings.TrimPrefix(dev, "gpu-"))
+	return n
+}
+
+func t0ctx() context.Context          { return context.Background() }
+func getOpts() metav1.GetOptions      { return metav1.GetOptions{} }
+func deleteNow() metav1.DeleteOptions { return metav1.DeleteOptions{} }
+func readRecord(e *env, pod *v1.Pod) (*harness.PodRecord, error) {
+	return harness.ReadRecord(e.h.RecordPath(pod.Namespace, pod.Name, pod.UID))
+}

@@ -1,0 +1,230 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+const lifecycleTemplates = `apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: aligned-then-any
+  namespace: life
+spec:
+  spec:
+    devices:
+      requests:
+        - name: gpus
+          firstAvailable:
+            - name: aligned
+              deviceClassName: gpu.topodra.dev
+              count: 4
+            - name: any
+              deviceClassName: gpu.topodra.dev
+              count: 4
+      constraints:
+        - requests: ["gpus/aligned"]
+          matchAttribute: resource.kubernetes.io/numaNode
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: one-gpu-numa0
+  namespace: life
+spec:
+  spec:
+    devices:
+      requests:
+        - name: gpus
+          exactly:
+            deviceClassName: gpu.topodra.dev
+            count: 1
+            selectors:
+              - cel:
+                  expression: device.attributes["resource.kubernetes.io"].numaNode == 0
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: one-gpu-numa1
+  namespace: life
+spec:
+  spec:
+    devices:
+      requests:
+        - name: gpus
+          exactly:
+            deviceClassName: gpu.topodra.dev
+            count: 1
+            selectors:
+              - cel:
+                  expression: device.attributes["resource.kubernetes.io"].numaNode == 1
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: bad-config
+  namespace: life
+spec:
+  spec:
+    devices:
+      requests:
+        - name: gpus
+          exactly:
+            deviceClassName: gpu.topodra.dev
+            count: 1
+      config:
+        - requests: ["gpus"]
+          opaque:
+            driver: gpu.topodra.dev
+            parameters:
+              apiVersion: gpu.topodra.dev/v1alpha1
+              kind: GpuConfig
+              numa:
+                requireAlignedd: true
+`
+
+// TestDGXH100Lifecycle: firstAvailable (aligned if possible, otherwise any), a bad
+// opaque config surfacing in the pod's events, a plugin restart with claims
+// prepared, and the kubelet wiping the slices of a plugin gone for 30 s.
+func TestDGXH100Lifecycle(t *testing.T) {
+	e := newEnv(t, envOptions{profile: "dgx-h100"})
+	ctx := context.Background()
+	e.waitRegistered(2 * time.Minute)
+	devices := e.waitDevices(8, time.Minute)
+	const ns = "life"
+	e.createNamespace(ns)
+	e.kubectlApply(lifecycleTemplates)
+	top := t
+
+	t.Run("firstAvailable aligned when possible, otherwise any", func(t *testing.T) {
+		e.t = t
+		e.createPod(ns, "fa-aligned", "aligned-then-any")
+		pod := e.waitPodRunning(ns, "fa-aligned", 2*time.Minute)
+		claim, devs := e.allocation(pod)
+		for _, r := range claim.Status.Allocation.Devices.Results {
+			if r.Request != "gpus/aligned" {
+				t.Errorf("fa-aligned: result %s/%s for request %q, want gpus/aligned", r.Pool, r.Device, r.Request)
+			}
+		}
+		numas := map[int64]bool{}
+		for _, d := range devs {
+			numas[numaOf(t, devices[d])] = true
+		}
+		if len(numas) != 1 {
+			t.Errorf("fa-aligned: %v span NUMA nodes %v", devs, numas)
+		}
+		if err := e.admin.CoreV1().Pods(ns).Delete(ctx, "fa-aligned", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		e.waitPodGone(ns, "fa-aligned", time.Minute)
+
+		// One GPU taken on each NUMA node: 3+3 free, no four on one node.
+		e.createPod(ns, "one-0", "one-gpu-numa0")
+		e.createPod(ns, "one-1", "one-gpu-numa1")
+		e.waitPodRunning(ns, "one-0", 2*time.Minute)
+		e.waitPodRunning(ns, "one-1", 2*time.Minute)
+		e.createPod(ns, "fa-any", "aligned-then-any")
+		pod = e.waitPodRunning(ns, "fa-any", 2*time.Minute)
+		claim, devs = e.allocation(pod)
+		numas = map[int64]bool{}
+		for _, r := range claim.Status.Allocation.Devices.Results {
+			if r.Request != "gpus/any" {
+				t.Errorf("fa-any: result %s for request %q, want gpus/any", r.Device, r.Request)
+			}
+			numas[numaOf(t, devices[r.Device])] = true
+		}
+		if len(devs) != 4 || len(numas) != 2 {
+			t.Errorf("fa-any: %v on NUMA nodes %v, want 4 GPUs across both", devs, numas)
+		}
+		t.Logf("fa-any fell back to %v across NUMA nodes %v", devs, numas)
+	})
+
+	t.Run("bad opaque config names the field in the pod's events", func(t *testing.T) {
+		e.t = t
+		// Free a GPU so the pod can be scheduled.
+		if err := e.admin.CoreV1().Pods(ns).Delete(ctx, "one-0", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		e.waitPodGone(ns, "one-0", time.Minute)
+		e.createPod(ns, "bad", "bad-config")
+		msg := e.waitEvent(ns, "bad", "FailedPrepareDynamicResources", regexp.MustCompile(`requireAlignedd`), 2*time.Minute)
+		t.Logf("event: %s", msg)
+		p, err := e.admin.CoreV1().Pods(ns).Get(ctx, "bad", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Status.Phase == "Running" {
+			t.Errorf("pod with a bad config is Running")
+		}
+		if err := e.admin.CoreV1().Pods(ns).Delete(ctx, "bad", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		e.waitPodGone(ns, "bad", time.Minute)
+	})
+
+	t.Run("plugin restart with claims prepared", func(t *testing.T) {
+		e.t = t
+		pod, err := e.admin.CoreV1().Pods(ns).Get(ctx, "fa-any", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		claim, _ := e.allocation(pod)
+		spec := filepath.Join(e.dir, "cdi", "k8s.gpu.topodra.dev-claim_"+string(claim.UID)+".json")
+		if _, err := os.Stat(spec); err != nil {
+			t.Fatal(err)
+		}
+		e.plugin.stop(t)
+		e.plugin = e.startPlugin(e.pluginKubeconfig)
+		e.waitRegistered(time.Minute)
+		// Prepare after the restart.
+		e.createPod(ns, "after-restart", "one-gpu-numa0")
+		e.waitPodRunning(ns, "after-restart", 2*time.Minute)
+		// Unprepare of a claim prepared before the restart.
+		if err := e.admin.CoreV1().Pods(ns).Delete(ctx, "fa-any", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		e.waitPodGone(ns, "fa-any", time.Minute)
+		if _, err := os.Stat(spec); !os.IsNotExist(err) {
+			t.Errorf("CDI spec of fa-any still there after unprepare: %v", err)
+		}
+	})
+
+	t.Run("kubelet wipes the slices 30s after the plugin is gone, they come back with it", func(t *testing.T) {
+		e.t = t
+		e.plugin.stop(t)
+		stopped := time.Now()
+		eventually(t, 30*time.Second, func() error {
+			if e.h.Registered(driverName) {
+				return errString("still registered")
+			}
+			return nil
+		})
+		// Still there well inside the grace period.
+		time.Sleep(time.Until(stopped.Add(20 * time.Second)))
+		if n := len(e.slices(ctx)); n == 0 {
+			t.Fatalf("slices wiped after %s, before the kubelet's 30s", time.Since(stopped))
+		}
+		eventually(t, 45*time.Second, func() error {
+			if n := len(e.slices(ctx)); n > 0 {
+				return errString("slices still there")
+			}
+			return nil
+		})
+		t.Logf("slices wiped %s after the plugin stopped", time.Since(stopped).Round(time.Second))
+		e.plugin = e.startPlugin(e.pluginKubeconfig)
+		e.waitRegistered(time.Minute)
+		e.waitDevices(8, time.Minute)
+	})
+	e.t = top
+}
+
+type errString string
+
+func (e errString) Error() string { return string(e) }
