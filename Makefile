@@ -18,12 +18,12 @@ build: setup
 release: setup
 	$(CARGO) build --workspace --release
 
-## demo: discovery on the built-in simulated node (fake NVML + matching hwloc topology).
+## demo: a local control plane, the plugin on a simulated DGX H100, aligned GPU pods.
 demo: setup
 	@bash tests/scripts/demo.sh $(SIM_PROFILE)
 
 ## test: everything CI runs: formatting, lints, unit and integration tests.
-test: setup fmt-check clippy test-unit test-e2e
+test: setup fmt-check clippy test-unit test-e2e e2e
 
 test-unit: tools-cdi
 	@echo "== cargo test (first build compiles the dependency tree: a few minutes on 2 cores)"
@@ -44,7 +44,7 @@ e2e:
 	$(CARGO) build -p topodra-fake-nvml -p topodra-kubelet-plugin
 	@bash tests/tools/build.sh kube etcd
 	eval "$$(bash tests/tools/build.sh --env kube etcd)" && cd tests/e2e && \
-		CGO_ENABLED=0 go test -trimpath -count=1 -timeout 30m -v -run '$(E2E_RUN)' ./...
+		TOPODRA_REQUIRE_TOOLS=1 CGO_ENABLED=0 go test -trimpath -count=1 -timeout 30m -v -run '$(E2E_RUN)' ./...
 
 ## tools-cdi: the CDI Go library check (what container runtimes run on our specs), and its own tests.
 tools-cdi:
