@@ -322,16 +322,16 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
     metrics.set_devices(inventory.gpus.len());
     metrics.set_prepared_devices(preparer.prepared_devices());
 
+    // Two stop signals: registration stops first, everything else after it.
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let shutdown = {
-        let rx = shutdown_rx.clone();
-        move || {
-            let mut rx = rx.clone();
-            async move {
-                let _ = rx.wait_for(|s| *s).await;
-            }
+    let (unregister_tx, unregister_rx) = watch::channel(false);
+    let stopped = |rx: &watch::Receiver<bool>| {
+        let mut rx = rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
         }
     };
+    let shutdown = || stopped(&shutdown_rx);
 
     let mut policy = HealthPolicy::default();
     policy
@@ -396,7 +396,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
     let reg_server = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(RegistrationServer::new(registration))
-            .serve_with_incoming_shutdown(reg_incoming, shutdown()),
+            .serve_with_incoming_shutdown(reg_incoming, stopped(&unregister_rx)),
     );
     tracing::info!(registration = %sockets.registration.display(), dra = %sockets.dra.display(), "serving the kubelet");
 
@@ -446,11 +446,12 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
     shutdown_signal().await;
     // Unregister first: with the registration socket gone the kubelet stops sending
     // new claims here, while prepares in flight finish on the DRA socket.
-    let _ = shutdown_tx.send(true);
+    let _ = unregister_tx.send(true);
     if let Err(e) = reg_guard.remove() {
         tracing::warn!(socket = %reg_guard.path().display(), error = %e, "removing the registration socket");
     }
     let _ = tokio::time::timeout(Duration::from_secs(10), reg_server).await;
+    let _ = shutdown_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(20), dra_server).await;
     if let Err(e) = dra_guard.remove() {
         tracing::warn!(socket = %dra_guard.path().display(), error = %e, "removing the DRA socket");
