@@ -238,15 +238,19 @@ fn nvml_init_failure_is_a_clear_error_or_a_documented_fallback() {
     );
 }
 
-#[test]
-fn missing_nvml_library_names_the_path() {
-    let config = DiscoveryConfig {
-        nvml_lib: Some(PathBuf::from("/nonexistent/libnvidia-ml.so.1")),
+/// The DGX H100 topology with NVML required from `lib`.
+fn discover_h100_with_nvml(lib: PathBuf) -> Result<Inventory, DiscoveryError> {
+    discovery::discover(&DiscoveryConfig {
+        nvml_lib: Some(lib),
         nvml: NvmlPolicy::Required,
         topology: TopologyInput::HwlocXml(profiles_dir().join("dgx-h100.hwloc.xml")),
         sysfs_root: PathBuf::from("/nonexistent"),
-    };
-    let err = discovery::discover(&config).unwrap_err();
+    })
+}
+
+#[test]
+fn missing_nvml_library_names_the_path() {
+    let err = discover_h100_with_nvml(PathBuf::from("/nonexistent/libnvidia-ml.so.1")).unwrap_err();
     assert!(
         matches!(err, DiscoveryError::NvmlLibraryMissing { .. }),
         "{err:?}"
@@ -262,13 +266,7 @@ fn a_library_that_is_not_nvml_is_rejected() {
     let dir = tempfile::tempdir().unwrap();
     let not_nvml = dir.path().join("libnvidia-ml.so.1");
     std::fs::write(&not_nvml, b"not an ELF file").unwrap();
-    let config = DiscoveryConfig {
-        nvml_lib: Some(not_nvml),
-        nvml: NvmlPolicy::Required,
-        topology: TopologyInput::HwlocXml(profiles_dir().join("dgx-h100.hwloc.xml")),
-        sysfs_root: PathBuf::from("/nonexistent"),
-    };
-    let err = discovery::discover(&config).unwrap_err();
+    let err = discover_h100_with_nvml(not_nvml).unwrap_err();
     assert!(
         matches!(err, DiscoveryError::NvmlLibraryMissing { .. }),
         "{err:?}"
