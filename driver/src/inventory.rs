@@ -29,6 +29,9 @@ pub struct Inventory {
     pub distances: Option<DistanceMatrix>,
     /// GPUs sorted by PCI bus id.
     pub gpus: Vec<Gpu>,
+    /// GPUs that only one of the two sources saw (`discover --strict` fails on them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unjoined: Vec<PciAddress>,
     /// Things an operator should know: a source missing, a GPU only one source saw.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
@@ -199,6 +202,81 @@ pub struct Gpu {
     /// Shared by all GPUs of one NVLink-connected group on this node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvlink_domain: Option<String>,
+    /// The multi-node NVLink clique (GB200 NVL72) this GPU belongs to, as
+    /// `<clusterUUID>.<cliqueId>`, when the fabric manager has registered it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_clique: Option<String>,
+
+    /// The MIG devices of a GPU in MIG mode; such a GPU is offered only as these.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_devices: Vec<MigDevice>,
+}
+
+/// One existing MIG device (a compute instance inside a GPU instance).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigDevice {
+    /// `MIG-<uuid>`, what CUDA_VISIBLE_DEVICES and `nvidia-smi -L` name it by.
+    pub uuid: String,
+    pub gpu_instance: u32,
+    pub compute_instance: u32,
+    /// The MIG profile, e.g. `1g.10gb` or `1c.2g.20gb`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multiprocessors: Option<u32>,
+}
+
+/// How a GPU is offered, from its MIG mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offer {
+    /// As one whole device (no MIG, or MIG off and staying off).
+    Whole,
+    /// As its MIG devices (MIG on and staying on).
+    Mig,
+    /// Not at all: a MIG mode change waits for a GPU reset, and until then the GPU
+    /// can run neither a whole-GPU workload reliably nor a MIG one.
+    MigChangePending,
+}
+
+/// One device of the node as the ResourceSlice offers it: a whole GPU, or one MIG
+/// device of it. The parent GPU carries the topology both share.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AllocatableDevice {
+    pub gpu: Gpu,
+    pub mig: Option<MigDevice>,
+}
+
+impl AllocatableDevice {
+    /// `gpu-<minor>` for a whole GPU, `gpu-<minor>-mig-<gi>-<ci>` for a MIG device.
+    pub fn name(&self) -> String {
+        match &self.mig {
+            None => self.gpu.device_name(),
+            Some(m) => format!(
+                "{}-mig-{}-{}",
+                self.gpu.device_name(),
+                m.gpu_instance,
+                m.compute_instance
+            ),
+        }
+    }
+
+    /// The UUID a workload sees: the MIG device's, or the GPU's.
+    pub fn uuid(&self) -> Option<&str> {
+        match &self.mig {
+            Some(m) => Some(&m.uuid),
+            None => self.gpu.uuid.as_deref(),
+        }
+    }
+
+    pub fn memory_bytes(&self) -> Option<u64> {
+        match &self.mig {
+            Some(m) => m.memory_bytes,
+            None => self.gpu.memory_bytes,
+        }
+    }
 }
 
 impl Gpu {
@@ -224,6 +302,24 @@ impl Gpu {
             pcie_switch: None,
             nvlink_peers: Vec::new(),
             nvlink_domain: None,
+            nvlink_clique: None,
+            mig_devices: Vec::new(),
+        }
+    }
+
+    /// How this GPU is offered, from its MIG mode (no MIG support means whole).
+    pub fn offer(&self) -> Offer {
+        match self.mig_mode {
+            None
+            | Some(MigMode {
+                current: false,
+                pending: false,
+            }) => Offer::Whole,
+            Some(MigMode {
+                current: true,
+                pending: true,
+            }) => Offer::Mig,
+            Some(_) => Offer::MigChangePending,
         }
     }
 
@@ -244,6 +340,26 @@ impl Inventory {
 
     pub fn numa_node(&self, id: u32) -> Option<&NumaNode> {
         self.numa_nodes.iter().find(|n| n.id == id)
+    }
+
+    /// Every device the node offers, GPU by GPU in bus order: whole GPUs, the MIG
+    /// devices of GPUs in MIG mode, nothing for a GPU waiting for a MIG mode change.
+    pub fn allocatable(&self) -> Vec<AllocatableDevice> {
+        let mut out = Vec::new();
+        for gpu in &self.gpus {
+            match gpu.offer() {
+                Offer::Whole => out.push(AllocatableDevice {
+                    gpu: gpu.clone(),
+                    mig: None,
+                }),
+                Offer::Mig => out.extend(gpu.mig_devices.iter().map(|m| AllocatableDevice {
+                    gpu: gpu.clone(),
+                    mig: Some(m.clone()),
+                })),
+                Offer::MigChangePending => {}
+            }
+        }
+        out
     }
 }
 
@@ -272,6 +388,65 @@ mod tests {
         assert_eq!(m.get(8, 8), Some(10));
         assert_eq!(m.get(1, 0), None);
         assert!(DistanceMatrix::new(vec![0, 1], vec![10]).is_none());
+    }
+
+    fn mig(gi: u32, ci: u32) -> MigDevice {
+        MigDevice {
+            uuid: format!("MIG-{gi}-{ci}"),
+            gpu_instance: gi,
+            compute_instance: ci,
+            profile: Some("1g.5gb".into()),
+            memory_bytes: Some(5 << 30),
+            multiprocessors: Some(14),
+        }
+    }
+
+    #[test]
+    fn mig_mode_decides_what_is_offered() {
+        let at = |bus: &str, minor: u32, mode: Option<(bool, bool)>| {
+            let mut g = Gpu::at(bus.parse().unwrap());
+            g.minor = Some(minor);
+            g.uuid = Some(format!("GPU-{minor}"));
+            g.memory_bytes = Some(40 << 30);
+            g.mig_mode = mode.map(|(current, pending)| MigMode { current, pending });
+            g
+        };
+        let mut on = at("0000:07:00.0", 0, Some((true, true)));
+        on.mig_devices = vec![mig(7, 0), mig(8, 0)];
+        let inv = Inventory {
+            gpus: vec![
+                on,
+                at("0000:0f:00.0", 1, Some((false, true))),
+                at("0000:47:00.0", 2, Some((true, false))),
+                at("0000:4e:00.0", 3, Some((false, false))),
+                at("0000:87:00.0", 4, None),
+            ],
+            ..Inventory::default()
+        };
+        let offered: Vec<(String, Option<String>, Option<u64>)> = inv
+            .allocatable()
+            .iter()
+            .map(|d| (d.name(), d.uuid().map(str::to_owned), d.memory_bytes()))
+            .collect();
+        assert_eq!(
+            offered,
+            vec![
+                (
+                    "gpu-0-mig-7-0".into(),
+                    Some("MIG-7-0".into()),
+                    Some(5 << 30)
+                ),
+                (
+                    "gpu-0-mig-8-0".into(),
+                    Some("MIG-8-0".into()),
+                    Some(5 << 30)
+                ),
+                ("gpu-3".into(), Some("GPU-3".into()), Some(40 << 30)),
+                ("gpu-4".into(), Some("GPU-4".into()), Some(40 << 30)),
+            ]
+        );
+        assert_eq!(inv.gpus[1].offer(), Offer::MigChangePending);
+        assert_eq!(inv.gpus[2].offer(), Offer::MigChangePending);
     }
 
     #[test]

@@ -35,5 +35,5 @@ pub mod slice;
 pub mod topology;
 
 pub use cpuset::IdList;
-pub use inventory::{Gpu, Inventory, NumaKind, NumaNode};
+pub use inventory::{AllocatableDevice, Gpu, Inventory, MigDevice, NumaKind, NumaNode, Offer};
 pub use pci::{PciAddress, PcieRoot};

@@ -73,6 +73,22 @@ pub fn shared_pcie_switches(
         .collect()
 }
 
+/// What one active NVLink of a GPU ends at.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum NvlinkRemote {
+    /// Another GPU, by its PCI address.
+    Gpu(PciAddress),
+    /// An NVSwitch. Its PCI address is not kept: depending on platform and driver,
+    /// NVML reports the switch's own address or a placeholder, and switches of a
+    /// rack's switch trays are not on this node's PCI bus at all.
+    Switch,
+    /// A CPU (IBM POWER's NVLink-attached processors): no GPU is reached through it.
+    Cpu,
+    /// NVML could not say what the link ends at (a driver without
+    /// `nvmlDeviceGetNvLinkRemoteDeviceType`), only where: joined by address.
+    Other(PciAddress),
+}
+
 /// NVLink connectivity of the node's GPUs, as computed by [`nvlink_domains`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NvlinkDomains {
@@ -82,40 +98,68 @@ pub struct NvlinkDomains {
     pub peers_of: BTreeMap<PciAddress, Vec<PciAddress>>,
 }
 
+/// A vertex of the NVLink graph: a PCI endpoint, or the NVSwitch fabric a group of
+/// GPUs is attached to.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Endpoint {
+    Pci(PciAddress),
+    Fabric(String),
+}
+
 /// Groups GPUs that reach each other over NVLink, directly or through NVSwitches.
 ///
-/// `links` gives, per GPU, the remote endpoint of each active link: another GPU's
-/// address or an NVSwitch's. GPUs and switches are joined into connected components;
-/// a component with two or more GPUs is a domain, named `nvl<N>` with N counted in the
-/// order of each domain's lowest GPU address, so names are stable across restarts.
-/// A link to an endpoint that is not a GPU of this node and that no other GPU shares
-/// (a switch tray port of a multi-node fabric, say) joins nothing on its own.
-pub fn nvlink_domains(links: &BTreeMap<PciAddress, Vec<PciAddress>>) -> NvlinkDomains {
-    let mut parent: BTreeMap<PciAddress, PciAddress> = BTreeMap::new();
-    fn find(parent: &mut BTreeMap<PciAddress, PciAddress>, x: PciAddress) -> PciAddress {
-        let p = *parent.entry(x).or_insert(x);
-        if p == x {
-            return x;
+/// `links` gives, per GPU, what each active link ends at. Direct GPU links and links
+/// to a shared address join their ends. Every GPU with a link to an NVSwitch joins
+/// the node's NVSwitch fabric, whatever address the switch reported: on NVSwitch
+/// boards (HGX, GB200 trays) every GPU is wired to every switch, so all
+/// switch-attached GPUs of a node reach each other. `fabric_of` splits that fabric
+/// where the fabric manager says GPUs belong to different cliques (keyed by
+/// `<clusterUUID>.<cliqueId>`); GPUs without fabric info share one fabric.
+///
+/// A component with two or more GPUs is a domain, named `nvl<N>` with N counted in
+/// the order of each domain's lowest GPU address, so names are stable across
+/// restarts. A link to an endpoint that is not a GPU of this node and that no other
+/// GPU shares joins nothing on its own.
+pub fn nvlink_domains(
+    links: &BTreeMap<PciAddress, Vec<NvlinkRemote>>,
+    fabric_of: &BTreeMap<PciAddress, String>,
+) -> NvlinkDomains {
+    let mut parent: BTreeMap<Endpoint, Endpoint> = BTreeMap::new();
+    fn find(parent: &mut BTreeMap<Endpoint, Endpoint>, x: &Endpoint) -> Endpoint {
+        let p = parent.entry(x.clone()).or_insert_with(|| x.clone()).clone();
+        if &p == x {
+            return p;
         }
-        let root = find(parent, p);
-        parent.insert(x, root);
+        let root = find(parent, &p);
+        parent.insert(x.clone(), root.clone());
         root
     }
-    for (gpu, remotes) in links {
-        find(&mut parent, *gpu);
-        for remote in remotes {
-            let a = find(&mut parent, *gpu);
-            let b = find(&mut parent, *remote);
-            if a != b {
-                // Keep the smaller address as the root so components are deterministic.
-                let (root, child) = if a < b { (a, b) } else { (b, a) };
-                parent.insert(child, root);
-            }
+    fn union(parent: &mut BTreeMap<Endpoint, Endpoint>, x: &Endpoint, y: &Endpoint) {
+        let a = find(parent, x);
+        let b = find(parent, y);
+        if a != b {
+            // Keep the smaller endpoint as the root so components are deterministic.
+            let (root, child) = if a < b { (a, b) } else { (b, a) };
+            parent.insert(child, root);
         }
     }
-    let mut members: BTreeMap<PciAddress, Vec<PciAddress>> = BTreeMap::new();
+    for (gpu, remotes) in links {
+        let me = Endpoint::Pci(*gpu);
+        find(&mut parent, &me);
+        for remote in remotes {
+            let other = match remote {
+                NvlinkRemote::Gpu(a) | NvlinkRemote::Other(a) => Endpoint::Pci(*a),
+                NvlinkRemote::Switch => {
+                    Endpoint::Fabric(fabric_of.get(gpu).cloned().unwrap_or_default())
+                }
+                NvlinkRemote::Cpu => continue,
+            };
+            union(&mut parent, &me, &other);
+        }
+    }
+    let mut members: BTreeMap<Endpoint, Vec<PciAddress>> = BTreeMap::new();
     for gpu in links.keys() {
-        let root = find(&mut parent, *gpu);
+        let root = find(&mut parent, &Endpoint::Pci(*gpu));
         members.entry(root).or_default().push(*gpu);
     }
     let mut groups: Vec<Vec<PciAddress>> = members.into_values().filter(|m| m.len() > 1).collect();
@@ -228,23 +272,24 @@ mod tests {
 
     #[test]
     fn nvswitch_joins_all_gpus_and_pairs_make_separate_domains() {
-        let sw = [addr("0000:c1:00.0"), addr("0000:c2:00.0")];
         let links: BTreeMap<_, _> = ["0000:18:00.0", "0000:2a:00.0", "0000:9a:00.0"]
             .iter()
-            .map(|g| (addr(g), sw.to_vec()))
+            .map(|g| (addr(g), vec![NvlinkRemote::Switch; 18]))
             .collect();
-        let d = nvlink_domains(&links);
+        let d = nvlink_domains(&links, &BTreeMap::new());
+        assert_eq!(d.domain_of.len(), 3);
         assert!(d.domain_of.values().all(|v| v == "nvl0"));
         assert_eq!(d.peers_of[&addr("0000:18:00.0")].len(), 2);
 
+        let gpu = |a: &str| vec![NvlinkRemote::Gpu(addr(a))];
         let pairs = BTreeMap::from([
-            (addr("0000:01:00.0"), vec![addr("0000:02:00.0")]),
-            (addr("0000:02:00.0"), vec![addr("0000:01:00.0")]),
-            (addr("0000:81:00.0"), vec![addr("0000:82:00.0")]),
-            (addr("0000:82:00.0"), vec![addr("0000:81:00.0")]),
-            (addr("0000:90:00.0"), vec![]),
+            (addr("0000:01:00.0"), gpu("0000:02:00.0")),
+            (addr("0000:02:00.0"), gpu("0000:01:00.0")),
+            (addr("0000:81:00.0"), gpu("0000:82:00.0")),
+            (addr("0000:82:00.0"), gpu("0000:81:00.0")),
+            (addr("0000:90:00.0"), vec![NvlinkRemote::Cpu]),
         ]);
-        let d = nvlink_domains(&pairs);
+        let d = nvlink_domains(&pairs, &BTreeMap::new());
         assert_eq!(d.domain_of[&addr("0000:02:00.0")], "nvl0");
         assert_eq!(d.domain_of[&addr("0000:81:00.0")], "nvl1");
         assert!(!d.domain_of.contains_key(&addr("0000:90:00.0")));
@@ -255,11 +300,42 @@ mod tests {
     }
 
     #[test]
-    fn a_link_to_an_unshared_endpoint_joins_nothing() {
-        let links = BTreeMap::from([
-            (addr("0000:01:00.0"), vec![addr("0000:f0:00.0")]),
-            (addr("0000:02:00.0"), vec![addr("0000:f1:00.0")]),
+    fn cliques_split_a_switch_fabric() {
+        let links: BTreeMap<_, _> = ["0000:01:00.0", "0000:02:00.0", "0000:03:00.0"]
+            .iter()
+            .map(|g| (addr(g), vec![NvlinkRemote::Switch]))
+            .collect();
+        let fabric = BTreeMap::from([
+            (addr("0000:01:00.0"), "c.1".to_owned()),
+            (addr("0000:02:00.0"), "c.1".to_owned()),
+            (addr("0000:03:00.0"), "c.2".to_owned()),
         ]);
-        assert!(nvlink_domains(&links).domain_of.is_empty());
+        let d = nvlink_domains(&links, &fabric);
+        assert_eq!(d.domain_of.len(), 2, "the lone GPU of clique 2 has no peer");
+        assert_eq!(
+            d.peers_of[&addr("0000:01:00.0")],
+            vec![addr("0000:02:00.0")]
+        );
+    }
+
+    #[test]
+    fn links_of_unknown_kind_join_by_address() {
+        let links = BTreeMap::from([
+            (
+                addr("0000:01:00.0"),
+                vec![NvlinkRemote::Other(addr("0000:f0:00.0"))],
+            ),
+            (
+                addr("0000:02:00.0"),
+                vec![NvlinkRemote::Other(addr("0000:f0:00.0"))],
+            ),
+            (
+                addr("0000:03:00.0"),
+                vec![NvlinkRemote::Other(addr("0000:f1:00.0"))],
+            ),
+        ]);
+        let d = nvlink_domains(&links, &BTreeMap::new());
+        assert_eq!(d.domain_of.len(), 2);
+        assert!(!d.domain_of.contains_key(&addr("0000:03:00.0")));
     }
 }

@@ -63,6 +63,12 @@ pub(crate) struct DiscoverArgs {
     /// What to print.
     #[arg(long, short, value_enum, default_value = "table")]
     output: Output,
+
+    /// Exit non-zero when a GPU is seen by only one of NVML and the topology (after
+    /// printing): for provisioning checks that must not accept a node whose GPUs
+    /// would be published without NUMA and PCIe attributes.
+    #[arg(long, env = "TOPODRA_DISCOVER_STRICT")]
+    strict: bool,
 }
 
 impl DiscoverArgs {
@@ -117,9 +123,18 @@ pub(crate) fn run(args: &DiscoverArgs, out: &mut impl Write) -> Result<()> {
                 serde_json::to_writer_pretty(&mut *out, &list)?;
                 writeln!(out)?;
             } else {
-                serde_yaml::to_writer(&mut *out, &list)?;
+                out.write_all(crate::yaml::to_string(&list).as_bytes())?;
             }
         }
+    }
+    if args.strict && !inventory.unjoined.is_empty() {
+        let buses: Vec<String> = inventory.unjoined.iter().map(ToString::to_string).collect();
+        anyhow::bail!(
+            "--strict: {} GPU(s) seen by only one of NVML and the {} topology: {}",
+            buses.len(),
+            inventory.sources.topology.as_deref().unwrap_or("host"),
+            buses.join(", ")
+        );
     }
     Ok(())
 }

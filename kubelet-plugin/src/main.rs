@@ -14,6 +14,7 @@ mod publish;
 mod serve_cmd;
 mod table;
 mod uds;
+mod yaml;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

@@ -122,6 +122,10 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "TOPODRA_PROC_DEVICES", default_value = "/proc/devices")]
     proc_devices: PathBuf,
 
+    /// Where the NVIDIA driver lists the capability minors of MIG devices.
+    #[arg(long, env = "TOPODRA_NVIDIA_CAPABILITIES_DIR", default_value = topodra_driver::cdi::DEFAULT_CAPABILITIES_DIR)]
+    nvidia_capabilities_dir: PathBuf,
+
     /// NVML library to load.
     #[arg(long, env = "TOPODRA_NVML_LIB", default_value = discovery::nvml::DEFAULT_NVML_LIB)]
     nvml_lib: PathBuf,
@@ -217,8 +221,9 @@ async fn shutdown_signal() {
     }
 }
 
-async fn quarantine_event(client: kube::Client, node: &str, report: &StartupReport) {
-    let Some(q) = &report.quarantined else { return };
+/// Records a Warning Event on this plugin's Node, where `kubectl describe node`
+/// shows it; failing to record one is logged, never fatal.
+async fn node_event(client: kube::Client, node: &str, reason: &str, action: &str, note: String) {
     let recorder = kube::runtime::events::Recorder::new(
         client,
         kube::runtime::events::Reporter {
@@ -228,14 +233,9 @@ async fn quarantine_event(client: kube::Client, node: &str, report: &StartupRepo
     );
     let event = kube::runtime::events::Event {
         type_: kube::runtime::events::EventType::Warning,
-        reason: "CheckpointQuarantined".into(),
-        note: Some(format!(
-            "corrupt checkpoint ({}) moved to {}; rebuilt {} claim(s) from CDI specs",
-            q.reason,
-            q.path.display(),
-            report.rebuilt.len()
-        )),
-        action: "Recover".into(),
+        reason: reason.into(),
+        note: Some(note),
+        action: action.into(),
         secondary: None,
     };
     let node_ref = ObjectReference {
@@ -245,7 +245,29 @@ async fn quarantine_event(client: kube::Client, node: &str, report: &StartupRepo
         ..Default::default()
     };
     if let Err(e) = recorder.publish(&event, &node_ref).await {
-        tracing::warn!(error = %e, "could not record the checkpoint quarantine event");
+        tracing::warn!(error = %e, reason, "could not record an event on the node");
+    }
+}
+
+async fn quarantine_event(client: kube::Client, node: &str, report: &StartupReport) {
+    let Some(q) = &report.quarantined else { return };
+    let note = format!(
+        "corrupt checkpoint ({}) moved to {}; rebuilt {} claim(s) from CDI specs",
+        q.reason,
+        q.path.display(),
+        report.rebuilt.len()
+    );
+    node_event(client, node, "CheckpointQuarantined", "Recover", note).await;
+}
+
+/// One Event per GPU that discovery left out because of its MIG mode, so an
+/// operator sees on the Node why it offers fewer devices than it has GPUs.
+async fn mig_events(client: kube::Client, node: &str, inventory: &topodra_driver::Inventory) {
+    for gpu in &inventory.gpus {
+        let Some(warning) = topodra_driver::discovery::mig_warning(gpu) else {
+            continue;
+        };
+        node_event(client.clone(), node, "GpuNotOffered", "Discover", warning).await;
     }
 }
 
@@ -260,7 +282,11 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         sysfs_root: args.sysfs_root.clone(),
     })
     .context("discovering GPUs")?;
-    tracing::info!(gpus = inventory.gpus.len(), "discovered");
+    tracing::info!(
+        gpus = inventory.gpus.len(),
+        devices = inventory.allocatable().len(),
+        "discovered"
+    );
 
     let cdi = CdiConfig {
         spec_dir: args.cdi_dir.clone(),
@@ -268,6 +294,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         driver_root_local: args.driver_root_local.clone(),
         toolkit_spec: args.toolkit_cdi_spec.clone(),
         dev_root: args.dev_root.clone(),
+        capabilities_dir: args.nvidia_capabilities_dir.clone(),
     };
     let files =
         DriverFiles::load(&cdi).context("finding the NVIDIA driver's files for CDI specs")?;
@@ -315,11 +342,15 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         publish::counted_client(kube_config, &counter).context("building the API client")?;
     {
         let (client, node) = (client.clone(), args.node_name.clone());
-        tokio::spawn(async move { quarantine_event(client, &node, &report).await });
+        let inventory = inventory.clone();
+        tokio::spawn(async move {
+            quarantine_event(client.clone(), &node, &report).await;
+            mig_events(client, &node, &inventory).await;
+        });
     }
 
     let metrics = Arc::new(Metrics::new());
-    metrics.set_devices(inventory.gpus.len());
+    metrics.set_devices(inventory.allocatable().len());
     metrics.set_prepared_devices(preparer.prepared_devices());
 
     // Two stop signals: registration stops first, everything else after it.

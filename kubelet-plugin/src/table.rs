@@ -3,7 +3,9 @@
 use std::io::Write;
 
 use anyhow::Result;
-use topodra_driver::Inventory;
+use std::collections::BTreeSet;
+
+use topodra_driver::{AllocatableDevice, Gpu, Inventory, Offer};
 
 fn opt<T: ToString>(v: Option<T>) -> String {
     v.map_or_else(|| "-".to_owned(), |v| v.to_string())
@@ -33,6 +35,90 @@ fn print_rows(out: &mut impl Write, rows: &[Vec<String>]) -> Result<()> {
         writeln!(out, "{}", line.join("  ").trim_end())?;
     }
     Ok(())
+}
+
+/// The row of one GPU's columns, with the device name, product, memory and UUID that
+/// are the allocatable device's own.
+fn row(
+    gpu: &Gpu,
+    name: String,
+    product: String,
+    memory: Option<u64>,
+    uuid: Option<&str>,
+) -> Vec<String> {
+    vec![
+        name,
+        opt(gpu.index),
+        product,
+        opt(memory.map(gib)),
+        gpu.pci_bus_id.to_string(),
+        opt(gpu.pcie_root),
+        opt(gpu.numa_node),
+        if gpu.same_socket_numa_nodes.is_empty() {
+            "-".to_owned()
+        } else {
+            gpu.same_socket_numa_nodes
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        },
+        opt(gpu.socket),
+        opt(gpu.pcie_switch),
+        opt(gpu.nvlink_domain.as_deref()),
+        if gpu.local_cpus.is_empty() {
+            "-".to_owned()
+        } else {
+            gpu.local_cpus.to_string()
+        },
+        opt(uuid),
+    ]
+}
+
+/// A whole GPU is one row; a GPU in MIG mode one row per MIG device; a GPU offered
+/// as nothing one row that says why, so the table never hides a GPU.
+fn gpu_rows(gpu: &Gpu) -> Vec<Vec<String>> {
+    let product = opt(gpu.product_name.as_deref());
+    match gpu.offer() {
+        Offer::Whole => vec![row(
+            gpu,
+            gpu.device_name(),
+            product,
+            gpu.memory_bytes,
+            gpu.uuid.as_deref(),
+        )],
+        Offer::Mig if !gpu.mig_devices.is_empty() => gpu
+            .mig_devices
+            .iter()
+            .map(|m| {
+                let dev = AllocatableDevice {
+                    gpu: gpu.clone(),
+                    mig: Some(m.clone()),
+                };
+                row(
+                    gpu,
+                    dev.name(),
+                    format!("MIG {}", opt(m.profile.as_deref())),
+                    m.memory_bytes,
+                    Some(&m.uuid),
+                )
+            })
+            .collect(),
+        Offer::Mig => vec![row(
+            gpu,
+            "-".into(),
+            "not offered: MIG mode, no MIG devices".into(),
+            gpu.memory_bytes,
+            gpu.uuid.as_deref(),
+        )],
+        Offer::MigChangePending => vec![row(
+            gpu,
+            "-".into(),
+            "not offered: MIG change pending reset".into(),
+            gpu.memory_bytes,
+            gpu.uuid.as_deref(),
+        )],
+    }
 }
 
 /// Prints GPUs, then NUMA nodes, each as an aligned table.
@@ -66,38 +152,26 @@ pub(crate) fn render(inv: &Inventory, out: &mut impl Write) -> Result<()> {
         .to_vec(),
     ];
     for gpu in &inv.gpus {
-        rows.push(vec![
-            gpu.device_name(),
-            opt(gpu.index),
-            opt(gpu.product_name.as_deref()),
-            opt(gpu.memory_bytes.map(gib)),
-            gpu.pci_bus_id.to_string(),
-            opt(gpu.pcie_root),
-            opt(gpu.numa_node),
-            if gpu.same_socket_numa_nodes.is_empty() {
-                "-".to_owned()
-            } else {
-                gpu.same_socket_numa_nodes
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",")
-            },
-            opt(gpu.socket),
-            opt(gpu.pcie_switch),
-            opt(gpu.nvlink_domain.as_deref()),
-            if gpu.local_cpus.is_empty() {
-                "-".to_owned()
-            } else {
-                gpu.local_cpus.to_string()
-            },
-            opt(gpu.uuid.as_deref()),
-        ]);
+        rows.extend(gpu_rows(gpu));
     }
     if inv.gpus.is_empty() {
         writeln!(out, "No GPUs: the pool is published empty.")?;
     } else {
         print_rows(out, &rows)?;
+    }
+    let cliques: BTreeSet<&str> = inv
+        .gpus
+        .iter()
+        .filter_map(|g| g.nvlink_clique.as_deref())
+        .collect();
+    for clique in cliques {
+        let members: Vec<String> = inv
+            .gpus
+            .iter()
+            .filter(|g| g.nvlink_clique.as_deref() == Some(clique))
+            .map(Gpu::device_name)
+            .collect();
+        writeln!(out, "NVLink clique {clique}: {}", members.join(", "))?;
     }
     writeln!(out)?;
     let mut rows = vec![

@@ -14,7 +14,7 @@ use super::spec::{ContainerEdits, Device, DeviceNode, Spec};
 use super::version::minimum_version;
 use super::{CDI_KIND, CdiError, cdi_device_name, check_claim_uid, validate};
 use crate::cpuset::IdList;
-use crate::inventory::Gpu;
+use crate::inventory::{AllocatableDevice, Gpu};
 
 /// Annotation keys on the spec, so an operator reading `/var/run/cdi` can tell which
 /// claim a file belongs to without the checkpoint.
@@ -38,16 +38,22 @@ pub const ENV_CUDA_DEVICE_ORDER: &str = "CUDA_DEVICE_ORDER=PCI_BUS_ID";
 /// to create nodes (`m`).
 const NODE_PERMISSIONS: &str = "rw";
 
-/// One allocated GPU, with what the spec needs from the inventory.
+/// One allocated device (a GPU or a MIG device), with what the spec needs from the
+/// inventory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimGpu {
     /// The device name in the ResourceSlice and allocation result (`gpu-3`).
     pub device_name: String,
-    /// Minor of `/dev/nvidia<minor>`.
+    /// Minor of `/dev/nvidia<minor>` (a MIG device's parent GPU).
     pub minor: u32,
+    /// The UUID the workload sees (a MIG device's own).
     pub uuid: Option<String>,
     pub numa_node: Option<u32>,
     pub local_cpus: IdList,
+    /// For a MIG device, its capability nodes under `/dev` (see
+    /// [`DeviceNodes::mig_access_nodes`]): without them CUDA sees the parent GPU's
+    /// node but cannot open the MIG device.
+    pub mig_nodes: Vec<String>,
 }
 
 impl ClaimGpu {
@@ -64,7 +70,22 @@ impl ClaimGpu {
             uuid: gpu.uuid.clone(),
             numa_node: gpu.numa_node,
             local_cpus: gpu.local_cpus.clone(),
+            mig_nodes: Vec::new(),
         })
+    }
+
+    /// A whole GPU as [`ClaimGpu::from_gpu`]; a MIG device with its parent's node,
+    /// its own UUID and its capability nodes, looked up now so a missing one fails
+    /// the prepare instead of the container start.
+    pub fn from_device(dev: &AllocatableDevice, nodes: &dyn DeviceNodes) -> Result<Self, CdiError> {
+        let mut out = Self::from_gpu(&dev.gpu)?;
+        if let Some(mig) = &dev.mig {
+            out.device_name = dev.name();
+            out.uuid = Some(mig.uuid.clone());
+            out.mig_nodes =
+                nodes.mig_access_nodes(out.minor, mig.gpu_instance, mig.compute_instance)?;
+        }
+        Ok(out)
     }
 }
 
@@ -115,11 +136,14 @@ pub fn claim_spec(
     let mut devices = Vec::with_capacity(req.gpus.len());
     for gpu in &req.gpus {
         let node_name = format!("nvidia{}", gpu.minor);
-        let info = required_node(nodes, &node_name)?;
+        let mut device_nodes = Vec::with_capacity(1 + gpu.mig_nodes.len());
+        for name in std::iter::once(&node_name).chain(&gpu.mig_nodes) {
+            device_nodes.push(device_node(name, required_node(nodes, name)?));
+        }
         let mut device = Device {
             name: cdi_device_name(&req.claim_uid, &gpu.device_name),
             container_edits: ContainerEdits {
-                device_nodes: vec![device_node(&node_name, info)],
+                device_nodes,
                 ..Default::default()
             },
             ..Default::default()
@@ -251,6 +275,7 @@ mod tests {
             uuid: Some(format!("GPU-0000000{minor}-aaaa-bbbb-cccc-dddddddddddd")),
             numa_node: Some(numa),
             local_cpus: cpus.parse().unwrap(),
+            mig_nodes: vec![],
         }
     }
 

@@ -55,7 +55,10 @@ pub use claim::{
     ClaimSpecRequest, claim_spec,
 };
 pub use driver_files::{DriverFiles, DriverFilesSource, DriverRoot};
-pub use nodes::{DeviceNodes, HostDeviceNodes, NodeInfo, NodeKind, TableDeviceNodes};
+pub use nodes::{
+    DEFAULT_CAPABILITIES_DIR, DeviceNodes, HostDeviceNodes, NodeInfo, NodeKind, TABLE_CAPS_MAJOR,
+    TableDeviceNodes, mig_cap_node,
+};
 pub use spec::{ContainerEdits, Device, DeviceNode, Hook, Mount, Spec};
 pub use validate::{Problems, validate};
 pub use version::{Version, minimum_version};
@@ -91,6 +94,9 @@ pub struct CdiConfig {
     pub toolkit_spec: Option<PathBuf>,
     /// The directory holding the host's `dev/` as this process sees it (default `/`).
     pub dev_root: PathBuf,
+    /// Where the driver lists MIG capability minors
+    /// (`/proc/driver/nvidia/capabilities`).
+    pub capabilities_dir: PathBuf,
 }
 
 impl Default for CdiConfig {
@@ -101,6 +107,7 @@ impl Default for CdiConfig {
             driver_root_local: None,
             toolkit_spec: None,
             dev_root: PathBuf::from("/"),
+            capabilities_dir: PathBuf::from(nodes::DEFAULT_CAPABILITIES_DIR),
         }
     }
 }
@@ -117,7 +124,7 @@ impl CdiConfig {
     }
 
     pub fn device_nodes(&self) -> HostDeviceNodes {
-        HostDeviceNodes::new(&self.dev_root)
+        HostDeviceNodes::new(&self.dev_root).with_capabilities_dir(&self.capabilities_dir)
     }
 }
 

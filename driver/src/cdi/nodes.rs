@@ -58,7 +58,32 @@ impl NodeInfo {
 /// driver for it. Tests use [`TableDeviceNodes`].
 pub trait DeviceNodes {
     fn lookup(&self, name: &str) -> Result<Option<NodeInfo>, CdiError>;
+
+    /// The capability nodes that open one MIG device to a process, as names under
+    /// `/dev`: the GPU instance's `access` capability, then the compute instance's.
+    /// The NVIDIA driver gates MIG devices behind these nodes
+    /// (`/dev/nvidia-caps/nvidia-cap<N>`), whose minors it lists per instance in
+    /// `/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<G>[/ci<C>]/access`
+    /// (NVIDIA MIG user guide, "Device Nodes and Capabilities").
+    fn mig_access_nodes(
+        &self,
+        parent_minor: u32,
+        gpu_instance: u32,
+        compute_instance: u32,
+    ) -> Result<Vec<String>, CdiError>;
 }
+
+/// The `/dev` name of MIG capability node `minor`.
+pub fn mig_cap_node(minor: u32) -> String {
+    format!("{MIG_CAPS_DIR}/nvidia-cap{minor}")
+}
+
+/// Directory of the MIG capability nodes under `/dev`, and the `/proc/devices` name
+/// of their (dynamically assigned) major.
+const MIG_CAPS_DIR: &str = "nvidia-caps";
+
+/// Where the driver lists MIG capability minors, unless told otherwise.
+pub const DEFAULT_CAPABILITIES_DIR: &str = "/proc/driver/nvidia/capabilities";
 
 /// The host's device nodes, as seen by this process.
 ///
@@ -70,6 +95,7 @@ pub trait DeviceNodes {
 pub struct HostDeviceNodes {
     dev_root: PathBuf,
     proc_devices: PathBuf,
+    capabilities_dir: PathBuf,
 }
 
 impl HostDeviceNodes {
@@ -78,7 +104,31 @@ impl HostDeviceNodes {
         Self {
             dev_root: dev_root.into(),
             proc_devices: PathBuf::from("/proc/devices"),
+            capabilities_dir: PathBuf::from(DEFAULT_CAPABILITIES_DIR),
         }
+    }
+
+    /// Reads MIG capability minors from another directory than
+    /// `/proc/driver/nvidia/capabilities` (a simulated node's).
+    pub fn with_capabilities_dir(mut self, path: impl Into<PathBuf>) -> Self {
+        self.capabilities_dir = path.into();
+        self
+    }
+
+    /// The minor a capability `access` file names (`DeviceFileMinor: 12`).
+    fn capability_minor(&self, relative: &str) -> Result<u32, CdiError> {
+        let path = self.capabilities_dir.join(relative);
+        let text = fs::read_to_string(&path).map_err(|source| CdiError::DeviceNode {
+            path: path.clone(),
+            source,
+        })?;
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix("DeviceFileMinor:"))
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| CdiError::DeviceNode {
+                path,
+                source: io::Error::new(io::ErrorKind::InvalidData, "no DeviceFileMinor line"),
+            })
     }
 
     /// Reads the registered drivers from another file than `/proc/devices`
@@ -140,12 +190,32 @@ impl DeviceNodes for HostDeviceNodes {
             None => self.registered(name),
         }
     }
+
+    fn mig_access_nodes(
+        &self,
+        parent_minor: u32,
+        gpu_instance: u32,
+        compute_instance: u32,
+    ) -> Result<Vec<String>, CdiError> {
+        let gi = format!("gpu{parent_minor}/mig/gi{gpu_instance}");
+        let ci = format!("{gi}/ci{compute_instance}");
+        Ok(vec![
+            mig_cap_node(self.capability_minor(&format!("{gi}/access"))?),
+            mig_cap_node(self.capability_minor(&format!("{ci}/access"))?),
+        ])
+    }
 }
 
 /// For a node the NVIDIA modules own: the `/proc/devices` names that may carry its
 /// major (the name changed across driver generations) and its fixed minor.
 fn fallback_for(name: &str) -> Option<(&'static [&'static str], u32)> {
     const FRONTEND: &[&str] = &["nvidia-frontend", "nvidia"];
+    if let Some(minor) = name
+        .strip_prefix(MIG_CAPS_DIR)
+        .and_then(|n| n.strip_prefix("/nvidia-cap"))
+    {
+        return Some((&["nvidia-caps"], minor.parse().ok()?));
+    }
     match name {
         "nvidiactl" => Some((FRONTEND, NVIDIACTL_MINOR)),
         "nvidia-uvm" => Some((&["nvidia-uvm"], 0)),
@@ -180,8 +250,14 @@ fn char_majors(text: &str) -> BTreeMap<&str, u32> {
 }
 
 /// A fixed table of nodes, for tests and dry runs.
+///
+/// MIG capability nodes come from [`TableDeviceNodes::with_mig`]: a made-up but
+/// unique minor pair per MIG device, registered in the table.
 #[derive(Debug, Clone, Default)]
 pub struct TableDeviceNodes(pub BTreeMap<String, NodeInfo>);
+
+/// Major the table gives MIG capability nodes (dynamic on real hosts).
+pub const TABLE_CAPS_MAJOR: u32 = 510;
 
 impl TableDeviceNodes {
     /// A typical node: `nvidia<minor>` for each given minor, `nvidiactl`, and UVM
@@ -201,9 +277,43 @@ impl TableDeviceNodes {
     }
 }
 
+impl TableDeviceNodes {
+    /// The capability minors the table uses for one MIG device.
+    pub fn mig_minors(parent_minor: u32, gpu_instance: u32, compute_instance: u32) -> [u32; 2] {
+        let gi = 1000 + parent_minor * 100 + gpu_instance * 10;
+        [gi, gi + 1 + compute_instance]
+    }
+
+    /// Registers the capability nodes of the given MIG devices (parent minor, GPU
+    /// instance, compute instance).
+    pub fn with_mig(mut self, devices: impl IntoIterator<Item = (u32, u32, u32)>) -> Self {
+        for (p, g, c) in devices {
+            for minor in Self::mig_minors(p, g, c) {
+                self.0
+                    .insert(mig_cap_node(minor), NodeInfo::char(TABLE_CAPS_MAJOR, minor));
+            }
+        }
+        self
+    }
+}
+
 impl DeviceNodes for TableDeviceNodes {
     fn lookup(&self, name: &str) -> Result<Option<NodeInfo>, CdiError> {
         Ok(self.0.get(name).copied())
+    }
+
+    fn mig_access_nodes(
+        &self,
+        parent_minor: u32,
+        gpu_instance: u32,
+        compute_instance: u32,
+    ) -> Result<Vec<String>, CdiError> {
+        Ok(
+            Self::mig_minors(parent_minor, gpu_instance, compute_instance)
+                .into_iter()
+                .map(mig_cap_node)
+                .collect(),
+        )
     }
 }
 
@@ -295,5 +405,35 @@ Block devices:
         }
         let info = HostDeviceNodes::new("/").lookup("null").unwrap().unwrap();
         assert_eq!(info, NodeInfo::char(1, 3));
+    }
+
+    #[test]
+    fn mig_access_nodes_come_from_the_capabilities_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let gi = dir.path().join("caps/gpu2/mig/gi3");
+        std::fs::create_dir_all(gi.join("ci0")).unwrap();
+        let access = "DeviceFileMinor: 39\nDeviceFileMode: 292\nDeviceFileModify: 1\n";
+        std::fs::write(gi.join("access"), access).unwrap();
+        std::fs::write(gi.join("ci0/access"), access.replace("39", "40")).unwrap();
+        let proc_devices = dir.path().join("devices");
+        std::fs::write(&proc_devices, PROC_DEVICES).unwrap();
+        let nodes = HostDeviceNodes::new(dir.path())
+            .with_proc_devices(&proc_devices)
+            .with_capabilities_dir(dir.path().join("caps"));
+        let names = nodes.mig_access_nodes(2, 3, 0).unwrap();
+        assert_eq!(
+            names,
+            ["nvidia-caps/nvidia-cap39", "nvidia-caps/nvidia-cap40"]
+        );
+        // No node under /dev yet: the major comes from /proc/devices.
+        assert_eq!(
+            nodes.lookup(&names[0]).unwrap(),
+            Some(NodeInfo::char(510, 39))
+        );
+        let missing = nodes.mig_access_nodes(2, 4, 0).unwrap_err().to_string();
+        assert!(missing.contains("gpu2/mig/gi4/access"), "{missing}");
+        std::fs::write(gi.join("access"), "garbage").unwrap();
+        let bad = nodes.mig_access_nodes(2, 3, 0).unwrap_err().to_string();
+        assert!(bad.contains("DeviceFileMinor"), "{bad}");
     }
 }

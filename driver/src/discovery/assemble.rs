@@ -2,8 +2,8 @@
 
 use std::collections::BTreeMap;
 
-use super::{DiscoveryError, HostTopology, IdentitySnapshot, PciGpu};
-use crate::inventory::{Gpu, Inventory, NumaKind, Sources};
+use super::{DiscoveryError, GpuIdentity, HostTopology, IdentitySnapshot, PciGpu};
+use crate::inventory::{Gpu, Inventory, NumaKind, Offer, Sources};
 use crate::topology;
 
 /// Builds the inventory from what each source saw.
@@ -18,6 +18,7 @@ pub fn assemble(
     topology: HostTopology,
 ) -> Result<Inventory, DiscoveryError> {
     let mut warnings = topology.warnings.clone();
+    let mut unjoined = Vec::new();
     let by_bus: BTreeMap<_, &PciGpu> = topology.gpus.iter().map(|g| (g.pci_bus_id, g)).collect();
 
     let mut gpus: Vec<Gpu> = match &identity {
@@ -27,8 +28,18 @@ pub fn assemble(
                     "NVML reports a GPU it cannot describe, not published: {reason}"
                 ));
             }
+            for lost in &snapshot.lost {
+                warnings.push(format!(
+                    "{lost} is lost (NVML_ERROR_GPU_IS_LOST: it fell off the bus; the kernel \
+                     log shows XID 79); not published until NVML sees it again"
+                ));
+            }
+            let is_lost = |bus| snapshot.lost.iter().any(|l| l.pci_bus_id == Some(bus));
             for pci in &topology.gpus {
-                if !snapshot.gpus.iter().any(|g| g.pci_bus_id == pci.pci_bus_id) {
+                if !snapshot.gpus.iter().any(|g| g.pci_bus_id == pci.pci_bus_id)
+                    && !is_lost(pci.pci_bus_id)
+                {
+                    unjoined.push(pci.pci_bus_id);
                     warnings.push(format!(
                         "NVIDIA PCI device {} is in the {} topology but NVML does not report it \
                          (no driver bound, or the GPU is lost); not published",
@@ -36,31 +47,18 @@ pub fn assemble(
                     ));
                 }
             }
-            snapshot
+            let missing: Vec<&GpuIdentity> = snapshot
                 .gpus
                 .iter()
-                .map(|id| {
-                    let mut gpu = Gpu::at(id.pci_bus_id);
-                    gpu.index = Some(id.index);
-                    gpu.minor = id.minor;
-                    gpu.uuid = Some(id.uuid.clone());
-                    gpu.product_name = id.product_name.clone();
-                    gpu.brand = id.brand.clone();
-                    gpu.architecture = id.architecture.clone();
-                    gpu.cuda_compute_capability = id.cuda_compute_capability;
-                    gpu.memory_bytes = id.memory_bytes;
-                    gpu.mig_mode = id.mig_mode;
-                    gpu.memory_numa_node = id.memory_numa_node;
-                    if !by_bus.contains_key(&id.pci_bus_id) {
-                        warnings.push(format!(
-                            "GPU {} ({}) is visible to NVML but not in the {} topology; \
-                             published without NUMA and PCIe attributes",
-                            id.pci_bus_id, id.uuid, topology.source
-                        ));
-                    }
-                    gpu
-                })
-                .collect()
+                .filter(|id| !by_bus.contains_key(&id.pci_bus_id))
+                .collect();
+            warnings.extend(missing_from_topology(
+                &missing,
+                snapshot.gpus.len(),
+                &topology.source,
+            ));
+            unjoined.extend(missing.iter().map(|id| id.pci_bus_id));
+            snapshot.gpus.iter().map(from_identity).collect()
         }
         None => {
             if topology.gpus.is_empty() {
@@ -91,6 +89,8 @@ pub fn assemble(
 
     for gpu in &mut gpus {
         let Some(pci) = by_bus.get(&gpu.pci_bus_id) else {
+            // Nothing to check a memory node against: leave it out with the rest.
+            gpu.memory_numa_node = None;
             continue;
         };
         gpu.numa_node = attached_numa_node(pci, &topology, &mut warnings);
@@ -110,6 +110,7 @@ pub fn assemble(
         gpu.pcie_root = pci.pcie_root;
         gpu.pcie_switch = switches.get(&gpu.pci_bus_id).copied();
     }
+    check_memory_numa_nodes(&mut gpus, &by_bus, &topology);
 
     if let Some(snapshot) = &identity {
         let links = snapshot
@@ -117,7 +118,12 @@ pub fn assemble(
             .iter()
             .map(|g| (g.pci_bus_id, g.nvlink_remotes.clone()))
             .collect();
-        let domains = topology::nvlink_domains(&links);
+        let cliques = snapshot
+            .gpus
+            .iter()
+            .filter_map(|g| Some((g.pci_bus_id, g.nvlink_clique.clone()?)))
+            .collect();
+        let domains = topology::nvlink_domains(&links, &cliques);
         for gpu in &mut gpus {
             gpu.nvlink_domain = domains.domain_of.get(&gpu.pci_bus_id).cloned();
             gpu.nvlink_peers = domains
@@ -128,7 +134,12 @@ pub fn assemble(
         }
     }
 
+    for gpu in &gpus {
+        warnings.extend(mig_warning(gpu));
+    }
+
     gpus.sort_by_key(|g| g.pci_bus_id);
+    unjoined.sort();
     let (driver_version, cuda_driver_version) = identity
         .as_ref()
         .map(|s| (s.driver_version.clone(), s.cuda_driver_version))
@@ -143,8 +154,112 @@ pub fn assemble(
         numa_nodes: topology.numa_nodes,
         distances: topology.distances,
         gpus,
+        unjoined,
         warnings,
     })
+}
+
+fn from_identity(id: &GpuIdentity) -> Gpu {
+    let mut gpu = Gpu::at(id.pci_bus_id);
+    gpu.index = Some(id.index);
+    gpu.minor = id.minor;
+    gpu.uuid = Some(id.uuid.clone());
+    gpu.product_name = id.product_name.clone();
+    gpu.brand = id.brand.clone();
+    gpu.architecture = id.architecture.clone();
+    gpu.cuda_compute_capability = id.cuda_compute_capability;
+    gpu.memory_bytes = id.memory_bytes;
+    gpu.mig_mode = id.mig_mode;
+    gpu.memory_numa_node = id.memory_numa_node;
+    gpu.nvlink_clique = id.nvlink_clique.clone();
+    gpu.mig_devices = id.mig_devices.clone();
+    gpu
+}
+
+/// Warnings for GPUs NVML reports and the topology lacks: one per GPU when few are
+/// missing, one summary when most are, which means the topology is not this
+/// machine's (a wrong `--hwloc-xml`) or hwloc cannot see the GPUs at all.
+fn missing_from_topology(missing: &[&GpuIdentity], total: usize, source: &str) -> Vec<String> {
+    const EFFECT: &str = "published without NUMA, socket, PCIe and memory-node attributes";
+    if missing.len() >= 2 && missing.len() * 2 > total {
+        let buses: Vec<String> = missing.iter().map(|g| g.pci_bus_id.to_string()).collect();
+        return vec![format!(
+            "{} of {total} GPUs that NVML reports are not in the {source} topology ({}); they are \
+             {EFFECT}. Is the topology from this machine, and does hwloc see its PCI devices?",
+            missing.len(),
+            buses.join(", ")
+        )];
+    }
+    missing
+        .iter()
+        .map(|id| {
+            format!(
+                "GPU {} ({}) is visible to NVML but not in the {source} topology; {EFFECT}",
+                id.pci_bus_id, id.uuid
+            )
+        })
+        .collect()
+}
+
+/// Keeps `memoryNumaNode` only where the topology confirms it: a memory-only NUMA
+/// node (no CPUs) local to that GPU, claimed by no other GPU. NVML answers
+/// `nvmlDeviceGetNumaNodeId` on more than the coherent systems (GH200, GB200) where
+/// a GPU's memory is a NUMA node of its own; elsewhere the id names a CPU node or
+/// nothing, and publishing it would contradict `numaNode`.
+fn check_memory_numa_nodes(
+    gpus: &mut [Gpu],
+    by_bus: &BTreeMap<crate::pci::PciAddress, &PciGpu>,
+    topology: &HostTopology,
+) {
+    let mut claims: BTreeMap<u32, usize> = BTreeMap::new();
+    for id in gpus.iter().filter_map(|g| g.memory_numa_node) {
+        *claims.entry(id).or_default() += 1;
+    }
+    for gpu in gpus.iter_mut() {
+        let Some(id) = gpu.memory_numa_node else {
+            continue;
+        };
+        let node = topology.numa_nodes.iter().find(|n| n.id == id);
+        let local = by_bus.get(&gpu.pci_bus_id).is_some_and(|pci| {
+            pci.locality_numa_nodes.contains(id)
+                || node.is_some_and(|n| n.socket.is_some() && n.socket == gpu.socket)
+        });
+        let why = match node {
+            None => Some("the topology has no such NUMA node"),
+            Some(n) if n.kind == NumaKind::Cpu => Some("it is a NUMA node with CPUs"),
+            Some(_) if !local => Some("it is not local to this GPU"),
+            Some(_) if claims.get(&id).copied().unwrap_or(0) > 1 => {
+                Some("other GPUs report the same node")
+            }
+            Some(_) => None,
+        };
+        if let Some(why) = why {
+            tracing::debug!(gpu = %gpu.pci_bus_id, numa_node = id, why, "memoryNumaNode dropped");
+            gpu.memory_numa_node = None;
+        }
+    }
+}
+
+/// What an operator must know about a GPU that MIG keeps from being offered whole.
+pub fn mig_warning(gpu: &Gpu) -> Option<String> {
+    let who = match &gpu.uuid {
+        Some(uuid) => format!("GPU {} ({uuid})", gpu.pci_bus_id),
+        None => format!("GPU {}", gpu.pci_bus_id),
+    };
+    let on_off = |b: bool| if b { "enabled" } else { "disabled" };
+    match (gpu.offer(), gpu.mig_mode) {
+        (Offer::MigChangePending, Some(m)) => Some(format!(
+            "{who} has a MIG mode change pending (now {}, {} after a GPU reset); not \
+             published until the GPU is reset",
+            on_off(m.current),
+            on_off(m.pending)
+        )),
+        (Offer::Mig, _) if gpu.mig_devices.is_empty() => Some(format!(
+            "{who} is in MIG mode with no MIG devices; nothing is published for it until GPU \
+             and compute instances exist"
+        )),
+        _ => None,
+    }
 }
 
 /// The one NUMA node a GPU is attached to. hwloc attaches a PCI device to the
@@ -183,9 +298,10 @@ fn attached_numa_node(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::discovery::GpuIdentity;
-    use crate::inventory::{DistanceMatrix, NumaNode};
+    use crate::discovery::LostGpu;
+    use crate::inventory::{DistanceMatrix, MigMode, NumaNode};
     use crate::pci::PciAddress;
+    use crate::topology::NvlinkRemote;
 
     fn addr(s: &str) -> PciAddress {
         s.parse().unwrap()
@@ -237,7 +353,9 @@ mod tests {
             memory_bytes: Some(80 << 30),
             mig_mode: None,
             memory_numa_node: None,
-            nvlink_remotes: links.iter().map(|l| addr(l)).collect(),
+            nvlink_remotes: links.iter().map(|l| NvlinkRemote::Other(addr(l))).collect(),
+            nvlink_clique: None,
+            mig_devices: vec![],
         }
     }
 
@@ -345,5 +463,143 @@ mod tests {
                 .iter()
                 .any(|w| w.contains("local to NUMA nodes 0-1"))
         );
+    }
+
+    #[test]
+    fn lost_gpus_are_named_and_not_published() {
+        let id = IdentitySnapshot {
+            gpus: vec![ident("0000:18:00.0", 0, &[])],
+            lost: vec![LostGpu {
+                index: 1,
+                pci_bus_id: Some(addr("0000:9a:00.0")),
+                uuid: Some("GPU-1".into()),
+            }],
+            ..Default::default()
+        };
+        let topo = host(vec![
+            pci("0000:18:00.0", "0", None),
+            pci("0000:9a:00.0", "1", None),
+        ]);
+        let inv = assemble(Some(id), topo).unwrap();
+        assert_eq!(inv.gpus.len(), 1);
+        assert_eq!(inv.warnings.len(), 1, "{:?}", inv.warnings);
+        assert!(inv.warnings[0].starts_with("GPU 0000:9a:00.0 (GPU-1) is lost"));
+        assert!(inv.unjoined.is_empty(), "a lost GPU is not a join failure");
+    }
+
+    #[test]
+    fn most_gpus_missing_from_topology_gives_one_summary() {
+        let id = IdentitySnapshot {
+            gpus: vec![
+                ident("0000:18:00.0", 0, &[]),
+                ident("0000:2a:00.0", 1, &[]),
+                ident("0000:9a:00.0", 2, &[]),
+            ],
+            ..Default::default()
+        };
+        let mut ids = id.clone();
+        ids.gpus[0].memory_numa_node = Some(0);
+        let inv = assemble(Some(ids), host(vec![pci("0000:18:00.0", "0", None)])).unwrap();
+        assert_eq!(inv.warnings.len(), 1, "{:?}", inv.warnings);
+        assert!(inv.warnings[0].starts_with("2 of 3 GPUs that NVML reports are not in the hwloc"));
+        assert!(inv.warnings[0].contains("0000:2a:00.0, 0000:9a:00.0"));
+        assert_eq!(
+            inv.unjoined,
+            vec![addr("0000:2a:00.0"), addr("0000:9a:00.0")]
+        );
+
+        let mut lone = id;
+        lone.gpus[1].memory_numa_node = Some(3);
+        lone.gpus.truncate(2);
+        let inv = assemble(Some(lone), host(vec![pci("0000:18:00.0", "0", None)])).unwrap();
+        assert!(inv.warnings[0].contains("visible to NVML but not in the hwloc topology"));
+        assert!(inv.warnings[0].contains("memory-node attributes"));
+        assert_eq!(
+            inv.gpus[1].memory_numa_node, None,
+            "warning and content agree"
+        );
+    }
+
+    #[test]
+    fn memory_numa_node_needs_a_local_memory_only_node() {
+        let mut topo = host(vec![
+            pci("0000:18:00.0", "0", None),
+            pci("0000:1a:00.0", "0", None),
+            pci("0000:9a:00.0", "1", None),
+        ]);
+        for (id, socket) in [(2, 0), (3, 0), (4, 1)] {
+            topo.numa_nodes.push(NumaNode {
+                id,
+                socket: Some(socket),
+                cpus: crate::IdList::new(),
+                memory_bytes: 96 << 30,
+                kind: NumaKind::GpuMemory,
+            });
+        }
+        let mut id = IdentitySnapshot {
+            gpus: vec![
+                ident("0000:18:00.0", 0, &[]),
+                ident("0000:1a:00.0", 1, &[]),
+                ident("0000:9a:00.0", 2, &[]),
+            ],
+            ..Default::default()
+        };
+        let check = |id: &IdentitySnapshot, nodes: [Option<u32>; 3]| {
+            let mut id = id.clone();
+            for (g, n) in id.gpus.iter_mut().zip(nodes) {
+                g.memory_numa_node = n;
+            }
+            let inv = assemble(Some(id), topo.clone()).unwrap();
+            inv.gpus
+                .iter()
+                .map(|g| g.memory_numa_node)
+                .collect::<Vec<_>>()
+        };
+        // The coherent case: each GPU its own memory-only node on its socket.
+        assert_eq!(
+            check(&id, [Some(2), Some(3), Some(4)]),
+            [Some(2), Some(3), Some(4)]
+        );
+        // A CPU node, a node of the other socket, a node that does not exist.
+        assert_eq!(check(&id, [Some(0), Some(4), Some(9)]), [None, None, None]);
+        // Two GPUs naming one node: neither owns it.
+        assert_eq!(check(&id, [Some(2), Some(2), None]), [None, None, None]);
+        id.gpus.truncate(1);
+        assert_eq!(check(&id, [Some(2), None, None]), [Some(2)]);
+    }
+
+    #[test]
+    fn mig_pending_and_empty_mig_gpus_warn() {
+        let mut id = IdentitySnapshot {
+            gpus: vec![
+                ident("0000:18:00.0", 0, &[]),
+                ident("0000:1a:00.0", 1, &[]),
+                ident("0000:9a:00.0", 2, &[]),
+            ],
+            ..Default::default()
+        };
+        id.gpus[0].mig_mode = Some(MigMode {
+            current: false,
+            pending: true,
+        });
+        id.gpus[1].mig_mode = Some(MigMode {
+            current: true,
+            pending: true,
+        });
+        let topo = host(vec![
+            pci("0000:18:00.0", "0", None),
+            pci("0000:1a:00.0", "0", None),
+            pci("0000:9a:00.0", "1", None),
+        ]);
+        let inv = assemble(Some(id), topo).unwrap();
+        assert_eq!(inv.warnings.len(), 2, "{:?}", inv.warnings);
+        assert!(
+            inv.warnings[0].contains(
+                "has a MIG mode change pending (now disabled, enabled after a GPU reset)"
+            )
+        );
+        assert!(inv.warnings[1].contains("is in MIG mode with no MIG devices"));
+        let offered: Vec<String> = inv.allocatable().iter().map(|d| d.name()).collect();
+        assert_eq!(offered, ["gpu-2"]);
     }
 }

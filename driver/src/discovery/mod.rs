@@ -14,14 +14,15 @@ pub mod sysfs;
 
 use std::path::PathBuf;
 
-pub use assemble::assemble;
+pub use assemble::{assemble, mig_warning};
 pub use error::DiscoveryError;
 
 use crate::cpuset::IdList;
 use crate::inventory::{
-    ComputeCapability, CudaVersion, DistanceMatrix, Inventory, MigMode, NumaNode,
+    ComputeCapability, CudaVersion, DistanceMatrix, Inventory, MigDevice, MigMode, NumaNode,
 };
 use crate::pci::{PciAddress, PcieRoot};
+use crate::topology::NvlinkRemote;
 
 /// What NVML says about the node's GPUs.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -29,8 +30,32 @@ pub struct IdentitySnapshot {
     pub driver_version: Option<String>,
     pub cuda_driver_version: Option<CudaVersion>,
     pub gpus: Vec<GpuIdentity>,
-    /// GPUs NVML counted but could not describe (fallen off the bus, say).
+    /// GPUs NVML counted but could not describe.
     pub unusable: Vec<String>,
+    /// GPUs NVML reports as lost (`NVML_ERROR_GPU_IS_LOST`: fallen off the bus).
+    pub lost: Vec<LostGpu>,
+}
+
+/// A GPU that answered `NVML_ERROR_GPU_IS_LOST` while being described.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LostGpu {
+    pub index: u32,
+    /// NVML keeps a lost GPU's PCI address and UUID; either may still be missing.
+    pub pci_bus_id: Option<PciAddress>,
+    pub uuid: Option<String>,
+}
+
+impl std::fmt::Display for LostGpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.pci_bus_id {
+            Some(bus) => write!(f, "GPU {bus}")?,
+            None => write!(f, "GPU index {}", self.index)?,
+        }
+        if let Some(uuid) = &self.uuid {
+            write!(f, " ({uuid})")?;
+        }
+        Ok(())
+    }
 }
 
 /// One GPU as NVML describes it.
@@ -46,9 +71,16 @@ pub struct GpuIdentity {
     pub cuda_compute_capability: Option<ComputeCapability>,
     pub memory_bytes: Option<u64>,
     pub mig_mode: Option<MigMode>,
+    /// `nvmlDeviceGetNumaNodeId`, unchecked: only kept when the topology shows it
+    /// as this GPU's own memory node.
     pub memory_numa_node: Option<u32>,
-    /// Remote endpoint of each active NVLink: a GPU or an NVSwitch.
-    pub nvlink_remotes: Vec<PciAddress>,
+    /// What each active NVLink ends at.
+    pub nvlink_remotes: Vec<NvlinkRemote>,
+    /// `<clusterUUID>.<cliqueId>` when the GPU is registered in a multi-node NVLink
+    /// fabric (GB200 NVL72).
+    pub nvlink_clique: Option<String>,
+    /// The MIG devices of a GPU whose MIG mode is on.
+    pub mig_devices: Vec<MigDevice>,
 }
 
 /// What hwloc or sysfs says about the node's layout.

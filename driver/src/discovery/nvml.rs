@@ -7,12 +7,16 @@ use std::ffi::OsStr;
 use std::path::PathBuf;
 
 use nvml_wrapper::enum_wrappers::device::Brand;
-use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
 use nvml_wrapper::{Device, Nvml};
 
-use super::{DiscoveryError, GpuIdentity, IdentitySnapshot, IdentitySource};
+use super::{DiscoveryError, GpuIdentity, IdentitySnapshot, IdentitySource, LostGpu};
 use crate::inventory::{ComputeCapability, CudaVersion, MigMode};
 use crate::pci::PciAddress;
+use crate::topology::NvlinkRemote;
+
+mod fabric;
+mod mig;
 
 /// The runtime name of the NVML library. nvml-wrapper defaults to the unversioned
 /// `libnvidia-ml.so`, which only the development package installs; driver-only nodes
@@ -71,8 +75,9 @@ fn call_error(call: &str) -> impl FnOnce(NvmlError) -> DiscoveryError + '_ {
 }
 
 /// Describes every GPU an initialized NVML reports. A GPU that cannot be opened or
-/// has no readable address or UUID is listed in `unusable` rather than failing the
-/// whole node: the other GPUs are still worth publishing.
+/// has no readable address or UUID is listed in `unusable`, and one NVML reports lost
+/// in `lost`, rather than failing the whole node: the other GPUs are still worth
+/// publishing.
 pub fn snapshot(nvml: &Nvml) -> Result<IdentitySnapshot, DiscoveryError> {
     let count = nvml
         .device_count()
@@ -86,62 +91,178 @@ pub fn snapshot(nvml: &Nvml) -> Result<IdentitySnapshot, DiscoveryError> {
         ..Default::default()
     };
     for index in 0..count {
-        let described = nvml
-            .device_by_index(index)
-            .map_err(|e| e.to_string())
-            .and_then(|d| describe(index, &d));
-        match described {
+        let device = match nvml.device_by_index(index) {
+            Ok(d) => d,
+            Err(NvmlError::GpuLost) => {
+                out.lost.push(LostGpu {
+                    index,
+                    pci_bus_id: None,
+                    uuid: None,
+                });
+                continue;
+            }
+            Err(e) => {
+                out.unusable.push(format!("GPU index {index}: {e}"));
+                continue;
+            }
+        };
+        match describe(nvml, index, &device) {
             Ok(gpu) => out.gpus.push(gpu),
-            Err(e) => out.unusable.push(format!("GPU index {index}: {e}")),
+            Err(Undescribed::Lost(lost)) => out.lost.push(lost),
+            Err(Undescribed::Broken(e)) => out.unusable.push(format!("GPU index {index}: {e}")),
         }
     }
     Ok(out)
 }
 
-fn describe(index: u32, device: &Device<'_>) -> Result<GpuIdentity, String> {
-    let pci = device
-        .pci_info()
-        .map_err(|e| format!("nvmlDeviceGetPciInfo: {e}"))?;
-    let pci_bus_id: PciAddress = pci.bus_id.parse().map_err(|e| format!("{e}"))?;
-    let uuid = device
-        .uuid()
-        .map_err(|e| format!("{pci_bus_id}: nvmlDeviceGetUUID: {e}"))?;
-    Ok(GpuIdentity {
+enum Undescribed {
+    Lost(LostGpu),
+    Broken(String),
+}
+
+/// Turns optional queries into `Option`s while remembering whether any of them
+/// answered GPU_IS_LOST. A lost GPU still answers what NVML caches (PCI address,
+/// UUID, name) and fails every live query, so a single lost answer condemns it.
+#[derive(Default)]
+struct Answers {
+    lost: bool,
+}
+
+impl Answers {
+    fn ok<T>(&mut self, r: Result<T, NvmlError>) -> Option<T> {
+        match r {
+            Ok(v) => Some(v),
+            Err(NvmlError::GpuLost) => {
+                self.lost = true;
+                None
+            }
+            Err(_) => None,
+        }
+    }
+}
+
+fn describe(nvml: &Nvml, index: u32, device: &Device<'_>) -> Result<GpuIdentity, Undescribed> {
+    let lost = |pci_bus_id, uuid| {
+        Undescribed::Lost(LostGpu {
+            index,
+            pci_bus_id,
+            uuid,
+        })
+    };
+    let pci = match device.pci_info() {
+        Ok(p) => p,
+        Err(NvmlError::GpuLost) => return Err(lost(None, None)),
+        Err(e) => return Err(Undescribed::Broken(format!("nvmlDeviceGetPciInfo: {e}"))),
+    };
+    let pci_bus_id: PciAddress = pci
+        .bus_id
+        .parse()
+        .map_err(|e| Undescribed::Broken(format!("{e}")))?;
+    let uuid = match device.uuid() {
+        Ok(u) => u,
+        Err(NvmlError::GpuLost) => return Err(lost(Some(pci_bus_id), None)),
+        Err(e) => {
+            return Err(Undescribed::Broken(format!(
+                "{pci_bus_id}: nvmlDeviceGetUUID: {e}"
+            )));
+        }
+    };
+    let mut a = Answers::default();
+    let mig_mode = a.ok(device.mig_mode()).map(|m| MigMode {
+        current: m.current != 0,
+        pending: m.pending != 0,
+    });
+    let gpu = GpuIdentity {
         pci_bus_id,
-        index: device.index().unwrap_or(index),
-        minor: device.minor_number().ok(),
-        uuid,
-        product_name: device.name().ok(),
-        brand: device.brand().ok().map(brand_name),
-        architecture: device.architecture().ok().map(|a| a.to_string()),
-        cuda_compute_capability: device.cuda_compute_capability().ok().and_then(|c| {
+        index: a.ok(device.index()).unwrap_or(index),
+        minor: a.ok(device.minor_number()),
+        product_name: a.ok(device.name()),
+        brand: a.ok(device.brand()).map(brand_name),
+        architecture: a.ok(device.architecture()).map(|a| a.to_string()),
+        cuda_compute_capability: a.ok(device.cuda_compute_capability()).and_then(|c| {
             Some(ComputeCapability {
                 major: u32::try_from(c.major).ok()?,
                 minor: u32::try_from(c.minor).ok()?,
             })
         }),
-        memory_bytes: device.memory_info().ok().map(|m| m.total),
-        mig_mode: device.mig_mode().ok().map(|m| MigMode {
-            current: m.current != 0,
-            pending: m.pending != 0,
-        }),
-        memory_numa_node: device.numa_node_id().ok(),
-        nvlink_remotes: nvlink_remotes(device),
-    })
+        memory_bytes: a.ok(device.memory_info()).map(|m| m.total),
+        mig_mode,
+        memory_numa_node: a.ok(device.numa_node_id()),
+        nvlink_remotes: nvlink_remotes(nvml, device, &mut a),
+        nvlink_clique: a.ok(fabric::clique(nvml, device)).flatten(),
+        mig_devices: match mig_mode {
+            Some(MigMode { current: true, .. }) => mig::devices(nvml, device, &mut a),
+            _ => Vec::new(),
+        },
+        uuid,
+    };
+    if a.lost {
+        return Err(lost(Some(gpu.pci_bus_id), Some(gpu.uuid)));
+    }
+    Ok(gpu)
 }
 
-/// Remote PCI addresses of the active NVLinks. Links a GPU does not have answer
-/// NotSupported or InvalidArg, which simply means "no link here".
-fn nvlink_remotes(device: &Device<'_>) -> Vec<PciAddress> {
-    (0..MAX_NVLINKS)
-        .filter_map(|link| {
-            let link = device.link_wrapper_for(link);
-            if !link.is_active().unwrap_or(false) {
-                return None;
+/// What each active NVLink ends at. Links a GPU does not have answer NotSupported
+/// or InvalidArg, which simply means "no link here".
+///
+/// The kind of the far end comes from `nvmlDeviceGetNvLinkRemoteDeviceType`, as
+/// hwloc's NVML backend does, because the remote PCI address alone cannot tell an
+/// NVSwitch from anything else: depending on platform and driver a switch reports
+/// its own address or a placeholder (`FFFFFFFF:FF:FF.0`). nvml-wrapper's wrapper of
+/// that call always answers Unknown, so it goes through the raw binding.
+fn nvlink_remotes(nvml: &Nvml, device: &Device<'_>, a: &mut Answers) -> Vec<NvlinkRemote> {
+    let mut out = Vec::new();
+    for n in 0..MAX_NVLINKS {
+        let link = device.link_wrapper_for(n);
+        match link.is_active() {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                a.ok::<()>(Err(e));
+                continue;
             }
-            link.remote_pci_info().ok()?.bus_id.parse().ok()
-        })
-        .collect()
+        }
+        let address = link
+            .remote_pci_info()
+            .ok()
+            .and_then(|p| p.bus_id.parse::<PciAddress>().ok());
+        let remote = match (remote_type(nvml, device, n), address) {
+            (Some(RemoteKind::Gpu), Some(addr)) => NvlinkRemote::Gpu(addr),
+            (Some(RemoteKind::Switch), _) => NvlinkRemote::Switch,
+            (Some(RemoteKind::Cpu), _) => NvlinkRemote::Cpu,
+            (_, Some(addr)) => NvlinkRemote::Other(addr),
+            (Some(RemoteKind::Gpu) | None, None) => {
+                tracing::debug!(link = n, "NVLink to an endpoint NVML cannot name; ignored");
+                continue;
+            }
+        };
+        out.push(remote);
+    }
+    out
+}
+
+enum RemoteKind {
+    Gpu,
+    Switch,
+    Cpu,
+}
+
+// Matching on bindgen's constant names keeps the mapping readable against nvml.h.
+#[allow(non_upper_case_globals)]
+fn remote_type(nvml: &Nvml, device: &Device<'_>, link: u32) -> Option<RemoteKind> {
+    use nvml_wrapper_sys::bindings::*;
+    let f = nvml_sym(nvml.lib().nvmlDeviceGetNvLinkRemoteDeviceType.as_ref()).ok()?;
+    let mut kind: nvmlIntNvLinkDeviceType_t =
+        nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_UNKNOWN;
+    // SAFETY: the handle comes from this NVML instance and `kind` is a valid out
+    // pointer of the type nvml.h declares.
+    nvml_try(unsafe { f(device.handle(), link, &mut kind) }).ok()?;
+    match kind {
+        nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_GPU => Some(RemoteKind::Gpu),
+        nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_SWITCH => Some(RemoteKind::Switch),
+        nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_IBMNPU => Some(RemoteKind::Cpu),
+        _ => None,
+    }
 }
 
 /// Brand names as NVIDIA spells them in `nvidia-smi -q`, so CEL selectors read naturally.

@@ -29,7 +29,7 @@ use crate::checkpoint::{
     self, Checkpoint, CheckpointError, CheckpointStore, ClaimRecord, ClaimRef, ClaimState,
     PreparedDevice,
 };
-use crate::inventory::{Gpu, Inventory};
+use crate::inventory::{AllocatableDevice, Inventory};
 
 /// Points where fault-injection tests stop a prepare as a crash would.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -80,7 +80,8 @@ pub type Prepared = PreparedDevice;
 pub struct Preparer {
     driver_name: String,
     pool: String,
-    gpus: BTreeMap<String, Gpu>,
+    /// Every allocatable device (whole GPU or MIG device) by its slice name.
+    gpus: BTreeMap<String, AllocatableDevice>,
     locks: locks::DeviceLocks,
     writer: SpecWriter,
     nodes: Box<dyn DeviceNodes + Send + Sync>,
@@ -113,10 +114,10 @@ impl Preparer {
         let writer = SpecWriter::new(&config.cdi_spec_dir);
         let (checkpoint, report) =
             recovery::recover(&store, &writer, &config.boot_id, &config.node_name)?;
-        let gpus: BTreeMap<String, Gpu> = inventory
-            .gpus
-            .iter()
-            .map(|g| (g.device_name(), g.clone()))
+        let gpus: BTreeMap<String, AllocatableDevice> = inventory
+            .allocatable()
+            .into_iter()
+            .map(|d| (d.name(), d))
             .collect();
         let preparer = Self {
             driver_name: config.driver_name.clone(),
@@ -220,7 +221,7 @@ impl Preparer {
                 .devices
                 .iter()
                 .filter_map(|d| self.gpus.get(&d.device))
-                .map(ClaimGpu::from_gpu)
+                .map(|d| ClaimGpu::from_device(d, self.nodes.as_ref()))
                 .collect::<Result<_, _>>()?,
             env_hints: plan.env_hints,
         };

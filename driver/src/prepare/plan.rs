@@ -8,7 +8,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use super::ClaimError;
 use crate::checkpoint::ClaimRef;
 use crate::config::{EffectiveConfig, SharingPolicy, TimeSlice, effective_configs};
-use crate::inventory::Gpu;
+use crate::inventory::AllocatableDevice;
 
 /// One allocated device of ours.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,7 +29,7 @@ pub(super) struct Plan {
 pub(super) struct Context<'a> {
     pub(super) driver_name: &'a str,
     pub(super) pool: &'a str,
-    pub(super) gpus: &'a BTreeMap<String, Gpu>,
+    pub(super) gpus: &'a BTreeMap<String, AllocatableDevice>,
 }
 
 fn base_request(request: &str) -> &str {
@@ -162,7 +162,7 @@ pub(super) fn plan(
     {
         let nodes: BTreeSet<Option<u32>> = devices
             .iter()
-            .map(|d| ctx.gpus.get(&d.device).and_then(|g| g.numa_node))
+            .map(|d| ctx.gpus.get(&d.device).and_then(|g| g.gpu.numa_node))
             .collect();
         if nodes.len() > 1 || nodes.contains(&None) {
             let nodes: Vec<String> = nodes

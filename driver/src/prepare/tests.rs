@@ -13,6 +13,7 @@ use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 
 use super::*;
 use crate::cdi::{ContainerEdits, DriverFilesSource, Mount, TableDeviceNodes};
+use crate::inventory::{Gpu, MigDevice, MigMode};
 
 const DRIVER: &str = "gpu.topodra.dev";
 const NODE: &str = "node-a";
@@ -173,6 +174,108 @@ fn opaque(parameters: serde_json::Value) -> DeviceAllocationConfiguration {
             parameters: RawExtension(parameters),
         }),
     }
+}
+
+/// Two whole GPUs and a third in MIG mode with two MIG devices.
+fn mig_inventory() -> Inventory {
+    let mut inv = inventory(3);
+    let g = &mut inv.gpus[2];
+    g.mig_mode = Some(MigMode {
+        current: true,
+        pending: true,
+    });
+    g.mig_devices = (1..=2)
+        .map(|gi| MigDevice {
+            uuid: format!("MIG-0000000{gi}-1111-2222-3333-444444444444"),
+            gpu_instance: gi,
+            compute_instance: 0,
+            profile: Some("3g.20gb".into()),
+            memory_bytes: Some(19_968 << 20),
+            multiprocessors: Some(42),
+        })
+        .collect();
+    inv
+}
+
+#[test]
+fn mig_devices_are_prepared_with_their_capability_nodes() {
+    let node = Node::new(3);
+    let (p, _) = Preparer::start(
+        &node.config("boot-1"),
+        &mig_inventory(),
+        Box::new(TableDeviceNodes::nvidia(0..3, 509).with_mig([(2, 1, 0), (2, 2, 0)])),
+        driver_files(),
+    )
+    .unwrap();
+    // The MIG GPU itself is not a device of the pool any more.
+    let whole = p.prepare(&claim_ref("u0"), &claim("u0", &[2])).unwrap_err();
+    assert!(matches!(whole, ClaimError::UnknownDevice { .. }), "{whole}");
+
+    let c = claim_with("u1", vec![result("mig", "gpu-2-mig-1-0")], vec![]);
+    let prepared = p.prepare(&claim_ref("u1"), &c).unwrap();
+    assert_eq!(
+        prepared[0].cdi_device_ids,
+        vec!["k8s.gpu.topodra.dev/claim=u1-gpu-2-mig-1-0"]
+    );
+    let spec: crate::cdi::Spec = serde_json::from_slice(
+        &std::fs::read(node.cdi_dir().join("k8s.gpu.topodra.dev-claim_u1.json")).unwrap(),
+    )
+    .unwrap();
+    let nodes: Vec<(&str, Option<i64>, Option<i64>)> = spec.devices[0]
+        .container_edits
+        .device_nodes
+        .iter()
+        .map(|n| (n.path.as_str(), n.major, n.minor))
+        .collect();
+    let [gi, ci] = TableDeviceNodes::mig_minors(2, 1, 0).map(i64::from);
+    let caps = i64::from(crate::cdi::TABLE_CAPS_MAJOR);
+    assert_eq!(
+        nodes,
+        vec![
+            ("/dev/nvidia2", Some(195), Some(2)),
+            (
+                &*format!("/dev/nvidia-caps/nvidia-cap{gi}"),
+                Some(caps),
+                Some(gi)
+            ),
+            (
+                &*format!("/dev/nvidia-caps/nvidia-cap{ci}"),
+                Some(caps),
+                Some(ci)
+            ),
+        ]
+    );
+    assert_eq!(
+        spec.devices[0].annotations["topodra.dev/gpu-uuid"],
+        "MIG-00000001-1111-2222-3333-444444444444"
+    );
+
+    // The other MIG device of the same GPU is free for another claim.
+    let other = claim_with("u2", vec![result("mig", "gpu-2-mig-2-0")], vec![]);
+    p.prepare(&claim_ref("u2"), &other).unwrap();
+    p.unprepare("u1").unwrap();
+    p.unprepare("u2").unwrap();
+    assert!(node.spec_files().is_empty());
+}
+
+#[test]
+fn a_mig_device_without_capability_files_fails_only_its_claim() {
+    let node = Node::new(3);
+    let (p, _) = Preparer::start(
+        &node.config("boot-1"),
+        &mig_inventory(),
+        Box::new(
+            crate::cdi::HostDeviceNodes::new(node.dir.path())
+                .with_capabilities_dir(node.dir.path().join("no-caps")),
+        ),
+        driver_files(),
+    )
+    .unwrap();
+    let c = claim_with("u1", vec![result("mig", "gpu-2-mig-1-0")], vec![]);
+    let err = p.prepare(&claim_ref("u1"), &c).unwrap_err().to_string();
+    assert!(err.contains("gpu2/mig/gi1/access"), "{err}");
+    assert!(node.spec_files().is_empty());
+    assert!(p.checkpoint().claims.is_empty(), "nothing recorded");
 }
 
 #[test]

@@ -7,11 +7,12 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{DeviceAttribute, DeviceCapacity};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::quantity;
 use super::validate::{MAX_VALUE_LEN, check_version};
 use super::{NumaNodeFormat, SliceOptions};
-use crate::inventory::{Gpu, Inventory};
+use crate::inventory::{AllocatableDevice, Gpu, Inventory};
 
 // Standard names, shared with other drivers so that a claim can align a GPU with a NIC
 // or CPU from another driver through `matchAttribute`.
@@ -38,12 +39,26 @@ pub const SOCKET: &str = "socket";
 pub const PCIE_SWITCH: &str = "pcieSwitch";
 pub const NVLINK_DOMAIN: &str = "nvlinkDomain";
 pub const MEMORY_NUMA_NODE: &str = "memoryNumaNode";
+pub const NVLINK_CLIQUE: &str = "nvlinkClique";
 
-/// Capacity name for the GPU's memory.
+// MIG devices: which GPU they are part of and which slice of it, named as NVIDIA's
+// driver names them so selectors port.
+pub const PROFILE: &str = "profile";
+pub const PARENT_UUID: &str = "parentUUID";
+pub const PARENT_INDEX: &str = "parentIndex";
+pub const PARENT_MINOR: &str = "parentMinor";
+pub const GPU_INSTANCE: &str = "gpuInstance";
+pub const COMPUTE_INSTANCE: &str = "computeInstance";
+
+/// Capacity name for the device's memory.
 pub const MEMORY: &str = "memory";
+/// Capacity name for a MIG device's streaming multiprocessors.
+pub const MULTIPROCESSORS: &str = "multiprocessors";
 
-/// Value of [`TYPE`] for a whole GPU (MIG partitions would get their own).
+/// Value of [`TYPE`] for a whole GPU.
 pub const TYPE_GPU: &str = "gpu";
+/// Value of [`TYPE`] for a MIG device.
+pub const TYPE_MIG: &str = "mig";
 
 /// The attributes of one GPU, keyed by attribute name.
 ///
@@ -90,24 +105,73 @@ pub fn device_attributes(
     a.string(PCIE_SWITCH, gpu.pcie_switch.map(|s| s.to_string()));
     a.string(NVLINK_DOMAIN, gpu.nvlink_domain.clone());
     a.int(MEMORY_NUMA_NODE, gpu.memory_numa_node);
+    a.string(NVLINK_CLIQUE, gpu.nvlink_clique.clone());
 
     a.map
+}
+
+/// The attributes of one allocatable device: a whole GPU's, or for a MIG device its
+/// parent's topology and identity with the MIG device's own UUID, type and profile.
+/// The parent's index and minor become `parentIndex` and `parentMinor`, so a
+/// selector on `index` never matches a slice of a GPU by mistake.
+pub fn allocatable_attributes(
+    dev: &AllocatableDevice,
+    inv: &Inventory,
+    opts: &SliceOptions,
+) -> BTreeMap<String, DeviceAttribute> {
+    let gpu = &dev.gpu;
+    let mut map = device_attributes(gpu, inv, opts);
+    let Some(mig) = &dev.mig else {
+        return map;
+    };
+    for name in [INDEX, MINOR] {
+        map.remove(name);
+    }
+    let mut a = Attributes::new(gpu);
+    a.string(TYPE, Some(TYPE_MIG.to_owned()));
+    a.string(UUID, Some(mig.uuid.clone()));
+    a.string(PROFILE, mig.profile.clone());
+    a.string(PARENT_UUID, gpu.uuid.clone());
+    a.int(PARENT_INDEX, gpu.index);
+    a.int(PARENT_MINOR, gpu.minor);
+    a.int(GPU_INSTANCE, Some(mig.gpu_instance));
+    a.int(COMPUTE_INSTANCE, Some(mig.compute_instance));
+    map.extend(a.map);
+    map
 }
 
 /// The capacities of one GPU: its memory, when NVML reported it.
 pub fn device_capacity(gpu: &Gpu) -> BTreeMap<String, DeviceCapacity> {
     gpu.memory_bytes
-        .map(|b| {
-            (
-                MEMORY.to_owned(),
-                DeviceCapacity {
-                    value: quantity::bytes(b),
-                    ..Default::default()
-                },
-            )
-        })
+        .map(|b| (MEMORY.to_owned(), capacity(quantity::bytes(b))))
         .into_iter()
         .collect()
+}
+
+/// The capacities of one allocatable device: a MIG device's own memory and
+/// multiprocessors rather than its parent's.
+pub fn allocatable_capacity(dev: &AllocatableDevice) -> BTreeMap<String, DeviceCapacity> {
+    let Some(mig) = &dev.mig else {
+        return device_capacity(&dev.gpu);
+    };
+    let mut out = BTreeMap::new();
+    if let Some(b) = mig.memory_bytes {
+        out.insert(MEMORY.to_owned(), capacity(quantity::bytes(b)));
+    }
+    if let Some(sm) = mig.multiprocessors {
+        out.insert(
+            MULTIPROCESSORS.to_owned(),
+            capacity(Quantity(sm.to_string())),
+        );
+    }
+    out
+}
+
+fn capacity(value: Quantity) -> DeviceCapacity {
+    DeviceCapacity {
+        value,
+        ..Default::default()
+    }
 }
 
 /// A dotted numeric version as semver 2.0.0 (`550.90.07` → `550.90.7`, `560.35` →
@@ -405,14 +469,79 @@ mod tests {
         assert_eq!(got[NVLINK_DOMAIN], string(&"d".repeat(64)));
     }
 
+    fn mig_of(gpu: &Gpu) -> AllocatableDevice {
+        AllocatableDevice {
+            gpu: gpu.clone(),
+            mig: Some(crate::inventory::MigDevice {
+                uuid: "MIG-6b8c3a9e-5c47-5d2b-9d5b-6f0e8a3c1d20".into(),
+                gpu_instance: 1,
+                compute_instance: 0,
+                profile: Some("3g.40gb".into()),
+                memory_bytes: Some(40_192 << 20),
+                multiprocessors: Some(60),
+            }),
+        }
+    }
+
     #[test]
     fn schema_stays_within_the_per_device_limit() {
         let inv = dgx_h100();
         let mut gpu = inv.gpus[0].clone();
         gpu.memory_numa_node = Some(2);
+        gpu.nvlink_clique = Some(format!("{}.{}", "c".repeat(36), u32::MAX));
         let n = device_attributes(&gpu, &inv, &opts(NumaNodeFormat::List)).len()
             + device_capacity(&gpu).len();
-        assert_eq!(n, 18);
-        assert!(n <= crate::slice::validate::MAX_ATTRIBUTES);
+        assert_eq!(n, 19);
+        let mig = mig_of(&gpu);
+        let m = allocatable_attributes(&mig, &inv, &opts(NumaNodeFormat::List)).len()
+            + allocatable_capacity(&mig).len();
+        assert_eq!(m, 24);
+        assert!(n.max(m) <= crate::slice::validate::MAX_ATTRIBUTES);
+    }
+
+    #[test]
+    fn mig_devices_carry_their_own_identity_and_the_parents_topology() {
+        let inv = dgx_h100();
+        let gpu = &inv.gpus[0];
+        let whole = device_attributes(gpu, &inv, &opts(NumaNodeFormat::Int));
+        let got = allocatable_attributes(&mig_of(gpu), &inv, &opts(NumaNodeFormat::Int));
+        assert_eq!(got[TYPE], string("mig"));
+        assert_eq!(
+            got[UUID],
+            string("MIG-6b8c3a9e-5c47-5d2b-9d5b-6f0e8a3c1d20")
+        );
+        assert_eq!(got[PROFILE], string("3g.40gb"));
+        assert_eq!(got[PARENT_UUID], whole[UUID]);
+        assert_eq!(got[PARENT_INDEX], whole[INDEX]);
+        assert_eq!(got[PARENT_MINOR], whole[MINOR]);
+        assert_eq!(got[GPU_INSTANCE].int, Some(1));
+        assert_eq!(got[COMPUTE_INSTANCE].int, Some(0));
+        assert!(!got.contains_key(INDEX) && !got.contains_key(MINOR));
+        for topo in [
+            NUMA_NODE,
+            PCIE_ROOT,
+            PCI_BUS_ID,
+            SOCKET,
+            PRODUCT_NAME,
+            DRIVER_VERSION,
+        ] {
+            assert_eq!(got.get(topo), whole.get(topo), "{topo}");
+        }
+        let cap = allocatable_capacity(&mig_of(gpu));
+        assert_eq!(cap[MEMORY].value.0, "40192Mi");
+        assert_eq!(cap[MULTIPROCESSORS].value.0, "60");
+    }
+
+    #[test]
+    fn clique_is_published_when_known() {
+        let mut inv = dgx_h100();
+        inv.gpus[0].nvlink_clique = Some("9d3c0b8e-3d0c-4c1e-9a46-2b1f0c7e5a11.4".into());
+        let got = device_attributes(&inv.gpus[0], &inv, &opts(NumaNodeFormat::Int));
+        assert_eq!(
+            got[NVLINK_CLIQUE],
+            string("9d3c0b8e-3d0c-4c1e-9a46-2b1f0c7e5a11.4")
+        );
+        let other = device_attributes(&inv.gpus[1], &inv, &opts(NumaNodeFormat::Int));
+        assert!(!other.contains_key(NVLINK_CLIQUE));
     }
 }

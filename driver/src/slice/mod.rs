@@ -30,10 +30,13 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde::{Deserialize, Serialize};
 
-pub use attributes::{device_attributes, device_capacity, normalize_version};
+pub use attributes::{
+    allocatable_attributes, allocatable_capacity, device_attributes, device_capacity,
+    normalize_version,
+};
 pub use validate::{validate_pool, validate_slice};
 
-use crate::inventory::{Gpu, Inventory};
+use crate::inventory::{AllocatableDevice, Inventory};
 
 /// The driver name unless the operator picks another.
 pub const DEFAULT_DRIVER_NAME: &str = "gpu.topodra.dev";
@@ -233,10 +236,10 @@ pub enum SliceError {
 }
 
 /// One device: its name, attributes and capacity.
-pub fn build_device(gpu: &Gpu, inv: &Inventory, opts: &SliceOptions) -> Device {
-    let attributes = device_attributes(gpu, inv, opts);
-    let capacity = device_capacity(gpu);
-    let name = gpu.device_name();
+pub fn build_device(dev: &AllocatableDevice, inv: &Inventory, opts: &SliceOptions) -> Device {
+    let attributes = allocatable_attributes(dev, inv, opts);
+    let capacity = allocatable_capacity(dev);
+    let name = dev.name();
     let taints = opts
         .device_taints
         .get(&name)
@@ -264,7 +267,7 @@ pub fn build_slices(
 
     let devices = order::in_allocation_order(inv)
         .into_iter()
-        .map(|g| build_device(g, inv, opts))
+        .map(|d| build_device(&d, inv, opts))
         .collect();
     let chunks = split::into_chunks(devices, opts.max_devices_per_slice);
     let count = i64::try_from(chunks.len()).unwrap_or(i64::MAX);

@@ -9,25 +9,29 @@
 //! GPUs whose place is unknown go last: a claim lands on them only when everything
 //! better placed is taken.
 
-use crate::inventory::{Gpu, Inventory};
+use crate::inventory::{AllocatableDevice, Inventory};
 
 /// Known values first, in their natural order; unknown ones after all known ones.
 fn known_first<T: Ord>(v: Option<T>) -> (bool, Option<T>) {
     (v.is_none(), v)
 }
 
-pub(crate) fn in_allocation_order(inv: &Inventory) -> Vec<&Gpu> {
-    let mut gpus: Vec<&Gpu> = inv.gpus.iter().collect();
-    gpus.sort_by_cached_key(|g| {
+/// The node's allocatable devices in publishing order. The MIG devices of one GPU
+/// stay together, by GPU and compute instance id, where the whole GPU would be.
+pub(crate) fn in_allocation_order(inv: &Inventory) -> Vec<AllocatableDevice> {
+    let mut devices = inv.allocatable();
+    devices.sort_by_cached_key(|d| {
+        let g = &d.gpu;
         (
             known_first(super::attributes::socket(g, inv)),
             known_first(g.numa_node),
             known_first(g.pcie_switch),
             known_first(g.pcie_root),
             g.pci_bus_id,
+            d.mig.as_ref().map(|m| (m.gpu_instance, m.compute_instance)),
         )
     });
-    gpus
+    devices
 }
 
 #[cfg(test)]
@@ -37,8 +41,11 @@ mod tests {
     use crate::pci::PciAddress;
     use crate::slice::fixtures::{addr, dgx_h100, snc};
 
-    fn buses(gpus: &[&Gpu]) -> Vec<String> {
-        gpus.iter().map(|g| g.pci_bus_id.to_string()).collect()
+    fn buses(devices: &[AllocatableDevice]) -> Vec<String> {
+        devices
+            .iter()
+            .map(|d| d.gpu.pci_bus_id.to_string())
+            .collect()
     }
 
     #[test]
@@ -82,7 +89,7 @@ mod tests {
         inv.gpus[7].socket = Some(1);
         let order: Vec<u32> = in_allocation_order(&inv)
             .iter()
-            .map(|g| g.minor.unwrap())
+            .map(|d| d.gpu.minor.unwrap())
             .collect();
         assert_eq!(order, [1, 2, 3, 0, 4, 5, 6, 7]);
     }

@@ -58,10 +58,14 @@ impl HealthState {
     }
 }
 
-/// What the monitor needs to know about a GPU to match NVML's answers to it.
+/// What the monitor needs to know about a device to match NVML's answers to it.
+///
+/// A MIG device is watched through its parent GPU: XIDs, loss and recovery are
+/// events of the physical GPU, so `uuid`, `bus_id` and `index` are the parent's and
+/// every MIG device of a GPU shares its fate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct DeviceRef {
-    /// The ResourceSlice device name (`gpu-<minor>`).
+    /// The ResourceSlice device name (`gpu-<minor>`, `gpu-<minor>-mig-<gi>-<ci>`).
     pub(crate) name: String,
     pub(crate) uuid: Option<String>,
     pub(crate) bus_id: PciAddress,
@@ -78,7 +82,15 @@ impl DeviceRef {
         }
     }
 
+    /// One per allocatable device of the inventory.
     pub(crate) fn all(inventory: &Inventory) -> Vec<Self> {
-        inventory.gpus.iter().map(Self::from_gpu).collect()
+        inventory
+            .allocatable()
+            .iter()
+            .map(|d| Self {
+                name: d.name(),
+                ..Self::from_gpu(&d.gpu)
+            })
+            .collect()
     }
 }

@@ -145,18 +145,23 @@ fn apply(tracker: &mut Tracker, devices: &[DeviceRef], msg: Msg) -> bool {
             changed
         }
         Msg::Xid(ev) => {
-            let Some(device) = devices.iter().find(|d| ev.device.matches(d)) else {
+            // Every device of that GPU: the GPU itself, or all its MIG devices.
+            let hit: Vec<&DeviceRef> = devices.iter().filter(|d| ev.device.matches(d)).collect();
+            if hit.is_empty() {
                 warn!(xid = ev.xid, device = ?ev.device, "XID for a GPU not in the inventory");
                 return false;
-            };
-            if tracker.policy().is_fatal(ev.xid) {
-                warn!(device = %device.name, xid = ev.xid, "critical XID");
-            } else {
-                info!(device = %device.name, xid = ev.xid, "XID ignored by policy");
             }
-            let changed = tracker.on_xid(&device.name, ev.xid, now);
-            if changed {
-                log_transition(tracker, &device.name);
+            let mut changed = false;
+            for device in hit {
+                if tracker.policy().is_fatal(ev.xid) {
+                    warn!(device = %device.name, xid = ev.xid, "critical XID");
+                } else {
+                    info!(device = %device.name, xid = ev.xid, "XID ignored by policy");
+                }
+                if tracker.on_xid(&device.name, ev.xid, now) {
+                    log_transition(tracker, &device.name);
+                    changed = true;
+                }
             }
             changed
         }

@@ -92,6 +92,10 @@ impl<'n> NvmlEvents<'n> {
                 Some(uuid) => EventDevice::Uuid(uuid.clone()),
                 None => EventDevice::BusId(d.bus_id),
             };
+            // The MIG devices of one GPU share it: register the GPU once.
+            if watched.iter().any(|w: &Watched<'_>| w.id == id) {
+                continue;
+            }
             watched.push(Watched { device, mask, id });
         }
         // Registering consumes the set and frees it on failure, so a GPU that
@@ -191,8 +195,10 @@ impl EventSource for NvmlEvents<'_> {
     }
 
     fn probe(&mut self, device: &DeviceRef) -> Probe {
-        // A handle lookup and one query: what any workload's CUDA init needs too.
-        match open_device(self.nvml, device).and_then(|d| d.uuid()) {
+        // A handle lookup and one live query. Not the UUID: NVML keeps answering
+        // what it cached (PCI info, UUID) for a GPU that fell off the bus, while a
+        // query that reaches the GPU, like its memory, answers GPU_IS_LOST.
+        match open_device(self.nvml, device).and_then(|d| d.memory_info()) {
             Ok(_) => Probe::Ok,
             // A GPU NVML no longer finds is as gone as one it reports lost.
             Err(NvmlError::GpuLost | NvmlError::NotFound) => Probe::Lost,
