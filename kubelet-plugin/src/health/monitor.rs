@@ -364,6 +364,52 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_xid_of_a_mig_gpu_marks_each_of_its_mig_devices() {
+        let mut inv = inventory(2);
+        inv.gpus[0].mig_mode = Some(topodra_driver::inventory::MigMode {
+            current: true,
+            pending: true,
+        });
+        inv.gpus[0].mig_devices = (1..=2)
+            .map(|gi| topodra_driver::MigDevice {
+                uuid: format!("MIG-{gi}"),
+                gpu_instance: gi,
+                compute_instance: 0,
+                profile: None,
+                memory_bytes: None,
+                multiprocessors: None,
+            })
+            .collect();
+        let src = Scripted::default();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let (task, mut rx) = HealthMonitor::spawn(&inv, src.clone(), fast(), async {
+            let _ = stop_rx.await;
+        });
+        let names: Vec<String> = rx.borrow().devices.keys().cloned().collect();
+        assert_eq!(names, ["gpu-0-mig-1-0", "gpu-0-mig-2-0", "gpu-1"]);
+        until(&mut rx, |s| {
+            s.devices.values().all(|h| h.status == Status::Healthy)
+        })
+        .await;
+        // XIDs name the physical GPU, never a MIG device.
+        src.events.lock().unwrap().push_back(XidEvent {
+            device: EventDevice::Uuid("GPU-0".into()),
+            xid: 79,
+        });
+        until(&mut rx, |s| {
+            status(s, "gpu-0-mig-1-0") == Status::Unhealthy
+                && status(s, "gpu-0-mig-2-0") == Status::Unhealthy
+        })
+        .await;
+        assert_eq!(status(&rx.borrow(), "gpu-1"), Status::Healthy);
+        stop_tx.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
+    #[tokio::test]
     async fn xids_probes_and_shutdown() {
         let src = Scripted::default();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
