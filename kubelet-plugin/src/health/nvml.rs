@@ -173,11 +173,11 @@ fn raw_handle(device: &Device<'_>) -> usize {
     (unsafe { device.handle() }) as usize
 }
 
+/// By PCI bus id, never by UUID: nvml.h documents that a UUID lookup may visit
+/// other GPUs on its way and answer GPU_IS_LOST when any of them fell off the bus,
+/// which would mark a healthy GPU lost along with the one that is.
 fn open_device<'n>(nvml: &'n Nvml, d: &DeviceRef) -> Result<Device<'n>, NvmlError> {
-    match &d.uuid {
-        Some(uuid) => nvml.device_by_uuid(uuid.as_str()),
-        None => nvml.device_by_pci_bus_id(d.bus_id.to_string()),
-    }
+    nvml.device_by_pci_bus_id(d.bus_id.to_string())
 }
 
 impl EventSource for NvmlEvents<'_> {

@@ -17,6 +17,25 @@
 //!   `NVML_NVLINK_MAX_LINKS`) gives `NVML_ERROR_INVALID_ARGUMENT`; a slot
 //!   with no cable reports `NVML_FEATURE_DISABLED` and `NOT_SUPPORTED` for
 //!   its remote end.
+//! - lost GPUs (profile `lost`, `lost_after_ms`, `recovered_after_ms`, on a
+//!   clock that starts at the first `nvmlInit` of the loaded library): handle
+//!   lookups answer `NVML_ERROR_GPU_IS_LOST` (nvml.h documents it for each
+//!   lookup; `nvidia-smi` on such a node prints "Unable to determine the
+//!   device handle for GPU …: GPU is lost"). A handle obtained before the
+//!   loss keeps answering the identity queries (index, minor, UUID, name,
+//!   brand, architecture, compute capability, PCI info): go-gpuallocator
+//!   builds each device from its UUID and PCI info before it reads the NVLink
+//!   state, and NVIDIA/go-gpuallocator#66 reports that NVLink state query,
+//!   not the earlier ones, answering GPU_IS_LOST on a broken GPU. That the
+//!   other identity queries answer too is this library's assumption. Live
+//!   queries (memory, MIG mode and devices, NUMA node, NVLink, fabric,
+//!   events) answer GPU_IS_LOST.
+//! - MIG handles (see [`mig`]): queries nvml.h documents for MIG handles
+//!   (index, UUID, name, memory, attributes, GPU/compute instance ids,
+//!   parent) answer for the MIG device; the other device queries answer
+//!   `NVML_ERROR_NOT_SUPPORTED`, matching consumers such as NVIDIA's
+//!   k8s-device-plugin, which asks the parent GPU for minor number, compute
+//!   capability and PCI/NUMA data of a MIG device.
 
 // The safety contract of each function is NVML's documented C API; repeating
 // it on ~40 functions would add nothing.
@@ -29,12 +48,17 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use nvml_wrapper_sys::bindings::*;
 
-use crate::profile::{Architecture, BusId, Gpu, Profile, ResolvedLink};
+use crate::profile::{
+    Architecture, BusId, Gpu, MigDevice, Profile, RemoteType, ResolvedLink, SwitchRemotePci,
+};
+
+pub mod fabric;
+pub mod mig;
 
 /// File the library looks for next to itself when the env var is unset.
 pub const PROFILE_FILE_NAME: &str = "nvml-profile.yaml";
@@ -69,6 +93,57 @@ struct FakeGpu {
     links: Vec<ResolvedLink>,
     slots: u32,
     link_version: u32,
+    /// Existing MIG devices, position = MIG device index.
+    migs: Box<[FakeMig]>,
+}
+
+#[derive(Debug)]
+struct FakeMig {
+    dev: MigDevice,
+    /// Index for `nvmlDeviceGetMigDeviceHandleByIndex` / `nvmlDeviceGetIndex`.
+    index: u32,
+}
+
+/// What a handle points at: a whole GPU, or a MIG device and its parent.
+#[derive(Debug, Clone, Copy)]
+enum Dev {
+    Gpu(&'static FakeGpu),
+    Mig(&'static FakeGpu, &'static FakeMig),
+}
+
+impl Dev {
+    /// The physical GPU: the device itself or the MIG device's parent.
+    fn gpu(self) -> &'static FakeGpu {
+        match self {
+            Self::Gpu(g) | Self::Mig(g, _) => g,
+        }
+    }
+}
+
+impl FakeGpu {
+    fn new(profile: &Profile, g: &Gpu) -> Option<Self> {
+        let migs = g
+            .mig_devices
+            .iter()
+            .zip(0..)
+            .map(|(d, index)| FakeMig {
+                dev: d.clone(),
+                index,
+            })
+            .collect();
+        Some(Self {
+            gpu: g.clone(),
+            bus: BusId::parse(&g.bus_id).ok()?,
+            links: profile.links_of(g),
+            slots: profile.nvlink_slots(g),
+            link_version: profile.nvlink_version(g),
+            migs,
+        })
+    }
+
+    fn mig_enabled(&self) -> bool {
+        self.gpu.mig.is_some_and(|m| m.current)
+    }
 }
 
 #[derive(Debug)]
@@ -78,33 +153,48 @@ struct Machine {
     gpus: Box<[FakeGpu]>,
 }
 
+/// A stable handle value for a leaked device struct.
+fn handle_of<T>(v: &T) -> nvmlDevice_t {
+    std::ptr::from_ref(v).cast_mut().cast()
+}
+
+fn is_handle_of<T>(v: &T, handle: nvmlDevice_t) -> bool {
+    std::ptr::eq(std::ptr::from_ref(v).cast(), handle.cast_const())
+}
+
 impl Machine {
     fn new(profile: Profile) -> Self {
         let gpus = profile
             .nvml_gpus()
             .into_iter()
-            .filter_map(|g| {
-                Some(FakeGpu {
-                    gpu: g.clone(),
-                    bus: BusId::parse(&g.bus_id).ok()?,
-                    links: profile.links_of(g),
-                    slots: profile.nvlink_slots(g),
-                    link_version: profile.nvlink_version(g),
-                })
-            })
+            .filter_map(|g| FakeGpu::new(&profile, g))
             .collect();
         Self { profile, gpus }
     }
 
     fn handle(&self, i: usize) -> nvmlDevice_t {
-        std::ptr::from_ref(&self.gpus[i]).cast_mut().cast()
+        handle_of(&self.gpus[i])
     }
 
-    fn device(&self, handle: nvmlDevice_t) -> Ret<&FakeGpu> {
-        self.gpus
-            .iter()
-            .find(|g| std::ptr::eq(std::ptr::from_ref(*g).cast(), handle.cast_const()))
-            .ok_or(INVALID_ARGUMENT)
+    /// Resolves a GPU or MIG handle of this machine.
+    fn device(&'static self, handle: nvmlDevice_t) -> Ret<Dev> {
+        for g in &self.gpus {
+            if is_handle_of(g, handle) {
+                return Ok(Dev::Gpu(g));
+            }
+            if let Some(m) = g.migs.iter().find(|m| is_handle_of(*m, handle)) {
+                return Ok(Dev::Mig(g, m));
+            }
+        }
+        Err(INVALID_ARGUMENT)
+    }
+
+    /// What `nvmlDeviceGetNvLinkRemotePciInfo_v2` answers for a link.
+    fn remote_pci_info(&self, l: &ResolvedLink) -> nvmlPciInfo_t {
+        match (l.kind, self.profile.switch_remote_pci()) {
+            (RemoteType::Switch, SwitchRemotePci::Placeholder) => placeholder_pci_info(),
+            _ => self.pci_info_of(l.remote),
+        }
     }
 
     fn pci_info_of(&self, bus: BusId) -> nvmlPciInfo_t {
@@ -130,6 +220,27 @@ impl Machine {
     }
 }
 
+/// The remote PCI info of an NVLink whose far end is an NVSwitch NVML does
+/// not expose by address. The all-ones bus id `FFFFFFFF:FF:FF.0` is what
+/// public GB200 and virtualised HGX reports show for every NVSwitch link
+/// (`nvidia-smi nvlink -R`, NVIDIA/k8s-test-infra#371), and what NCCL's
+/// topology code treats as "remote NVLink device is not visible: assume
+/// NVSwitch" (src/graph/xml.cc; its topology dumps show the same address as
+/// `fffffff:ff:ff.0` after NCCL's own bus id conversion). domain/bus/device
+/// follow the string. This library's choices where nothing public shows the
+/// value: `busIdLegacy` "FFFF:FF:FF.0" (the 4-digit-domain form) and
+/// `pciDeviceId` 0; `pciSubSystemId` is "not filled" per nvml.h.
+fn placeholder_pci_info() -> nvmlPciInfo_t {
+    // SAFETY: nvmlPciInfo_t is plain integers and char arrays.
+    let mut info: nvmlPciInfo_t = unsafe { std::mem::zeroed() };
+    fill(&mut info.busId, "FFFFFFFF:FF:FF.0");
+    fill(&mut info.busIdLegacy, "FFFF:FF:FF.0");
+    info.domain = 0xFFFF_FFFF;
+    info.bus = 0xFF;
+    info.device = 0xFF;
+    info
+}
+
 /// Copies `s` NUL-terminated into a fixed array, truncating if needed.
 fn fill(dst: &mut [c_char], s: &str) {
     let n = s.len().min(dst.len().saturating_sub(1));
@@ -152,6 +263,21 @@ static GLOBAL: Mutex<Global> = Mutex::new(Global {
     machine: None,
 });
 static REPORTED: AtomicBool = AtomicBool::new(false);
+/// First successful `nvmlInit` of this copy of the library: the zero of the
+/// profile's `lost_after_ms` / `recovered_after_ms` clock. Not reset by
+/// shutdown, so a consumer that re-initialises sees the same timeline.
+static EPOCH: OnceLock<Instant> = OnceLock::new();
+
+fn elapsed_ms() -> u64 {
+    EPOCH.get().map_or(0, |t| {
+        u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)
+    })
+}
+
+/// Whether the GPU is off the bus right now.
+fn is_lost(g: &FakeGpu) -> bool {
+    g.gpu.lost_at(elapsed_ms())
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -173,13 +299,33 @@ fn guard(f: impl FnOnce() -> Ret<()>) -> nvmlReturn_t {
     }
 }
 
-/// Looks up a device handle; a lost GPU fails every query.
-fn lookup(handle: nvmlDevice_t) -> Ret<(&'static Machine, &'static FakeGpu)> {
+/// Resolves a GPU or MIG handle. Identity queries stop here: they answer
+/// even for a lost GPU (module docs).
+fn resolve(handle: nvmlDevice_t) -> Ret<(&'static Machine, Dev)> {
     let m = machine()?;
-    let g = m.device(handle)?;
-    if g.gpu.lost {
+    Ok((m, m.device(handle)?))
+}
+
+/// A whole-GPU handle for an identity query; MIG handles are NOT_SUPPORTED.
+fn whole_gpu(handle: nvmlDevice_t) -> Ret<(&'static Machine, &'static FakeGpu)> {
+    match resolve(handle)? {
+        (m, Dev::Gpu(g)) => Ok((m, g)),
+        (_, Dev::Mig(..)) => Err(NOT_SUPPORTED),
+    }
+}
+
+/// Fails with GPU_IS_LOST when the device's GPU is off the bus.
+fn live(d: Dev) -> Ret<Dev> {
+    if is_lost(d.gpu()) {
         return Err(GPU_IS_LOST);
     }
+    Ok(d)
+}
+
+/// A whole-GPU handle for a live query.
+fn live_gpu(handle: nvmlDevice_t) -> Ret<(&'static Machine, &'static FakeGpu)> {
+    let (m, g) = whole_gpu(handle)?;
+    live(Dev::Gpu(g))?;
     Ok((m, g))
 }
 
@@ -230,21 +376,45 @@ unsafe fn get_str<'a>(s: *const c_char) -> Ret<&'a str> {
         .map_err(|_| INVALID_ARGUMENT)
 }
 
-/// Where this copy of the library was loaded from.
-fn own_dir() -> Option<PathBuf> {
-    use std::os::unix::ffi::OsStrExt;
+/// The file this copy of the library was loaded from, as the loader knows it.
+fn own_path() -> Option<std::ffi::CString> {
     // SAFETY: Dl_info is plain pointers; dladdr fills it or returns 0.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    let addr = own_dir as fn() -> Option<PathBuf> as *const libc::c_void;
+    let addr = own_path as fn() -> Option<std::ffi::CString> as *const libc::c_void;
     // SAFETY: `addr` is a code address inside this object; `info` is valid.
     let rc = unsafe { libc::dladdr(addr, &mut info) };
     if rc == 0 || info.dli_fname.is_null() {
         return None;
     }
     // SAFETY: dladdr returned a NUL-terminated path owned by the loader.
-    let name = unsafe { CStr::from_ptr(info.dli_fname) };
+    Some(unsafe { CStr::from_ptr(info.dli_fname) }.to_owned())
+}
+
+/// Where this copy of the library was loaded from.
+fn own_dir() -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let name = own_path()?;
     let path = std::path::Path::new(std::ffi::OsStr::from_bytes(name.to_bytes()));
     path.parent().map(std::path::Path::to_path_buf)
+}
+
+/// Keeps this copy loaded for the rest of the process. The simulated
+/// machine outlives NVML sessions the way the real driver state does: a
+/// consumer that drops its last `dlopen` handle and loads NVML again must
+/// find the same lost-GPU timeline, not a fresh library.
+fn pin_in_memory() {
+    let Some(path) = own_path() else {
+        return;
+    };
+    // SAFETY: RTLD_NOLOAD only takes another reference to an object that is
+    // already loaded (this one); RTLD_NODELETE keeps it mapped. The handle
+    // is deliberately never closed.
+    let _ = unsafe {
+        libc::dlopen(
+            path.as_ptr(),
+            libc::RTLD_LAZY | libc::RTLD_NOLOAD | libc::RTLD_NODELETE,
+        )
+    };
 }
 
 fn load_profile() -> Ret<Profile> {
@@ -280,6 +450,10 @@ fn init() -> Ret<()> {
     {
         return Err(code);
     }
+    EPOCH.get_or_init(|| {
+        pin_in_memory();
+        Instant::now()
+    });
     // Leaked on purpose: handles must outlive shutdown (see module docs).
     g.machine = Some(Box::leak(Box::new(Machine::new(profile))));
     g.refcount = 1;
@@ -395,18 +569,14 @@ pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn
     })
 }
 
-fn handle_where(
-    out: *mut nvmlDevice_t,
-    pred: impl Fn(&FakeGpu) -> bool,
-    missing: nvmlReturn_t,
-) -> Ret<()> {
-    let m = machine()?;
-    let i = m.gpus.iter().position(pred).ok_or(missing)?;
-    if m.gpus[i].gpu.lost {
+/// Hands out the handle of the GPU at `pos`; a GPU off the bus has none
+/// (nvml.h: GPU_IS_LOST "if the target GPU has fallen off the bus").
+fn hand_out(m: &Machine, pos: usize, out: *mut nvmlDevice_t) -> Ret<()> {
+    if is_lost(&m.gpus[pos]) {
         return Err(GPU_IS_LOST);
     }
     // SAFETY: `out` comes straight from the NVML caller.
-    unsafe { put(out, m.handle(i)) }
+    unsafe { put(out, m.handle(pos)) }
 }
 
 #[unsafe(no_mangle)]
@@ -414,7 +584,35 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     index: c_uint,
     device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
-    guard(|| handle_where(device, |g| g.gpu.index == index, INVALID_ARGUMENT))
+    guard(|| {
+        let m = machine()?;
+        let pos = m
+            .gpus
+            .iter()
+            .position(|g| g.gpu.index == index)
+            .ok_or(INVALID_ARGUMENT)?;
+        hand_out(m, pos, device)
+    })
+}
+
+/// nvml.h: the UUID lookup accepts GPU and MIG UUIDs, "may initialize
+/// additional GPUs as it searches for the target GPU" and answers
+/// GPU_IS_LOST "if any GPU has fallen off the bus". Searching in NVML index
+/// order, and failing only when the search reaches a lost GPU, is this
+/// library's reading of that.
+fn find_uuid(m: &'static Machine, uuid: &str) -> Ret<nvmlDevice_t> {
+    for g in &m.gpus {
+        if is_lost(g) {
+            return Err(GPU_IS_LOST);
+        }
+        if g.gpu.uuid == uuid {
+            return Ok(handle_of(g));
+        }
+        if let Some(mig) = g.migs.iter().find(|x| x.dev.uuid == uuid) {
+            return Ok(handle_of(mig));
+        }
+    }
+    Err(NOT_FOUND)
 }
 
 #[unsafe(no_mangle)]
@@ -425,7 +623,9 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     guard(|| {
         // SAFETY: forwarded caller contract.
         let uuid = unsafe { get_str(uuid) }?;
-        handle_where(device, |g| g.gpu.uuid == uuid, NOT_FOUND)
+        let handle = find_uuid(machine()?, uuid)?;
+        // SAFETY: forwarded caller contract.
+        unsafe { put(device, handle) }
     })
 }
 
@@ -438,26 +638,51 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
         // SAFETY: forwarded caller contract.
         let s = unsafe { get_str(bus_id) }?;
         let bus = BusId::parse(s).map_err(|_| INVALID_ARGUMENT)?;
-        handle_where(device, |g| g.bus == bus, NOT_FOUND)
+        let m = machine()?;
+        let pos = m.gpus.iter().position(|g| g.bus == bus).ok_or(NOT_FOUND)?;
+        hand_out(m, pos, device)
     })
 }
 
-/// Runs a per-device query whose only output is one value.
+/// Runs a whole-GPU identity query whose only output is one value.
 fn query<T>(handle: nvmlDevice_t, out: *mut T, f: impl FnOnce(&FakeGpu) -> Ret<T>) -> nvmlReturn_t {
     guard(|| {
-        let (_, g) = lookup(handle)?;
+        let (_, g) = whole_gpu(handle)?;
         let v = f(g)?;
         // SAFETY: `out` comes straight from the NVML caller.
         unsafe { put(out, v) }
     })
 }
 
+/// Runs a whole-GPU live query (GPU_IS_LOST once the GPU is off the bus).
+fn query_live<T>(
+    handle: nvmlDevice_t,
+    out: *mut T,
+    f: impl FnOnce(&'static Machine, &'static FakeGpu) -> Ret<T>,
+) -> nvmlReturn_t {
+    guard(|| {
+        let (m, g) = live_gpu(handle)?;
+        let v = f(m, g)?;
+        // SAFETY: `out` comes straight from the NVML caller.
+        unsafe { put(out, v) }
+    })
+}
+
+/// nvml.h: "When used with MIG device handles this API returns indices that
+/// can be passed to nvmlDeviceGetMigDeviceHandleByIndex".
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetIndex(
     device: nvmlDevice_t,
     index: *mut c_uint,
 ) -> nvmlReturn_t {
-    query(device, index, |g| Ok(g.gpu.index))
+    guard(|| {
+        let v = match resolve(device)?.1 {
+            Dev::Gpu(g) => g.gpu.index,
+            Dev::Mig(_, m) => m.index,
+        };
+        // SAFETY: forwarded caller contract.
+        unsafe { put(index, v) }
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -468,6 +693,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
     query(device, minor, |g| Ok(g.gpu.minor))
 }
 
+/// nvml.h: with MIG handles the API "returns globally unique UUIDs".
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetUUID(
     device: nvmlDevice_t,
@@ -475,12 +701,19 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     length: c_uint,
 ) -> nvmlReturn_t {
     guard(|| {
-        let (_, g) = lookup(device)?;
+        let v = match resolve(device)?.1 {
+            Dev::Gpu(g) => &g.gpu.uuid,
+            Dev::Mig(_, m) => &m.dev.uuid,
+        };
         // SAFETY: forwarded caller contract.
-        unsafe { put_str(uuid, length, &g.gpu.uuid) }
+        unsafe { put_str(uuid, length, v) }
     })
 }
 
+/// nvml.h: with MIG handles the API "returns MIG device names". Their form,
+/// "<GPU name> MIG <profile>" (e.g. "NVIDIA A100-SXM4-40GB MIG 1g.5gb"), is
+/// what NVML-based tools print for MIG devices, e.g. the example output in
+/// HTCondor's condor_gpu_discovery manual.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetName(
     device: nvmlDevice_t,
@@ -488,9 +721,12 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     length: c_uint,
 ) -> nvmlReturn_t {
     guard(|| {
-        let (_, g) = lookup(device)?;
+        let v = match resolve(device)?.1 {
+            Dev::Gpu(g) => g.gpu.name.clone(),
+            Dev::Mig(g, m) => format!("{} MIG {}", g.gpu.name, m.dev.profile),
+        };
         // SAFETY: forwarded caller contract.
-        unsafe { put_str(name, length, &g.gpu.name) }
+        unsafe { put_str(name, length, &v) }
     })
 }
 
@@ -531,7 +767,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
     minor: *mut c_int,
 ) -> nvmlReturn_t {
     guard(|| {
-        let (_, g) = lookup(device)?;
+        let (_, g) = whole_gpu(device)?;
         if major.is_null() || minor.is_null() {
             return Err(INVALID_ARGUMENT);
         }
@@ -545,8 +781,15 @@ pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
     })
 }
 
-fn memory_bytes(g: &FakeGpu) -> u64 {
-    g.gpu.memory_mib.saturating_mul(1 << 20)
+/// Framebuffer of the device: the whole GPU's, or the MIG device's GPU
+/// instance (nvml.h: "Per-instance information can be queried by using
+/// specific MIG device handles").
+fn memory_bytes(d: Dev) -> u64 {
+    let mib = match d {
+        Dev::Gpu(g) => g.gpu.memory_mib,
+        Dev::Mig(_, m) => m.dev.memory_mib,
+    };
+    mib.saturating_mul(1 << 20)
 }
 
 #[unsafe(no_mangle)]
@@ -554,14 +797,35 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     device: nvmlDevice_t,
     memory: *mut nvmlMemory_t,
 ) -> nvmlReturn_t {
-    query(device, memory, |g| {
-        let total = memory_bytes(g);
-        Ok(nvmlMemory_t {
+    guard(|| {
+        let d = live(resolve(device)?.1)?;
+        let total = memory_bytes(d);
+        let v = nvmlMemory_t {
             total,
             free: total,
             used: 0,
-        })
+        };
+        // SAFETY: forwarded caller contract.
+        unsafe { put(memory, v) }
     })
+}
+
+/// nvml.h: `NVML_STRUCT_VERSION(data, ver)` = `sizeof(nvml<data>_v<ver>_t) |
+/// ver << 24`.
+fn struct_version<T>(ver: u32) -> u32 {
+    u32::try_from(std::mem::size_of::<T>()).unwrap_or(u32::MAX) | (ver << 24)
+}
+
+/// Reads the leading `version` field of a caller's versioned struct.
+///
+/// # Safety
+/// `ptr` must be null or valid for reading a `u32`.
+unsafe fn read_version<T>(ptr: *mut T) -> Ret<u32> {
+    if ptr.is_null() {
+        return Err(INVALID_ARGUMENT);
+    }
+    // SAFETY: non-null and, per the caller's contract, starts with a u32.
+    Ok(unsafe { ptr.cast::<u32>().read_unaligned() })
 }
 
 #[unsafe(no_mangle)]
@@ -570,31 +834,22 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     memory: *mut nvmlMemory_v2_t,
 ) -> nvmlReturn_t {
     guard(|| {
-        let (_, g) = lookup(device)?;
-        if memory.is_null() {
-            return Err(INVALID_ARGUMENT);
-        }
-        // nvml.h: NVML_STRUCT_VERSION(Memory, 2) = sizeof | 2 << 24.
-        let expected = (std::mem::size_of::<nvmlMemory_v2_t>() as u32) | (2 << 24);
-        // SAFETY: non-null and valid per the caller's contract.
-        let version = unsafe { std::ptr::addr_of!((*memory).version).read_unaligned() };
-        if version != expected {
+        let d = resolve(device)?.1;
+        // SAFETY: forwarded caller contract.
+        let version = unsafe { read_version(memory) }?;
+        if version != struct_version::<nvmlMemory_v2_t>(2) {
             return Err(VERSION_MISMATCH);
         }
-        let total = memory_bytes(g);
-        // SAFETY: as above.
-        unsafe {
-            put(
-                memory,
-                nvmlMemory_v2_t {
-                    version,
-                    total,
-                    reserved: 0,
-                    free: total,
-                    used: 0,
-                },
-            )
-        }
+        let total = memory_bytes(live(d)?);
+        let v = nvmlMemory_v2_t {
+            version,
+            total,
+            reserved: 0,
+            free: total,
+            used: 0,
+        };
+        // SAFETY: forwarded caller contract.
+        unsafe { put(memory, v) }
     })
 }
 
@@ -604,7 +859,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     pci: *mut nvmlPciInfo_t,
 ) -> nvmlReturn_t {
     guard(|| {
-        let (m, g) = lookup(device)?;
+        let (m, g) = whole_gpu(device)?;
         // SAFETY: forwarded caller contract.
         unsafe { put(pci, m.pci_info_of(g.bus)) }
     })
@@ -617,7 +872,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     pending: *mut c_uint,
 ) -> nvmlReturn_t {
     guard(|| {
-        let (_, g) = lookup(device)?;
+        let (_, g) = live_gpu(device)?;
         let mig = g.gpu.mig.ok_or(NOT_SUPPORTED)?;
         if current.is_null() || pending.is_null() {
             return Err(INVALID_ARGUMENT);
@@ -642,7 +897,7 @@ pub unsafe extern "C" fn nvmlDeviceGetNumaNodeId(
     device: nvmlDevice_t,
     node: *mut c_uint,
 ) -> nvmlReturn_t {
-    query(device, node, |g| g.gpu.numa_node_id.ok_or(NOT_SUPPORTED))
+    query_live(device, node, |_, g| g.gpu.numa_node_id.ok_or(NOT_SUPPORTED))
 }
 
 /// Resolves a link number to its slot: `Ok(None)` is a slot with no cable.
@@ -662,7 +917,7 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
     link: c_uint,
     is_active: *mut nvmlEnableState_t,
 ) -> nvmlReturn_t {
-    query(device, is_active, |g| {
+    query_live(device, is_active, |_, g| {
         Ok(match link_of(g, link)? {
             Some(l) if l.active => nvmlEnableState_enum_NVML_FEATURE_ENABLED,
             _ => nvmlEnableState_enum_NVML_FEATURE_DISABLED,
@@ -676,44 +931,43 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkVersion(
     link: c_uint,
     version: *mut c_uint,
 ) -> nvmlReturn_t {
-    query(device, version, |g| {
+    query_live(device, version, |_, g| {
         link_of(g, link)?;
         Ok(g.link_version)
     })
 }
 
+/// NVSwitch links answer the switch's address or, with
+/// `nvlink.switch_remote_pci: placeholder`, [`placeholder_pci_info`].
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
     device: nvmlDevice_t,
     link: c_uint,
     pci: *mut nvmlPciInfo_t,
 ) -> nvmlReturn_t {
-    guard(|| {
-        let (m, g) = lookup(device)?;
+    query_live(device, pci, |m, g| {
         let l = link_of(g, link)?.ok_or(NOT_SUPPORTED)?;
-        // SAFETY: forwarded caller contract.
-        unsafe { put(pci, m.pci_info_of(l.remote)) }
+        Ok(m.remote_pci_info(l))
     })
 }
 
+/// The link's far end by kind, whatever its PCI info says: NVSwitch links
+/// stay `NVML_NVLINK_DEVICE_TYPE_SWITCH` with the placeholder address, which
+/// is how consumers recognise NVSwitch fabrics (e.g. HAMi's and vgpu-manager's
+/// "detect NVLink through NVSwitch" fixes read this call).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemoteDeviceType(
     device: nvmlDevice_t,
     link: c_uint,
     kind: *mut nvmlIntNvLinkDeviceType_t,
 ) -> nvmlReturn_t {
-    guard(|| {
-        let (m, g) = lookup(device)?;
+    query_live(device, kind, |_, g| {
         let l = link_of(g, link)?.ok_or(NOT_SUPPORTED)?;
-        let v = if m.profile.gpu_by_bus_id(l.remote).is_some() {
-            nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_GPU
-        } else if m.profile.nvswitches().contains(&l.remote) {
-            nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_SWITCH
-        } else {
-            nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_UNKNOWN
-        };
-        // SAFETY: forwarded caller contract.
-        unsafe { put(kind, v) }
+        Ok(match l.kind {
+            RemoteType::Gpu => nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_GPU,
+            RemoteType::Switch => nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_SWITCH,
+            RemoteType::Ibmnpu => nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_IBMNPU,
+        })
     })
 }
 
@@ -787,7 +1041,8 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
     device: nvmlDevice_t,
     types: *mut c_ulonglong,
 ) -> nvmlReturn_t {
-    query(device, types, |_| Ok(SUPPORTED_EVENTS))
+    // nvml.h: no per-instance event reporting through MIG handles.
+    query_live(device, types, |_, _| Ok(SUPPORTED_EVENTS))
 }
 
 #[unsafe(no_mangle)]
@@ -797,7 +1052,7 @@ pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
     set: nvmlEventSet_t,
 ) -> nvmlReturn_t {
     guard(|| {
-        let (_, g) = lookup(device)?;
+        let (_, g) = live_gpu(device)?;
         let s = event_set(set)?;
         if types & !SUPPORTED_EVENTS != 0 {
             return Err(NOT_SUPPORTED);

@@ -8,6 +8,12 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub mod fabric;
+pub mod mig;
+
+pub use fabric::{FabricHealth, FabricState, GpuFabric};
+pub use mig::MigDevice;
+
 /// Error for anything wrong with a profile: YAML syntax, schema, or a
 /// cross-reference that does not resolve.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -247,6 +253,10 @@ impl Architecture {
 pub struct MigMode {
     pub current: bool,
     pub pending: bool,
+    /// `nvmlDeviceGetMaxMigDeviceCount` while MIG is enabled; defaults to
+    /// [`mig::DEFAULT_MAX_MIG_DEVICES`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_devices: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -275,13 +285,30 @@ pub struct Gpu {
     /// Absent means the GPU has no MIG support (NOT_SUPPORTED).
     #[serde(default)]
     pub mig: Option<MigMode>,
+    /// MIG devices that exist (only with `mig.current: true`), in NVML's MIG
+    /// device index order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_devices: Vec<MigDevice>,
+    /// `nvmlDeviceGetGpuFabricInfo{,V}`; absent means NOT_SUPPORTED, as on
+    /// PCIe GPUs and GPUs outside an NVLink fabric.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<GpuFabric>,
     /// `nvmlDeviceGetNumaNodeId`: the GPU-memory node on coherent
     /// platforms; absent means NOT_SUPPORTED, as on PCIe-attached GPUs.
     #[serde(default)]
     pub numa_node_id: Option<u32>,
-    /// Fell off the bus: handle lookups and queries return GPU_IS_LOST.
+    /// Fell off the bus before NVML was initialised: handle lookups answer
+    /// GPU_IS_LOST (see the README for what each call answers).
     #[serde(default)]
     pub lost: bool,
+    /// Falls off the bus this many ms after the first `nvmlInit` of the
+    /// library; until then the GPU behaves normally.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_after_ms: Option<u64>,
+    /// Back on the bus this many ms after the first `nvmlInit` (needs `lost`
+    /// or `lost_after_ms`); illustrative, real GPUs need a reset or reboot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovered_after_ms: Option<u64>,
     /// In the PCI tree and hwloc, but not enumerated by NVML.
     #[serde(default)]
     pub nvml_hidden: bool,
@@ -310,6 +337,32 @@ pub struct NvLinkSpec {
     pub count: u32,
     #[serde(default = "yes")]
     pub active: bool,
+    /// What the far end is; inferred (a GPU of the profile or an NVSwitch)
+    /// when absent. `ibmnpu` models the NVLink-attached POWER9 CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_type: Option<RemoteType>,
+}
+
+/// `nvmlIntNvLinkDeviceType_t` without the UNKNOWN value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RemoteType {
+    Gpu,
+    Switch,
+    /// `NVML_NVLINK_DEVICE_TYPE_IBMNPU`: an IBM POWER CPU's NVLink unit.
+    Ibmnpu,
+}
+
+/// What `nvmlDeviceGetNvLinkRemotePciInfo_v2` answers for a link that ends
+/// at an NVSwitch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SwitchRemotePci {
+    /// The switch's own PCI address.
+    #[default]
+    Address,
+    /// The all-ones placeholder `FFFFFFFF:FF:FF.0` (see the README).
+    Placeholder,
 }
 
 /// Machine-wide NVLink settings. With `switches` and `links_per_gpu`, every
@@ -324,6 +377,12 @@ pub struct NvLinkFabric {
     pub switches: Vec<String>,
     #[serde(default)]
     pub links_per_gpu: u32,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub switch_remote_pci: SwitchRemotePci,
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -453,6 +512,7 @@ pub struct ResolvedLink {
     pub link: u32,
     pub remote: BusId,
     pub active: bool,
+    pub kind: RemoteType,
 }
 
 impl Profile {
@@ -629,11 +689,15 @@ impl Profile {
                 let Ok(remote) = BusId::parse(&spec.remote) else {
                     continue;
                 };
+                let kind = spec
+                    .remote_type
+                    .unwrap_or_else(|| self.infer_remote(remote));
                 for _ in 0..spec.count {
                     out.push(ResolvedLink {
                         link,
                         remote,
                         active: spec.active,
+                        kind,
                     });
                     link += 1;
                 }
@@ -650,11 +714,30 @@ impl Profile {
                         link,
                         remote: switches[link as usize % switches.len()],
                         active: true,
+                        kind: RemoteType::Switch,
                     });
                 }
             }
         }
         out
+    }
+
+    /// The far end of a link whose spec does not say: a GPU of the profile,
+    /// else an NVSwitch (validation rejects anything that is neither).
+    fn infer_remote(&self, remote: BusId) -> RemoteType {
+        if self.gpu_by_bus_id(remote).is_some() {
+            RemoteType::Gpu
+        } else {
+            RemoteType::Switch
+        }
+    }
+
+    /// Whether NVSwitch links report the placeholder remote PCI address.
+    pub fn switch_remote_pci(&self) -> SwitchRemotePci {
+        self.nvlink
+            .as_ref()
+            .map(|f| f.switch_remote_pci)
+            .unwrap_or_default()
     }
 
     /// Number of NVLink slots NVML answers for; 0 means no NVLink at all.
@@ -906,12 +989,7 @@ impl Profile {
                 if r == me {
                     return err(format!("GPU {}: NVLink to itself", g.bus_id));
                 }
-                if !gpu_bus.contains(&r) && !switches.contains(&r) {
-                    return err(format!(
-                        "GPU {}: NVLink remote {} is neither a GPU nor an NVSwitch",
-                        g.bus_id, spec.remote
-                    ));
-                }
+                check_remote(g, spec, r, &gpu_bus, &switches)?;
             }
             let links = self.links_of(g);
             if links.len() > bindings::NVML_NVLINK_MAX_LINKS as usize {
@@ -951,6 +1029,8 @@ impl Profile {
             }
         }
 
+        self.validate_gpu_extras()?;
+
         // XIDs.
         for x in &self.xid_events {
             if !visible.contains(&x.gpu_index) {
@@ -961,6 +1041,107 @@ impl Profile {
             }
         }
         Ok(())
+    }
+}
+
+impl Profile {
+    /// MIG devices, fabric info and loss timing of every GPU.
+    fn validate_gpu_extras(&self) -> Result<(), ProfileError> {
+        let mut mig_uuids: BTreeSet<String> = self.gpus.iter().map(|g| g.uuid.clone()).collect();
+        let mut cap_minors = BTreeSet::from([mig::CONFIG_MINOR, mig::MONITOR_MINOR]);
+        for g in &self.gpus {
+            mig::validate_gpu(g, &mut mig_uuids, &mut cap_minors)?;
+            if let Some(f) = &g.fabric {
+                f.validate(&g.bus_id)?;
+            }
+            check_loss_timing(g)?;
+        }
+        Ok(())
+    }
+}
+
+/// `lost` and `lost_after_ms` are two starts of one outage, and a recovery
+/// comes after the start.
+fn check_loss_timing(g: &Gpu) -> Result<(), ProfileError> {
+    if g.lost && g.lost_after_ms.is_some() {
+        return err(format!(
+            "GPU {}: lost and lost_after_ms are exclusive (lost means lost at init)",
+            g.bus_id
+        ));
+    }
+    if let Some(back) = g.recovered_after_ms {
+        let start = match (g.lost, g.lost_after_ms) {
+            (true, _) => 0,
+            (false, Some(ms)) => ms,
+            (false, None) => {
+                return err(format!(
+                    "GPU {}: recovered_after_ms needs lost or lost_after_ms",
+                    g.bus_id
+                ));
+            }
+        };
+        if back <= start {
+            return err(format!(
+                "GPU {}: recovered_after_ms {back} must be after the loss at {start} ms",
+                g.bus_id
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An explicit link's far end exists and is of the kind the spec says.
+fn check_remote(
+    g: &Gpu,
+    spec: &NvLinkSpec,
+    remote: BusId,
+    gpus: &BTreeSet<BusId>,
+    switches: &BTreeSet<BusId>,
+) -> Result<(), ProfileError> {
+    let is_gpu = gpus.contains(&remote);
+    let is_switch = switches.contains(&remote);
+    let ok = match spec.remote_type {
+        None => is_gpu || is_switch,
+        Some(RemoteType::Gpu) => is_gpu,
+        Some(RemoteType::Switch) => is_switch,
+        // A POWER9 NPU is a CPU-side device, never one of the GPUs.
+        Some(RemoteType::Ibmnpu) => !is_gpu && !is_switch,
+    };
+    if ok {
+        return Ok(());
+    }
+    err(match spec.remote_type {
+        None => format!(
+            "GPU {}: NVLink remote {} is neither a GPU nor an NVSwitch (set remote_type for other ends)",
+            g.bus_id, spec.remote
+        ),
+        Some(kind) => format!(
+            "GPU {}: NVLink remote {} is not a {kind:?} (remote_type)",
+            g.bus_id, spec.remote
+        ),
+    })
+}
+
+impl Gpu {
+    /// `nvmlDeviceGetMaxMigDeviceCount` while MIG is enabled.
+    pub fn max_mig_devices(&self) -> u32 {
+        self.mig
+            .and_then(|m| m.max_devices)
+            .unwrap_or(mig::DEFAULT_MAX_MIG_DEVICES)
+    }
+
+    /// Whether the GPU is off the bus `ms` milliseconds after the first
+    /// `nvmlInit`.
+    pub fn lost_at(&self, ms: u64) -> bool {
+        let start = if self.lost {
+            Some(0)
+        } else {
+            self.lost_after_ms
+        };
+        match start {
+            Some(start) if ms >= start => self.recovered_after_ms.is_none_or(|back| ms < back),
+            _ => false,
+        }
     }
 }
 
@@ -1235,6 +1416,9 @@ pub fn builtin_names() -> &'static [&'static str] {
         "empty",
         "init-failure",
         "mismatch",
+        "dgx-a100-mig",
+        "hgx-h100-placeholder",
+        "lost-gpu",
     ]
 }
 

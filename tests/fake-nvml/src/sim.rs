@@ -1,11 +1,80 @@
 //! A whole simulated GPU node on disk: the fake NVML with a profile, the profile's
-//! hwloc topology, a driver root with the library names the CDI code looks for, and a
-//! `/proc/devices` that registers the NVIDIA majors. The kubelet plugin runs against
-//! it unchanged, with the paths passed as its ordinary flags.
+//! hwloc topology, a driver root with the library names the CDI code looks for, a
+//! `/proc/devices` that registers the NVIDIA majors, and a copy of
+//! `/proc/driver/nvidia/capabilities` with the MIG access capabilities. The kubelet
+//! plugin runs against it unchanged, with the paths passed as its ordinary flags.
 
 use std::path::{Path, PathBuf};
 
+use crate::profile::mig::{CONFIG_MINOR, MONITOR_MINOR};
 use crate::{Profile, hwloc_xml};
+
+/// Major of `nvidia-caps` in the simulated `/proc/devices`. The kernel assigns
+/// it dynamically; 508 is the value in the MIG User Guide's `ls -l
+/// /dev/nvidia-caps` example, so illustrative.
+pub const NVIDIA_CAPS_MAJOR: u32 = 508;
+
+/// The simulated `/proc/devices`: majors of the NVIDIA character devices,
+/// in ascending order as the kernel lists them. 195 is the NVIDIA driver's
+/// fixed major; nvidia-caps and nvidia-uvm are dynamic, their numbers
+/// illustrative.
+fn proc_devices_text() -> String {
+    format!(
+        "Character devices:\n  1 mem\n195 nvidia-frontend\n{NVIDIA_CAPS_MAJOR} nvidia-caps\n\
+         509 nvidia-uvm\n\nBlock devices:\n  8 sd\n"
+    )
+}
+
+/// `DeviceFileMode` of `mig/config`: 256 (0400, root only), as the MIG User
+/// Guide's `cat /proc/driver/nvidia/capabilities/mig/config` shows.
+const MODE_ROOT_READ: u32 = 0o400;
+/// 292 (0444): `mig/monitor` and the GI/CI `access` files are world-readable
+/// (`-r--r--r--` in the guide's `ls -l` listings).
+const MODE_ALL_READ: u32 = 0o444;
+
+/// Body of a capability file, in the format the MIG User Guide prints
+/// ("DeviceFileMinor: 1\nDeviceFileMode: 256\nDeviceFileModify: 1").
+pub fn capability_file(minor: u32, mode: u32) -> String {
+    format!("DeviceFileMinor: {minor}\nDeviceFileMode: {mode}\nDeviceFileModify: 1\n")
+}
+
+/// Lays out `/proc/driver/nvidia/capabilities` under `dir`: `mig/config` and
+/// `mig/monitor` when a GPU is MIG-capable, and for every MIG device
+/// `gpu<minor>/mig/gi<id>/access` and `gpu<minor>/mig/gi<id>/ci<id>/access`.
+pub fn write_capabilities(dir: &Path, profile: &Profile) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    if profile.gpus.iter().any(|g| g.mig.is_some()) {
+        let mig = dir.join("mig");
+        std::fs::create_dir_all(&mig)?;
+        std::fs::write(
+            mig.join("config"),
+            capability_file(CONFIG_MINOR, MODE_ROOT_READ),
+        )?;
+        std::fs::write(
+            mig.join("monitor"),
+            capability_file(MONITOR_MINOR, MODE_ALL_READ),
+        )?;
+    }
+    for g in &profile.gpus {
+        for d in &g.mig_devices {
+            let gi = dir
+                .join(format!("gpu{}", g.minor))
+                .join("mig")
+                .join(format!("gi{}", d.gpu_instance_id));
+            let ci = gi.join(format!("ci{}", d.compute_instance_id));
+            std::fs::create_dir_all(&ci)?;
+            std::fs::write(
+                gi.join("access"),
+                capability_file(d.gi_minor(g.minor), MODE_ALL_READ),
+            )?;
+            std::fs::write(
+                ci.join("access"),
+                capability_file(d.ci_minor(g.minor), MODE_ALL_READ),
+            )?;
+        }
+    }
+    Ok(())
+}
 
 /// Paths of a simulated node, as flags of `topodra-kubelet-plugin serve`.
 #[derive(Debug, Clone)]
@@ -15,6 +84,8 @@ pub struct SimNode {
     pub driver_root: PathBuf,
     pub dev_root: PathBuf,
     pub proc_devices: PathBuf,
+    /// Mirror of `/proc/driver/nvidia/capabilities`.
+    pub capabilities_dir: PathBuf,
 }
 
 impl SimNode {
@@ -27,6 +98,7 @@ impl SimNode {
             format!("--driver-root={}", p(&self.driver_root)),
             format!("--dev-root={}", p(&self.dev_root)),
             format!("--proc-devices={}", p(&self.proc_devices)),
+            format!("--nvidia-capabilities-dir={}", p(&self.capabilities_dir)),
         ]
     }
 }
@@ -68,15 +140,15 @@ pub fn materialize(
     let dev_root = dir.join("dev-root");
     std::fs::create_dir_all(dev_root.join("dev"))?;
     let proc_devices = dir.join("proc-devices");
-    std::fs::write(
-        &proc_devices,
-        "Character devices:\n  1 mem\n195 nvidia-frontend\n509 nvidia-uvm\n\nBlock devices:\n  8 sd\n",
-    )?;
+    std::fs::write(&proc_devices, proc_devices_text())?;
+    let capabilities_dir = dir.join("capabilities");
+    write_capabilities(&capabilities_dir, &profile)?;
     Ok(SimNode {
         nvml_lib,
         hwloc_xml: hwloc,
         driver_root,
         dev_root,
         proc_devices,
+        capabilities_dir,
     })
 }

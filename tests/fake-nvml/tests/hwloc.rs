@@ -173,6 +173,21 @@ fn gb200() {
 }
 
 #[test]
+fn dgx_a100_mig() {
+    check("dgx-a100-mig");
+}
+
+#[test]
+fn hgx_h100_placeholder() {
+    check("hgx-h100-placeholder");
+}
+
+#[test]
+fn lost_gpu() {
+    check("lost-gpu");
+}
+
+#[test]
 fn small_profiles() {
     for name in ["empty", "init-failure", "mismatch"] {
         check(name);
@@ -181,7 +196,7 @@ fn small_profiles() {
 
 #[test]
 fn every_builtin_is_covered() {
-    assert_eq!(builtin_names().len(), 8);
+    assert_eq!(builtin_names().len(), 11);
 }
 
 /// On the NPS4 box, each GPU hangs under the Group of its documented node.

@@ -3,31 +3,20 @@
 //! and profile in a temp dir, so the tests run in parallel without sharing
 //! NVML state.
 
-use std::path::{Path, PathBuf};
+mod common;
 
-use nvml_wrapper::Nvml;
+use common::{builtin_yaml, fabric_v3, instance_ids, open, remote_type, setup, uuid_text};
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::Brand;
 use nvml_wrapper::enums::device::DeviceArchitecture;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{Device, Nvml};
 use nvml_wrapper_sys::bindings::{self as sys, NvmlLib};
-use topodra_fake_nvml::profile::{Architecture, XidEvent, parse_compute_capability};
-use topodra_fake_nvml::{BusId, Profile, install};
-
-fn setup(yaml: &str) -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let lib = install(dir.path(), yaml);
-    (dir, lib)
-}
-
-fn open(lib: &Path) -> Result<Nvml, NvmlError> {
-    Nvml::builder().lib_path(lib.as_os_str()).init()
-}
-
-fn builtin_yaml(name: &str) -> String {
-    Profile::builtin(name).expect("builtin").to_yaml()
-}
+use topodra_fake_nvml::profile::{
+    Architecture, FabricState, Gpu, RemoteType, SwitchRemotePci, XidEvent, parse_compute_capability,
+};
+use topodra_fake_nvml::{BusId, Profile};
 
 fn arch(a: Architecture) -> DeviceArchitecture {
     match a {
@@ -58,8 +47,11 @@ fn check_profile(name: &str) {
     let gpus = p.nvml_gpus();
     assert_eq!(nvml.device_count().expect("count") as usize, gpus.len());
 
-    let switches = p.nvswitches();
     for g in gpus {
+        if g.lost || g.lost_after_ms.is_some() {
+            // Covered by tests/lost.rs.
+            continue;
+        }
         let d = nvml.device_by_index(g.index).expect("by index");
         let bus = BusId::parse(&g.bus_id).expect("bus");
         assert_eq!(d.index().expect("index"), g.index);
@@ -99,6 +91,8 @@ fn check_profile(name: &str) {
             Some(n) => assert_eq!(d.numa_node_id().expect("numa"), n),
             None => assert!(matches!(d.numa_node_id(), Err(NvmlError::NotSupported))),
         }
+        check_mig(&nvml, &d, g);
+        check_fabric(&nvml, &d, g);
 
         // Lookups by the other keys land on the same device.
         let by_uuid = nvml.device_by_uuid(g.uuid.as_str()).expect("by uuid");
@@ -112,41 +106,137 @@ fn check_profile(name: &str) {
             .expect("by 8-digit bus");
         assert_eq!(by_nvml_bus.index().expect("index"), g.index);
 
-        let links = p.links_of(g);
-        let slots = p.nvlink_slots(g);
-        if slots == 0 {
-            assert!(matches!(
-                d.link_wrapper_for(0).is_active(),
-                Err(NvmlError::NotSupported)
-            ));
-            continue;
-        }
-        for link in 0..slots {
-            let w = d.link_wrapper_for(link);
-            let want = links.iter().find(|l| l.link == link);
-            assert_eq!(
-                w.is_active().expect("state"),
-                want.is_some_and(|l| l.active)
-            );
-            assert_eq!(w.version().expect("version"), p.nvlink_version(g));
-            match want {
-                Some(l) => {
-                    let r = w.remote_pci_info().expect("remote");
-                    assert_eq!(r.bus_id, l.remote.nvml());
-                    if let Some(peer) = p.gpu_by_bus_id(l.remote) {
-                        assert_eq!(r.pci_device_id, peer.pci_device_id);
-                    } else {
-                        assert!(switches.contains(&l.remote), "remote is a switch");
-                    }
-                }
-                None => assert!(matches!(w.remote_pci_info(), Err(NvmlError::NotSupported))),
-            }
-        }
-        assert!(matches!(
-            d.link_wrapper_for(slots).is_active(),
-            Err(NvmlError::InvalidArg)
-        ));
+        check_nvlinks(&nvml, &d, &p, g);
     }
+}
+
+fn check_nvlinks(nvml: &Nvml, d: &Device<'_>, p: &Profile, g: &Gpu) {
+    let links = p.links_of(g);
+    let slots = p.nvlink_slots(g);
+    if slots == 0 {
+        assert!(matches!(
+            d.link_wrapper_for(0).is_active(),
+            Err(NvmlError::NotSupported)
+        ));
+        return;
+    }
+    let switches = p.nvswitches();
+    let placeholder = p.switch_remote_pci() == SwitchRemotePci::Placeholder;
+    for link in 0..slots {
+        let w = d.link_wrapper_for(link);
+        let want = links.iter().find(|l| l.link == link);
+        assert_eq!(
+            w.is_active().expect("state"),
+            want.is_some_and(|l| l.active)
+        );
+        assert_eq!(w.version().expect("version"), p.nvlink_version(g));
+        let Some(l) = want else {
+            assert!(matches!(w.remote_pci_info(), Err(NvmlError::NotSupported)));
+            continue;
+        };
+        let r = w.remote_pci_info().expect("remote");
+        let kind = remote_type(nvml, d, link).expect("remote type");
+        match l.kind {
+            RemoteType::Gpu => {
+                let peer = p.gpu_by_bus_id(l.remote).expect("peer");
+                assert_eq!(r.bus_id, l.remote.nvml());
+                assert_eq!(r.pci_device_id, peer.pci_device_id);
+                assert_eq!(
+                    kind,
+                    sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_GPU
+                );
+            }
+            RemoteType::Switch => {
+                assert!(switches.contains(&l.remote), "remote is a switch");
+                let want = if placeholder {
+                    "FFFFFFFF:FF:FF.0".to_owned()
+                } else {
+                    l.remote.nvml()
+                };
+                assert_eq!(r.bus_id, want);
+                assert_eq!(
+                    kind,
+                    sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_SWITCH
+                );
+            }
+            RemoteType::Ibmnpu => assert_eq!(
+                kind,
+                sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_IBMNPU
+            ),
+        }
+    }
+    assert!(matches!(
+        d.link_wrapper_for(slots).is_active(),
+        Err(NvmlError::InvalidArg)
+    ));
+}
+
+/// MIG handles, as NVML enumerates them under the parent.
+fn check_mig(nvml: &Nvml, d: &Device<'_>, g: &Gpu) {
+    assert!(!d.mig_is_mig_device_handle().expect("is mig"));
+    if !g.mig.is_some_and(|m| m.current) {
+        // nvml.h: "Returns zero if MIG is not supported or enabled".
+        assert_eq!(d.mig_device_count().expect("max count"), 0);
+        assert!(g.mig_devices.is_empty());
+        return;
+    }
+    let max = d.mig_device_count().expect("max count");
+    assert_eq!(max, g.max_mig_devices());
+    for (i, want) in (0..).zip(&g.mig_devices) {
+        let m = d.mig_device_by_index(i).expect("mig handle");
+        assert!(m.mig_is_mig_device_handle().expect("is mig"));
+        assert_eq!(m.index().expect("mig index"), i);
+        assert_eq!(m.uuid().expect("mig uuid"), want.uuid);
+        assert_eq!(
+            m.name().expect("mig name"),
+            format!("{} MIG {}", g.name, want.profile)
+        );
+        assert_eq!(
+            m.memory_info().expect("mig memory").total,
+            want.memory_mib << 20
+        );
+        let a = m.attributes().expect("attributes");
+        assert_eq!(a.multiprocessor_count, want.multiprocessors);
+        assert_eq!(a.gpu_instance_slice_count, want.gpu_instance_slices);
+        assert_eq!(a.compute_instance_slice_count, want.compute_instance_slices);
+        assert_eq!(a.memory_size_mb, want.memory_mib);
+        assert_eq!(a.shared_copy_engine_count, want.copy_engines);
+        assert_eq!(
+            instance_ids(nvml, &m),
+            Ok((want.gpu_instance_id, want.compute_instance_id))
+        );
+        let parent = m.mig_parent_device().expect("parent");
+        assert_eq!(parent.uuid().expect("parent uuid"), g.uuid);
+    }
+    let used = u32::try_from(g.mig_devices.len()).expect("count");
+    for i in used..max {
+        assert!(matches!(d.mig_device_by_index(i), Err(NvmlError::NotFound)));
+    }
+    assert!(matches!(
+        d.mig_device_by_index(max),
+        Err(NvmlError::InvalidArg)
+    ));
+}
+
+fn check_fabric(nvml: &Nvml, d: &Device<'_>, g: &Gpu) {
+    let got = fabric_v3(nvml, d);
+    let Some(f) = &g.fabric else {
+        assert_eq!(
+            got.err(),
+            Some(sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)
+        );
+        return;
+    };
+    let info = got.expect("fabric info");
+    assert_eq!(uuid_text(&info.clusterUuid), f.cluster_uuid);
+    assert_eq!(info.cliqueId, f.clique_id);
+    let state = match f.state {
+        FabricState::NotSupported => sys::NVML_GPU_FABRIC_STATE_NOT_SUPPORTED,
+        FabricState::NotStarted => sys::NVML_GPU_FABRIC_STATE_NOT_STARTED,
+        FabricState::InProgress => sys::NVML_GPU_FABRIC_STATE_IN_PROGRESS,
+        FabricState::Completed => sys::NVML_GPU_FABRIC_STATE_COMPLETED,
+    };
+    assert_eq!(u32::from(info.state), state);
 }
 
 #[test]
@@ -172,6 +262,21 @@ fn snc4_xeon() {
 #[test]
 fn gb200() {
     check_profile("gb200");
+}
+
+#[test]
+fn dgx_a100_mig() {
+    check_profile("dgx-a100-mig");
+}
+
+#[test]
+fn hgx_h100_placeholder() {
+    check_profile("hgx-h100-placeholder");
+}
+
+#[test]
+fn lost_gpu_profile() {
+    check_profile("lost-gpu");
 }
 
 #[test]
@@ -213,17 +318,6 @@ fn missing_profile_is_driver_not_loaded() {
 fn broken_profile_is_unknown() {
     let (_dir, lib) = setup("name: [broken");
     assert!(matches!(open(&lib), Err(NvmlError::Unknown)));
-}
-
-#[test]
-fn lost_gpu_reports_gpu_is_lost() {
-    let mut p = Profile::builtin("l40s-pcie").expect("builtin");
-    p.gpus[2].lost = true;
-    let (_dir, lib) = setup(&p.to_yaml());
-    let nvml = open(&lib).expect("init");
-    assert_eq!(nvml.device_count().expect("count"), 8);
-    assert!(matches!(nvml.device_by_index(2), Err(NvmlError::GpuLost)));
-    assert!(nvml.device_by_index(3).is_ok());
 }
 
 #[test]

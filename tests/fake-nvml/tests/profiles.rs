@@ -153,3 +153,136 @@ fn overlapping_sibling_bridges_are_rejected() {
     );
     expect_error(&yaml, "overlapping bus ranges");
 }
+
+fn builtin(name: &str) -> String {
+    std::fs::read_to_string(profiles_dir().join(format!("{name}.yaml"))).expect("read")
+}
+
+#[test]
+fn mig_devices_are_validated() {
+    let b = builtin("dgx-a100-mig");
+    expect_error(
+        &b.replacen(
+            "mig: {current: true, pending: true}",
+            "mig: {current: false, pending: true}",
+            1,
+        ),
+        "need MIG mode enabled",
+    );
+    expect_error(
+        &b.replacen("profile: \"3g.20gb\"", "profile: \"2g.20gb\"", 1),
+        "does not match gpu_instance_slices",
+    );
+    expect_error(
+        &b.replacen("profile: \"3g.20gb\"", "profile: \"1c.3g.20gb\"", 1),
+        "does not match compute_instance_slices",
+    );
+    expect_error(
+        &b.replacen("gpu_instance_id: 8,", "gpu_instance_id: 7,", 1),
+        "duplicate (gpu instance, compute instance)",
+    );
+    expect_error(
+        &b.replacen("gpu_instance_id: 8,", "gpu_instance_id: 15,", 1),
+        "ids must be",
+    );
+    expect_error(
+        &b.replacen(
+            "MIG-6e1c0f2a-4b3d-5a7e-9c8f-000000000001",
+            "MIG-6e1c0f2a-4b3d-5a7e-9c8f-000000000000",
+            1,
+        ),
+        "duplicate uuid",
+    );
+    expect_error(
+        &b.replacen("uuid: \"MIG-", "uuid: \"GPU-", 1),
+        "must look like MIG-",
+    );
+    // Two compute instances sharing GI 2 may not use more than its 3 slices.
+    expect_error(
+        &b.replacen(
+            "gpu_instance_id: 4, compute_instance_id: 0, profile: \"2g.10gb\", gpu_instance_slices: 2, compute_instance_slices: 2, memory_mib: 9984",
+            "gpu_instance_id: 2, compute_instance_id: 1, profile: \"2c.3g.20gb\", gpu_instance_slices: 3, compute_instance_slices: 2, memory_mib: 20096",
+            1,
+        ),
+        "more slices than their GPU instance",
+    );
+    expect_error(
+        &b.replacen(
+            "copy_engines: 3, decoders: 2,",
+            "copy_engines: 3, decoders: 2, gi_cap_minor: 66,",
+            1,
+        ),
+        "access minor is not unique",
+    );
+}
+
+#[test]
+fn fabric_and_loss_fields_are_validated() {
+    let b = builtin("gb200");
+    expect_error(
+        &b.replacen("cluster_uuid: \"6f1d2c3b", "cluster_uuid: \"6f1d2c3", 1),
+        "invalid UUID",
+    );
+    expect_error(
+        &b.replacen("state: completed}", "state: completed, status: NOPE}", 1),
+        "unknown NVML return code",
+    );
+    expect_error(
+        &b.replacen("state: completed}", "state: done}", 1),
+        "unknown variant",
+    );
+    let lost = builtin("lost-gpu");
+    expect_error(
+        &lost.replacen(
+            "    lost: true\n",
+            "    lost: true\n    lost_after_ms: 5\n",
+            1,
+        ),
+        "exclusive",
+    );
+    expect_error(
+        &lost.replacen("recovered_after_ms: 6000", "recovered_after_ms: 1000", 1),
+        "must be after the loss",
+    );
+    expect_error(
+        &lost.replacen("    lost_after_ms: 1500\n", "", 1),
+        "needs lost or lost_after_ms",
+    );
+}
+
+#[test]
+fn nvlink_remote_types_are_validated() {
+    let b = builtin("snc4-xeon");
+    assert!(b.contains("nvlinks:"), "snc4-xeon has explicit links");
+    let first_remote = b
+        .split("remote: \"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .expect("a remote")
+        .to_owned();
+    expect_error(
+        &b.replacen(
+            &format!("remote: \"{first_remote}\""),
+            &format!("remote: \"{first_remote}\", remote_type: switch"),
+            1,
+        ),
+        "is not a Switch",
+    );
+    expect_error(
+        &b.replacen(
+            &format!("remote: \"{first_remote}\""),
+            "remote: \"0007:00:00.0\"",
+            1,
+        ),
+        "neither a GPU nor an NVSwitch",
+    );
+    let h = builtin("dgx-h100");
+    expect_error(
+        &h.replacen("switch_remote_pci", "x", 1).replacen(
+            "links_per_gpu: 18",
+            "links_per_gpu: 18\n  switch_remote_pci: hidden",
+            1,
+        ),
+        "unknown variant",
+    );
+}

@@ -1,0 +1,100 @@
+//! The simulated node's `/proc/devices` and nvidia-capabilities tree.
+
+use std::path::Path;
+
+use topodra_fake_nvml::sim::{self, NVIDIA_CAPS_MAJOR};
+use topodra_fake_nvml::{cdylib_path, profiles_dir};
+
+fn node(name: &str) -> (tempfile::TempDir, sim::SimNode) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = std::fs::read_to_string(profiles_dir().join(format!("{name}.yaml"))).expect("read");
+    let node = sim::materialize(dir.path(), &yaml, &cdylib_path()).expect("materialize");
+    (dir, node)
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Relative paths of all files under `dir`, sorted.
+fn files(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read dir").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p.strip_prefix(dir).expect("under dir");
+                out.push(rel.display().to_string());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn cap(minor: u32) -> String {
+    format!("DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+}
+
+#[test]
+fn proc_devices_registers_nvidia_caps() {
+    let (_dir, sim) = node("dgx-h100");
+    let text = read(&sim.proc_devices);
+    assert!(
+        text.contains(&format!("\n{NVIDIA_CAPS_MAJOR} nvidia-caps\n")),
+        "{text}"
+    );
+    assert!(text.contains("\n195 nvidia-frontend\n"));
+    assert!(sim.plugin_args().contains(&format!(
+        "--nvidia-capabilities-dir={}",
+        sim.capabilities_dir.display()
+    )));
+}
+
+#[test]
+fn mig_capabilities_of_dgx_a100_mig() {
+    let (_dir, sim) = node("dgx-a100-mig");
+    let caps = &sim.capabilities_dir;
+    assert_eq!(
+        read(&caps.join("mig/config")),
+        "DeviceFileMinor: 1\nDeviceFileMode: 256\nDeviceFileModify: 1\n"
+    );
+    assert_eq!(read(&caps.join("mig/monitor")), cap(2));
+    // GPU 0 (minor 0): seven 1g.5gb in GI 7..13, CI 0.
+    for gi in 7..=13 {
+        let base = 3 + gi * 9;
+        assert_eq!(
+            read(&caps.join(format!("gpu0/mig/gi{gi}/access"))),
+            cap(base)
+        );
+        assert_eq!(
+            read(&caps.join(format!("gpu0/mig/gi{gi}/ci0/access"))),
+            cap(base + 1)
+        );
+    }
+    // GPU 1 (minor 1): GI 2, 4, 7.
+    for (gi, minor) in [(2, 156), (4, 174), (7, 201)] {
+        assert_eq!(
+            read(&caps.join(format!("gpu1/mig/gi{gi}/access"))),
+            cap(minor)
+        );
+        assert_eq!(
+            read(&caps.join(format!("gpu1/mig/gi{gi}/ci0/access"))),
+            cap(minor + 1)
+        );
+    }
+    // Nothing for the pending or whole GPUs.
+    assert_eq!(files(caps).len(), 2 + 2 * (7 + 3));
+}
+
+#[test]
+fn no_mig_devices_no_access_files() {
+    let (_dir, h100) = node("dgx-h100");
+    assert_eq!(files(&h100.capabilities_dir), ["mig/config", "mig/monitor"]);
+    let (_dir2, l40s) = node("l40s-pcie");
+    assert!(files(&l40s.capabilities_dir).is_empty());
+    assert!(l40s.capabilities_dir.is_dir());
+}
