@@ -295,3 +295,163 @@ fn gpus_seen_by_only_one_source_follow_the_documented_rules() {
     // The GPU NVML does not report is not published at all.
     assert!(inv.gpus.iter().all(|g| g.uuid.is_some()));
 }
+
+#[test]
+fn nvswitch_placeholder_addresses_still_make_one_fabric() {
+    // NVML reports FFFFFFFF:FF:FF.0 for every NVSwitch link on this board; the remote
+    // device type says they are switches.
+    let inv = inventory("hgx-h100-placeholder");
+    assert!(inv.warnings.is_empty(), "{:?}", inv.warnings);
+    assert_eq!(inv.gpus.len(), 8);
+    for gpu in &inv.gpus {
+        assert_eq!(
+            gpu.nvlink_domain.as_deref(),
+            Some("nvl0"),
+            "{}",
+            gpu.pci_bus_id
+        );
+        assert_eq!(gpu.nvlink_peers.len(), 7);
+    }
+    // Same answer as the board whose switches report their own addresses.
+    let real = inventory("dgx-h100");
+    let domains = |inv: &Inventory| {
+        inv.gpus
+            .iter()
+            .map(|g| g.nvlink_domain.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(domains(&inv), domains(&real));
+}
+
+#[test]
+fn gb200_gpus_carry_their_nvl72_clique() {
+    let inv = inventory("gb200");
+    for gpu in &inv.gpus {
+        assert_eq!(
+            gpu.nvlink_clique.as_deref(),
+            Some("6f1d2c3b-4a59-4e8d-9c7b-1a2b3c4d5e6f.32766"),
+            "{}",
+            gpu.pci_bus_id
+        );
+    }
+    for name in ["dgx-h100", "dgx-a100", "l40s-pcie"] {
+        assert!(
+            inventory(name)
+                .gpus
+                .iter()
+                .all(|g| g.nvlink_clique.is_none()),
+            "{name} has no multi-node fabric"
+        );
+    }
+}
+
+#[test]
+fn memory_numa_node_only_on_the_coherent_profile() {
+    for name in ["dgx-h100", "dgx-a100", "l40s-pcie", "snc4-xeon"] {
+        assert!(
+            inventory(name)
+                .gpus
+                .iter()
+                .all(|g| g.memory_numa_node.is_none()),
+            "{name}"
+        );
+    }
+    // NVML answering nvmlDeviceGetNumaNodeId with a CPU node on a PCIe machine does
+    // not make it a memory node of the GPU.
+    let yaml = std::fs::read_to_string(profiles_dir().join("dgx-h100.yaml"))
+        .unwrap()
+        .replace(
+            "    mig: {current: false, pending: false}",
+            "    mig: {current: false, pending: false}\n    numa_node_id: 0",
+        );
+    let (_dir, inv) = discover_yaml(&yaml, NvmlPolicy::Required);
+    let inv = inv.unwrap();
+    assert_eq!(inv.gpus.len(), 8);
+    assert!(inv.gpus.iter().all(|g| g.memory_numa_node.is_none()));
+    assert!(inv.warnings.is_empty(), "{:?}", inv.warnings);
+}
+
+#[test]
+fn dgx_a100_mig_offers_mig_devices_and_nothing_for_the_pending_gpu() {
+    let inv = inventory("dgx-a100-mig");
+    assert_eq!(inv.gpus.len(), 8, "the inventory keeps every GPU");
+    assert_eq!(inv.warnings.len(), 1, "{:?}", inv.warnings);
+    assert!(
+        inv.warnings[0]
+            .contains("MIG mode change pending (now disabled, enabled after a GPU reset)"),
+        "{}",
+        inv.warnings[0]
+    );
+    let offered = inv.allocatable();
+    let names: Vec<String> = offered.iter().map(|d| d.name()).collect();
+    let gpu0: Vec<&String> = names.iter().filter(|n| n.starts_with("gpu-0-")).collect();
+    assert_eq!(
+        gpu0,
+        (7..=13)
+            .map(|gi| format!("gpu-0-mig-{gi}-0"))
+            .collect::<Vec<_>>()
+            .iter()
+            .collect::<Vec<_>>(),
+        "7 x 1g.5gb in GPU instances 7-13"
+    );
+    let gpu1: Vec<(String, Option<String>, Option<u64>)> = offered
+        .iter()
+        .filter(|d| d.gpu.minor == Some(1))
+        .map(|d| {
+            let m = d.mig.as_ref().unwrap();
+            (d.name(), m.profile.clone(), m.memory_bytes.map(|b| b >> 20))
+        })
+        .collect();
+    assert_eq!(
+        gpu1,
+        [
+            ("gpu-1-mig-2-0".into(), Some("3g.20gb".into()), Some(20096)),
+            ("gpu-1-mig-4-0".into(), Some("2g.10gb".into()), Some(9984)),
+            ("gpu-1-mig-7-0".into(), Some("1g.5gb".into()), Some(4864)),
+        ]
+    );
+    assert!(
+        !names.iter().any(|n| n.starts_with("gpu-2")),
+        "pending GPU offered: {names:?}"
+    );
+    let whole: Vec<&String> = names.iter().filter(|n| !n.contains("-mig-")).collect();
+    assert_eq!(
+        whole,
+        ["gpu-3", "gpu-4", "gpu-5", "gpu-6", "gpu-7"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+            .iter()
+            .collect::<Vec<_>>()
+    );
+    // MIG devices keep the parent's place in the machine.
+    for d in offered.iter().filter(|d| d.mig.is_some()) {
+        assert!(d.gpu.numa_node.is_some() && d.gpu.pcie_root.is_some());
+        assert!(d.mig.as_ref().unwrap().uuid.starts_with("MIG-"));
+        assert_eq!(d.mig.as_ref().unwrap().multiprocessors.is_some(), true);
+    }
+}
+
+#[test]
+fn lost_gpus_are_not_published_and_are_named() {
+    // 0000:9b:00.0 is lost before NVML opens it; 0000:9a:00.0 only 1.5 s after init,
+    // so a discovery right after start still sees it.
+    let inv = inventory("lost-gpu");
+    let buses: Vec<String> = inv.gpus.iter().map(|g| g.pci_bus_id.to_string()).collect();
+    assert_eq!(buses, ["0000:18:00.0", "0000:19:00.0", "0000:9a:00.0"]);
+    assert!(
+        inv.warnings
+            .iter()
+            .any(|w| w.contains("is lost (NVML_ERROR_GPU_IS_LOST")),
+        "{:?}",
+        inv.warnings
+    );
+    assert!(
+        inv.warnings
+            .iter()
+            .any(|w| w.contains("0000:9b:00.0") && w.contains("lost")),
+        "the warning names the lost GPU's bus id: {:?}",
+        inv.warnings
+    );
+    assert!(inv.unjoined.is_empty(), "a lost GPU is no join failure");
+}

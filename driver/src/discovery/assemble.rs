@@ -35,17 +35,35 @@ pub fn assemble(
                 ));
             }
             let is_lost = |bus| snapshot.lost.iter().any(|l| l.pci_bus_id == Some(bus));
+            // NVML refuses even a handle to a GPU lost before it was opened, so such
+            // a GPU has no address; the topology's NVIDIA devices that NVML does
+            // not describe are then most likely those, and are named as such.
+            let nameless_lost = snapshot
+                .lost
+                .iter()
+                .filter(|l| l.pci_bus_id.is_none())
+                .count();
             for pci in &topology.gpus {
-                if !snapshot.gpus.iter().any(|g| g.pci_bus_id == pci.pci_bus_id)
-                    && !is_lost(pci.pci_bus_id)
+                if snapshot.gpus.iter().any(|g| g.pci_bus_id == pci.pci_bus_id)
+                    || is_lost(pci.pci_bus_id)
                 {
-                    unjoined.push(pci.pci_bus_id);
+                    continue;
+                }
+                if nameless_lost > 0 {
                     warnings.push(format!(
-                        "NVIDIA PCI device {} is in the {} topology but NVML does not report it \
-                         (no driver bound, or the GPU is lost); not published",
+                        "NVIDIA PCI device {} is in the {} topology but NVML does not describe \
+                         it; NVML reports {nameless_lost} lost GPU(s) without an address, likely \
+                         this one; not published",
                         pci.pci_bus_id, topology.source
                     ));
+                    continue;
                 }
+                unjoined.push(pci.pci_bus_id);
+                warnings.push(format!(
+                    "NVIDIA PCI device {} is in the {} topology but NVML does not report it \
+                     (no driver bound, or the GPU is lost); not published",
+                    pci.pci_bus_id, topology.source
+                ));
             }
             let missing: Vec<&GpuIdentity> = snapshot
                 .gpus

@@ -239,3 +239,28 @@ async fn nvml_that_cannot_start_leaves_health_unknown() {
         .await;
     missing.stop().await;
 }
+
+#[tokio::test]
+async fn a_gpu_lost_after_start_is_unhealthy_until_nvml_sees_it_again() {
+    // GPU 0 falls off the bus 300 ms after NVML starts and answers again at 1.5 s.
+    // It is the first GPU, so a UUID lookup of GPU 1 would pass it and answer
+    // GPU_IS_LOST too (nvml.h); probes look GPUs up by bus id, so GPU 1 stays healthy.
+    let yaml = profile("", false).replacen(
+        "    pci_device_id: 0x26b910de\n",
+        "    pci_device_id: 0x26b910de\n    lost_after_ms: 300\n    recovered_after_ms: 1500\n",
+        1,
+    );
+    let mut m = start(&yaml, None);
+    let s = m
+        .until("gpu-0 lost", |s| status(s, "gpu-0") == Status::Unhealthy)
+        .await;
+    assert_eq!(s.devices["gpu-0"].cause, Some(Cause::Lost));
+    assert_eq!(status(&s, "gpu-1"), Status::Healthy);
+    let taints = device_taints(&s, std::time::SystemTime::now(), TaintEffect::NoSchedule);
+    assert_eq!(taints["gpu-0"][0].value.as_deref(), Some("lost"));
+    let s = m
+        .until("gpu-0 back", |s| status(s, "gpu-0") == Status::Healthy)
+        .await;
+    assert_eq!(status(&s, "gpu-1"), Status::Healthy);
+    m.stop().await;
+}

@@ -898,16 +898,18 @@ impl Profile {
                     g.bus_id, g.pci_device_id
                 ));
             }
-            if let Some(node) = g.numa_node_id {
-                match self.numa_node(node) {
-                    Some(n) if n.kind == NumaKind::GpuMemory => {}
-                    _ => {
-                        return err(format!(
-                            "GPU {}: numa_node_id {node} is not a gpu-memory NUMA node",
-                            g.bus_id
-                        ));
-                    }
-                }
+            // Any node of the machine. Where nvmlDeviceGetNumaNodeId answers on
+            // non-coherent platforms it names the GPU's CPU node (NVIDIA's DRA
+            // driver publishes it as such: kubernetes-sigs/dra-driver-nvidia-gpu
+            // PR 1165), while others answer NOT_SUPPORTED (same thread: L4 on
+            // driver 580); consumers must check it against the topology.
+            if let Some(node) = g.numa_node_id
+                && self.numa_node(node).is_none()
+            {
+                return err(format!(
+                    "GPU {}: numa_node_id {node} is not a NUMA node of the machine",
+                    g.bus_id
+                ));
             }
         }
         let visible: Vec<u32> = self.nvml_gpus().iter().map(|g| g.index).collect();
