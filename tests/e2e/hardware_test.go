@@ -12,11 +12,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// TestHGXH100PlaceholderNVSwitch: an HGX H100 board whose NVSwitch links report a
+// TestHGXSwitchPlaceholder: an HGX H100 board whose NVSwitch links report a
 // placeholder PCI address, as NVML does on some platforms and drivers. Discovery
 // must classify the links by remote device type, so all 8 GPUs share one
 // nvlinkDomain and one claim of 8 GPUs with matchAttribute nvlinkDomain fits.
-func TestHGXH100PlaceholderNVSwitch(t *testing.T) {
+func TestHGXSwitchPlaceholder(t *testing.T) {
 	e := newEnv(t, envOptions{profile: "hgx-h100-placeholder"})
 	e.waitRegistered(2 * time.Minute)
 	devices := e.waitDevices(8, time.Minute)
