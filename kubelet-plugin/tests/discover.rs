@@ -1,0 +1,90 @@
+//! `topodra-kubelet-plugin discover` as an operator runs it: the real binary on the
+//! fake NVML and the profile's hwloc topology.
+
+#![allow(clippy::unwrap_used)]
+
+use std::process::{Command, Output};
+
+use topodra_fake_nvml::sim;
+
+fn discover(profile: &str, extra: &[&str]) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml =
+        std::fs::read_to_string(topodra_fake_nvml::profiles_dir().join(format!("{profile}.yaml")))
+            .unwrap();
+    let node = sim::materialize(dir.path(), &yaml, &topodra_fake_nvml::cdylib_path()).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_topodra-kubelet-plugin"))
+        .arg("discover")
+        .arg(format!("--nvml-lib={}", node.nvml_lib.display()))
+        .arg(format!("--hwloc-xml={}", node.hwloc_xml.display()))
+        .args(["--node-name", "node-a"])
+        .args(extra)
+        .env_remove("TOPODRA_DISCOVER_STRICT")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn strict_fails_on_gpus_only_one_source_sees() {
+    // `mismatch`: one GPU hidden from hwloc, one hidden from NVML.
+    let lax = discover("mismatch", &[]);
+    assert!(
+        lax.status.success(),
+        "{}",
+        String::from_utf8_lossy(&lax.stderr)
+    );
+    let strict = discover("mismatch", &["--strict"]);
+    let stderr = String::from_utf8_lossy(&strict.stderr);
+    assert!(!strict.status.success());
+    assert!(
+        stderr.contains("--strict: 2 GPU(s) seen by only one of NVML and the hwloc topology"),
+        "{stderr}"
+    );
+    // The table is still printed before the verdict.
+    assert!(String::from_utf8_lossy(&strict.stdout).contains("DEVICE"));
+
+    let clean = discover("dgx-h100", &["--strict"]);
+    assert!(
+        clean.status.success(),
+        "{}",
+        String::from_utf8_lossy(&clean.stderr)
+    );
+    // A lost GPU is no join failure: it is reported, not published, and passes.
+    let lost = discover("lost-gpu", &["--strict"]);
+    assert!(
+        lost.status.success(),
+        "{}",
+        String::from_utf8_lossy(&lost.stderr)
+    );
+    assert!(String::from_utf8_lossy(&lost.stderr).contains("0000:9b:00.0"));
+}
+
+#[test]
+fn yaml_output_quotes_pci_addresses() {
+    let out = discover("dgx-h100", &["-o", "yaml"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("string: \"0000:18:00.0\""), "{text}");
+    assert!(!text.contains("string: 0000:"), "{text}");
+    // And it is still the same List the JSON output gives.
+    let json: serde_json::Value =
+        serde_json::from_slice(&discover("dgx-h100", &["-o", "json"]).stdout).unwrap();
+    let yaml: serde_json::Value = serde_yaml::from_str(&text).unwrap();
+    assert_eq!(yaml, json);
+}
+
+#[test]
+fn mig_gpus_list_their_mig_devices() {
+    let out = discover("dgx-a100-mig", &[]);
+    assert!(out.status.success());
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.contains("gpu-1-mig-2-0"), "{table}");
+    assert!(table.contains("MIG 3g.20gb"), "{table}");
+    assert!(
+        table.contains("not offered: MIG change pending reset"),
+        "{table}"
+    );
+    assert!(!table.lines().any(|l| l.starts_with("gpu-0 ")), "{table}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("MIG mode change pending"), "{stderr}");
+}
