@@ -104,20 +104,15 @@ fn gpu_rows(gpu: &Gpu) -> Vec<Vec<String>> {
                 )
             })
             .collect(),
-        Offer::Mig => vec![row(
-            gpu,
-            "-".into(),
-            "not offered: MIG mode, no MIG devices".into(),
-            gpu.memory_bytes,
-            gpu.uuid.as_deref(),
-        )],
-        Offer::MigChangePending => vec![row(
-            gpu,
-            "-".into(),
-            "not offered: MIG change pending reset".into(),
-            gpu.memory_bytes,
-            gpu.uuid.as_deref(),
-        )],
+        offer => {
+            let why = if offer == Offer::Mig {
+                "not offered: MIG mode, no MIG devices"
+            } else {
+                "not offered: MIG change pending reset"
+            };
+            let (memory, uuid) = (gpu.memory_bytes, gpu.uuid.as_deref());
+            vec![row(gpu, "-".into(), why.into(), memory, uuid)]
+        }
     }
 }
 
