@@ -385,13 +385,10 @@ fn dgx_a100_mig_offers_mig_devices_and_nothing_for_the_pending_gpu() {
     let offered = inv.allocatable();
     let names: Vec<String> = offered.iter().map(|d| d.name()).collect();
     let gpu0: Vec<&String> = names.iter().filter(|n| n.starts_with("gpu-0-")).collect();
+    let want: Vec<String> = (7..=13).map(|gi| format!("gpu-0-mig-{gi}-0")).collect();
     assert_eq!(
         gpu0,
-        (7..=13)
-            .map(|gi| format!("gpu-0-mig-{gi}-0"))
-            .collect::<Vec<_>>()
-            .iter()
-            .collect::<Vec<_>>(),
+        want.iter().collect::<Vec<_>>(),
         "7 x 1g.5gb in GPU instances 7-13"
     );
     let gpu1: Vec<(String, Option<String>, Option<u64>)> = offered
@@ -428,7 +425,7 @@ fn dgx_a100_mig_offers_mig_devices_and_nothing_for_the_pending_gpu() {
     for d in offered.iter().filter(|d| d.mig.is_some()) {
         assert!(d.gpu.numa_node.is_some() && d.gpu.pcie_root.is_some());
         assert!(d.mig.as_ref().unwrap().uuid.starts_with("MIG-"));
-        assert_eq!(d.mig.as_ref().unwrap().multiprocessors.is_some(), true);
+        assert!(d.mig.as_ref().unwrap().multiprocessors.is_some());
     }
 }
 
