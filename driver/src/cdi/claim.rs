@@ -1,6 +1,6 @@
 //! The CDI spec of one prepared claim.
 //!
-//! One spec per claim, kind [`CDI_KIND`], one CDI device per allocated GPU named
+//! One spec per claim, of the installation's [`CdiKind`], one CDI device per allocated GPU named
 //! `<claimUID>-<deviceName>` so names never collide across claims in the shared
 //! spec directory. A GPU's own device node is a per-device edit; everything any GPU
 //! needs (control nodes, driver files, env hints) is claim-wide, which runtimes apply
@@ -12,7 +12,7 @@ use super::driver_files::DriverFiles;
 use super::nodes::{DeviceNodes, NodeInfo, dev_path};
 use super::spec::{ContainerEdits, Device, DeviceNode, Spec};
 use super::version::minimum_version;
-use super::{CDI_KIND, CdiError, cdi_device_name, check_claim_uid, validate};
+use super::{CdiError, CdiKind, cdi_device_name, check_claim_uid, validate};
 use crate::cpuset::IdList;
 use crate::inventory::{AllocatableDevice, Gpu};
 
@@ -23,6 +23,9 @@ pub const ANNOTATION_CLAIM_NAMESPACE: &str = "topodra.dev/claim-namespace";
 pub const ANNOTATION_CLAIM_NAME: &str = "topodra.dev/claim-name";
 /// On each device, when NVML gave the GPU a UUID.
 pub const ANNOTATION_GPU_UUID: &str = "topodra.dev/gpu-uuid";
+/// On each device: the claim's requests it serves, comma-separated (request names are
+/// DNS labels, so they hold no comma).
+pub const ANNOTATION_REQUESTS: &str = "topodra.dev/requests";
 
 /// Env hints (when [`ClaimSpecRequest::env_hints`] is on). They describe the whole
 /// claim: env is claim-wide, because per-device values for one key would overwrite
@@ -54,6 +57,9 @@ pub struct ClaimGpu {
     /// [`DeviceNodes::mig_access_nodes`]): without them CUDA sees the parent GPU's
     /// node but cannot open the MIG device.
     pub mig_nodes: Vec<String>,
+    /// The claim's requests this device serves (base names), kept in the spec so a
+    /// checkpoint rebuilt from specs still answers the kubelet with them.
+    pub requests: Vec<String>,
 }
 
 impl ClaimGpu {
@@ -71,6 +77,7 @@ impl ClaimGpu {
             numa_node: gpu.numa_node,
             local_cpus: gpu.local_cpus.clone(),
             mig_nodes: Vec::new(),
+            requests: Vec::new(),
         })
     }
 
@@ -99,6 +106,8 @@ pub struct ClaimSpecRequest {
     pub gpus: Vec<ClaimGpu>,
     /// Adds the `TOPODRA_*` topology hints and `CUDA_DEVICE_ORDER`.
     pub env_hints: bool,
+    /// The installation's spec kind (from its driver name).
+    pub kind: CdiKind,
 }
 
 impl ClaimSpecRequest {
@@ -106,7 +115,7 @@ impl ClaimSpecRequest {
     pub fn cdi_device_ids(&self) -> Vec<String> {
         self.gpus
             .iter()
-            .map(|g| super::cdi_device_id(&self.claim_uid, &g.device_name))
+            .map(|g| self.kind.device_id(&self.claim_uid, &g.device_name))
             .collect()
     }
 }
@@ -153,6 +162,11 @@ pub fn claim_spec(
                 .annotations
                 .insert(ANNOTATION_GPU_UUID.into(), uuid.clone());
         }
+        if !gpu.requests.is_empty() {
+            device
+                .annotations
+                .insert(ANNOTATION_REQUESTS.into(), gpu.requests.join(","));
+        }
         devices.push(device);
     }
 
@@ -184,7 +198,7 @@ pub fn claim_spec(
 
     let mut spec = Spec {
         cdi_version: String::new(),
-        kind: CDI_KIND.to_owned(),
+        kind: req.kind.kind(),
         annotations: [
             (ANNOTATION_CLAIM_UID, &req.claim_uid),
             (ANNOTATION_CLAIM_NAMESPACE, &req.claim_namespace),
@@ -276,6 +290,7 @@ mod tests {
             numa_node: Some(numa),
             local_cpus: cpus.parse().unwrap(),
             mig_nodes: vec![],
+            requests: vec![],
         }
     }
 
@@ -286,6 +301,7 @@ mod tests {
             claim_name: "train-gpus".into(),
             gpus,
             env_hints: true,
+            kind: CdiKind::default(),
         }
     }
 
@@ -542,5 +558,22 @@ mod tests {
         assert_eq!(spec.cdi_version, Version::V0_6_0.to_string());
         assert_eq!(spec.container_edits.mounts, files.edits.mounts);
         assert!(validate(&spec).is_ok());
+    }
+
+    #[test]
+    fn each_device_records_its_requests() {
+        let mut g0 = gpu(0, 0, "0-3");
+        g0.requests = vec!["gpus".into(), "extra".into()];
+        let req = request(vec![g0, gpu(1, 0, "0-3")]);
+        let spec = claim_spec(&req, &TableDeviceNodes::nvidia([0, 1], 509), &driver()).unwrap();
+        assert_eq!(
+            spec.devices[0].annotations[ANNOTATION_REQUESTS],
+            "gpus,extra"
+        );
+        assert!(
+            !spec.devices[1]
+                .annotations
+                .contains_key(ANNOTATION_REQUESTS)
+        );
     }
 }

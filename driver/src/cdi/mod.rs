@@ -2,7 +2,7 @@
 //! that uses one of our GPUs.
 //!
 //! Prepare builds one spec per claim with [`claim_spec`] and writes it with
-//! [`SpecWriter`]; the kubelet gets back the [`cdi_device_id`]s and passes them to the
+//! [`SpecWriter`]; the kubelet gets back the [`CdiKind::device_id`]s and passes them to the
 //! runtime, which looks them up in the spec directory. Unprepare removes the file;
 //! [`SpecWriter::list_owned`] finds files no claim owns any more.
 //!
@@ -24,7 +24,8 @@
 //! let config = CdiConfig::default();
 //! let driver = DriverFiles::load(&config)?; // once at startup, or on driver change
 //! let nodes = config.device_nodes();
-//! let writer = SpecWriter::new(&config.spec_dir);
+//! let kind = CdiKind::for_driver("gpu.topodra.dev");
+//! let writer = SpecWriter::new(&config.spec_dir, kind.clone());
 //! # let gpus = vec![];
 //! let req = ClaimSpecRequest {
 //!     claim_uid: "0b7c2f4e-3c1d-4a5e-9f60-1d2e3f4a5b6c".into(),
@@ -32,6 +33,7 @@
 //!     claim_name: "train".into(),
 //!     gpus, // ClaimGpu::from_gpu(&inventory_gpu)? for each allocated device
 //!     env_hints: true,
+//!     kind,
 //! };
 //! let spec = claim_spec(&req, &nodes, &driver)?;
 //! writer.write(&req.claim_uid, &spec)?;
@@ -51,8 +53,8 @@ use std::io;
 use std::path::PathBuf;
 
 pub use claim::{
-    ANNOTATION_CLAIM_NAME, ANNOTATION_CLAIM_NAMESPACE, ANNOTATION_CLAIM_UID, ClaimGpu,
-    ClaimSpecRequest, claim_spec,
+    ANNOTATION_CLAIM_NAME, ANNOTATION_CLAIM_NAMESPACE, ANNOTATION_CLAIM_UID, ANNOTATION_REQUESTS,
+    ClaimGpu, ClaimSpecRequest, claim_spec,
 };
 pub use driver_files::{DriverFiles, DriverFilesSource, DriverRoot};
 pub use nodes::{
@@ -62,20 +64,55 @@ pub use nodes::{
 pub use spec::{ContainerEdits, Device, DeviceNode, Hook, Mount, Spec};
 pub use validate::{Problems, validate};
 pub use version::{Version, minimum_version};
-pub use writer::{DEFAULT_SPEC_DIR, SpecWriter, spec_file_name};
+pub use writer::{DEFAULT_SPEC_DIR, SpecWriter};
 
-/// The CDI kind of every claim spec (`vendor/class`).
-pub const CDI_KIND: &str = "k8s.gpu.topodra.dev/claim";
+/// The CDI kind of one installation's claim specs: `k8s.<driver name>/claim`.
+///
+/// Derived from the DRA driver name, so two installations with different driver
+/// names on one node (a canary beside the stable one, say) write specs of different
+/// kinds under different file names, and each one's cleanup only ever sees its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CdiKind {
+    vendor: String,
+}
+
+/// The spec class: one spec per prepared claim.
+const CDI_CLASS: &str = "claim";
+
+impl CdiKind {
+    pub fn for_driver(driver_name: &str) -> Self {
+        Self {
+            vendor: format!("k8s.{driver_name}"),
+        }
+    }
+
+    /// `vendor/class`, as the spec's `kind` field and the CDI ids spell it.
+    pub fn kind(&self) -> String {
+        format!("{}/{CDI_CLASS}", self.vendor)
+    }
+
+    /// The fully qualified CDI id the kubelet passes to the runtime:
+    /// `k8s.gpu.topodra.dev/claim=<claimUID>-<deviceName>`.
+    pub fn device_id(&self, claim_uid: &str, device: &str) -> String {
+        format!("{}={}", self.kind(), cdi_device_name(claim_uid, device))
+    }
+
+    /// `<vendor>-<class>_`: the CDI convention's file name prefix for transient specs.
+    pub fn file_prefix(&self) -> String {
+        format!("{}-{CDI_CLASS}_", self.vendor)
+    }
+}
+
+impl Default for CdiKind {
+    /// The kind of the default driver name, `gpu.topodra.dev`.
+    fn default() -> Self {
+        Self::for_driver(crate::slice::DEFAULT_DRIVER_NAME)
+    }
+}
 
 /// The CDI device name of one allocated device: `<claimUID>-<deviceName>`.
 pub fn cdi_device_name(claim_uid: &str, device: &str) -> String {
     format!("{claim_uid}-{device}")
-}
-
-/// The fully qualified CDI id the kubelet passes to the runtime:
-/// `k8s.gpu.topodra.dev/claim=<claimUID>-<deviceName>`.
-pub fn cdi_device_id(claim_uid: &str, device: &str) -> String {
-    format!("{CDI_KIND}={}", cdi_device_name(claim_uid, device))
 }
 
 /// Where specs go and where the driver's files and device nodes are.
@@ -216,13 +253,18 @@ mod tests {
     fn names_and_ids() {
         let uid = "0b7c2f4e-3c1d-4a5e-9f60-1d2e3f4a5b6c";
         assert_eq!(
-            cdi_device_id(uid, "gpu-3"),
+            CdiKind::default().device_id(uid, "gpu-3"),
             "k8s.gpu.topodra.dev/claim=0b7c2f4e-3c1d-4a5e-9f60-1d2e3f4a5b6c-gpu-3"
         );
         assert_eq!(
-            spec_file_name(uid),
-            "k8s.gpu.topodra.dev-claim_0b7c2f4e-3c1d-4a5e-9f60-1d2e3f4a5b6c.json"
+            SpecWriter::new("/var/run/cdi", CdiKind::default()).path_for(uid),
+            PathBuf::from(
+                "/var/run/cdi/k8s.gpu.topodra.dev-claim_0b7c2f4e-3c1d-4a5e-9f60-1d2e3f4a5b6c.json"
+            )
         );
+        let canary = CdiKind::for_driver("canary.gpu.example.com");
+        assert_eq!(canary.kind(), "k8s.canary.gpu.example.com/claim");
+        assert_eq!(canary.file_prefix(), "k8s.canary.gpu.example.com-claim_");
         assert!(check_claim_uid(uid).is_ok());
         assert!(check_claim_uid(&"a".repeat(129)).is_err());
     }

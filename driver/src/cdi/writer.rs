@@ -13,45 +13,52 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::spec::Spec;
-use super::{CdiError, check_claim_uid, validate};
+use super::{CdiError, CdiKind, check_claim_uid, validate};
 
 /// Where runtimes look for transient specs; they also read `/etc/cdi`, which is for
 /// static ones.
 pub const DEFAULT_SPEC_DIR: &str = "/var/run/cdi";
 
-/// Every file we own starts with this: `<vendor>-<class>_`, the CDI convention for
-/// transient specs, so other vendors' files are never mistaken for ours.
-pub const SPEC_FILE_PREFIX: &str = "k8s.gpu.topodra.dev-claim_";
 const SPEC_FILE_SUFFIX: &str = ".json";
 /// Temp files: a leading dot and no `.json` ending keep runtimes from loading them.
-const TEMP_PREFIX: &str = ".k8s.gpu.topodra.dev-claim_";
 const TEMP_MARKER: &str = ".tmp-";
 
 /// World-readable: runtimes may read specs as another user than the plugin's.
 const SPEC_FILE_MODE: u32 = 0o644;
 
-/// `k8s.gpu.topodra.dev-claim_<claimUID>.json`.
-pub fn spec_file_name(claim_uid: &str) -> String {
-    format!("{SPEC_FILE_PREFIX}{claim_uid}{SPEC_FILE_SUFFIX}")
-}
-
-/// Writes, removes and lists this driver's claim specs in one directory.
+/// Writes, removes and lists one installation's claim specs in one directory.
+///
+/// Every file it owns starts with the kind's `<vendor>-<class>_` prefix (the CDI
+/// convention for transient specs), so other vendors' files, and those of another
+/// installation with another driver name, are never mistaken for its own.
 #[derive(Debug, Clone)]
 pub struct SpecWriter {
     dir: PathBuf,
+    kind: CdiKind,
 }
 
 impl SpecWriter {
-    pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into() }
+    pub fn new(dir: impl Into<PathBuf>, kind: CdiKind) -> Self {
+        Self {
+            dir: dir.into(),
+            kind,
+        }
     }
 
     pub fn dir(&self) -> &Path {
         &self.dir
     }
 
+    pub fn kind(&self) -> &CdiKind {
+        &self.kind
+    }
+
+    /// `<dir>/k8s.gpu.topodra.dev-claim_<claimUID>.json` for the default driver name.
     pub fn path_for(&self, claim_uid: &str) -> PathBuf {
-        self.dir.join(spec_file_name(claim_uid))
+        self.dir.join(format!(
+            "{}{claim_uid}{SPEC_FILE_SUFFIX}",
+            self.kind.file_prefix()
+        ))
     }
 
     /// Validates `spec` and writes it atomically as the claim's file, replacing any
@@ -77,7 +84,7 @@ impl SpecWriter {
             source,
         })?;
         let path = self.path_for(claim_uid);
-        let tmp = self.dir.join(temp_name(claim_uid));
+        let tmp = self.dir.join(self.temp_name(claim_uid));
         let result = write_file(&tmp, &data, wrap)
             .and_then(|()| {
                 fs::rename(&tmp, &path).map_err(|source| CdiError::Io {
@@ -114,13 +121,12 @@ impl SpecWriter {
     /// garbage collection against the checkpoint. Other vendors' files, and names
     /// that only look like ours, are never listed. A missing directory owns nothing.
     pub fn list_owned(&self) -> Result<Vec<String>, CdiError> {
+        let prefix = self.kind.file_prefix();
         let mut uids: Vec<String> = self
             .entries()?
             .into_iter()
             .filter_map(|name| {
-                let uid = name
-                    .strip_prefix(SPEC_FILE_PREFIX)?
-                    .strip_suffix(SPEC_FILE_SUFFIX)?;
+                let uid = name.strip_prefix(&prefix)?.strip_suffix(SPEC_FILE_SUFFIX)?;
                 check_claim_uid(uid).is_ok().then(|| uid.to_owned())
             })
             .collect();
@@ -132,7 +138,7 @@ impl SpecWriter {
     pub fn remove_stale_temp_files(&self) -> Result<usize, CdiError> {
         let mut removed = 0;
         for name in self.entries()? {
-            if name.starts_with(TEMP_PREFIX) && name.contains(TEMP_MARKER) {
+            if name.starts_with(&self.temp_prefix()) && name.contains(TEMP_MARKER) {
                 let path = self.dir.join(&name);
                 match fs::remove_file(&path) {
                     Ok(()) => removed += 1,
@@ -175,17 +181,23 @@ impl SpecWriter {
         }
         Ok(names)
     }
-}
 
-/// Unique per process and call, so concurrent prepares of one claim (retries) never
-/// share a temp file.
-fn temp_name(claim_uid: &str) -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!(
-        "{TEMP_PREFIX}{claim_uid}{TEMP_MARKER}{}-{n}",
-        std::process::id()
-    )
+    /// A leading dot and no `.json` ending: runtimes never load a temp file.
+    fn temp_prefix(&self) -> String {
+        format!(".{}", self.kind.file_prefix())
+    }
+
+    /// Unique per process and call, so concurrent prepares of one claim (retries)
+    /// never share a temp file.
+    fn temp_name(&self, claim_uid: &str) -> String {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        format!(
+            "{}{claim_uid}{TEMP_MARKER}{}-{n}",
+            self.temp_prefix(),
+            std::process::id()
+        )
+    }
 }
 
 /// Turns the temp file into the writer the spec bytes go through.
@@ -252,6 +264,10 @@ mod tests {
         }
     }
 
+    fn file_name(uid: &str) -> String {
+        format!("k8s.gpu.topodra.dev-claim_{uid}.json")
+    }
+
     fn names(dir: &Path) -> Vec<String> {
         let mut v: Vec<String> = fs::read_dir(dir)
             .unwrap()
@@ -264,7 +280,7 @@ mod tests {
     #[test]
     fn writes_replaces_and_removes() {
         let dir = tempfile::tempdir().unwrap();
-        let w = SpecWriter::new(dir.path().join("cdi"));
+        let w = SpecWriter::new(dir.path().join("cdi"), CdiKind::default());
         let path = w.write(UID, &spec("gpu-0")).unwrap();
         assert_eq!(
             path.file_name().unwrap().to_str().unwrap(),
@@ -288,9 +304,9 @@ mod tests {
     #[test]
     fn lists_only_our_own_files() {
         let dir = tempfile::tempdir().unwrap();
-        let w = SpecWriter::new(dir.path());
+        let w = SpecWriter::new(dir.path(), CdiKind::default());
         assert!(
-            SpecWriter::new(dir.path().join("absent"))
+            SpecWriter::new(dir.path().join("absent"), CdiKind::default())
                 .list_owned()
                 .unwrap()
                 .is_empty()
@@ -308,6 +324,21 @@ mod tests {
             fs::write(dir.path().join(other), "{}").unwrap();
         }
         assert_eq!(w.list_owned().unwrap(), [UID, "uid-2"]);
+
+        // Another installation (another driver name) in the same directory: neither
+        // lists, nor cleans up, the other's specs.
+        let canary = SpecWriter::new(dir.path(), CdiKind::for_driver("canary.topodra.dev"));
+        canary.write("uid-3", &spec("gpu-0")).unwrap();
+        fs::write(
+            dir.path()
+                .join(format!(".k8s.canary.topodra.dev-claim_x{TEMP_MARKER}1-1")),
+            "",
+        )
+        .unwrap();
+        assert_eq!(canary.list_owned().unwrap(), ["uid-3"]);
+        assert_eq!(w.list_owned().unwrap(), [UID, "uid-2"]);
+        assert_eq!(w.remove_stale_temp_files().unwrap(), 0);
+        assert_eq!(canary.remove_stale_temp_files().unwrap(), 1);
     }
 
     /// A writer that fails like a full disk after some bytes went through.
@@ -330,7 +361,7 @@ mod tests {
     #[test]
     fn disk_full_leaves_the_old_spec_and_no_temp_file() {
         let dir = tempfile::tempdir().unwrap();
-        let w = SpecWriter::new(dir.path());
+        let w = SpecWriter::new(dir.path(), CdiKind::default());
         let path = w.write(UID, &spec("gpu-0")).unwrap();
         let before = fs::read(&path).unwrap();
 
@@ -343,13 +374,13 @@ mod tests {
             CdiError::Io { source, .. } => assert_eq!(source.raw_os_error(), Some(libc::ENOSPC)),
             other => panic!("{other}"),
         }
-        assert_eq!(names(dir.path()), [spec_file_name(UID)]);
+        assert_eq!(names(dir.path()), [file_name(UID)]);
         assert_eq!(fs::read(&path).unwrap(), before);
 
         // A first write that fails leaves nothing at all.
         w.write_with("uid-new", &spec("gpu-0"), |f| Box::new(DiskFull(f, 0)))
             .unwrap_err();
-        assert_eq!(names(dir.path()), [spec_file_name(UID)]);
+        assert_eq!(names(dir.path()), [file_name(UID)]);
     }
 
     #[test]
@@ -362,7 +393,7 @@ mod tests {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
-        let w = SpecWriter::new(dir.path());
+        let w = SpecWriter::new(dir.path(), CdiKind::default());
         let err = w.write_with(UID, &spec("gpu-0"), dev_full).unwrap_err();
         match err {
             CdiError::Io { source, .. } => assert_eq!(source.raw_os_error(), Some(libc::ENOSPC)),
@@ -374,7 +405,7 @@ mod tests {
     #[test]
     fn refuses_invalid_specs_and_uids() {
         let dir = tempfile::tempdir().unwrap();
-        let w = SpecWriter::new(dir.path());
+        let w = SpecWriter::new(dir.path(), CdiKind::default());
         let mut bad = spec("gpu-0");
         bad.kind = "nope".into();
         assert!(matches!(
@@ -392,8 +423,8 @@ mod tests {
     #[test]
     fn stale_temp_files_are_cleaned() {
         let dir = tempfile::tempdir().unwrap();
-        let w = SpecWriter::new(dir.path());
-        fs::write(dir.path().join(temp_name(UID)), "{").unwrap();
+        let w = SpecWriter::new(dir.path(), CdiKind::default());
+        fs::write(dir.path().join(w.temp_name(UID)), "{").unwrap();
         fs::write(dir.path().join(".other-vendor.tmp-1"), "").unwrap();
         assert_eq!(w.remove_stale_temp_files().unwrap(), 1);
         assert_eq!(names(dir.path()), [".other-vendor.tmp-1"]);

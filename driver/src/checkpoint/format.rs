@@ -39,6 +39,8 @@ const CHECKSUM_PREFIX: &str = "sha256:";
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CorruptReason {
+    #[error("checkpoint path is {0}")]
+    NotAFile(&'static str),
     #[error("checkpoint file is empty")]
     Empty,
     #[error("checkpoint file is larger than {limit} bytes")]

@@ -126,8 +126,7 @@ impl CheckpointStore {
     pub fn load(&self, current_boot_id: &str) -> Result<Loaded, CheckpointError> {
         self.remove_stale_temp();
         let empty = || Checkpoint::new(current_boot_id);
-        let bytes = match read_capped(&self.path) {
-            Ok(bytes) => bytes,
+        let parsed = match fs::symlink_metadata(&self.path) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Ok(Loaded {
                     checkpoint: empty(),
@@ -135,9 +134,13 @@ impl CheckpointStore {
                     rebooted: false,
                 });
             }
-            Err(e) => return Err(io_err("read", &self.path)(e)),
+            Err(e) => return Err(io_err("inspect", &self.path)(e)),
+            // A directory, socket or link where the file should be is no checkpoint;
+            // moving it aside beats failing every start.
+            Ok(meta) if !meta.is_file() => Err(CorruptReason::NotAFile(file_kind(&meta))),
+            Ok(_) => parse(&read_capped(&self.path).map_err(io_err("read", &self.path))?),
         };
-        match parse(&bytes) {
+        match parsed {
             Ok(checkpoint) => Ok(Loaded {
                 rebooted: checkpoint.boot_id != current_boot_id,
                 checkpoint,
@@ -261,6 +264,17 @@ fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
 
 /// Reads at most one byte past the limit, so `parse` can reject an oversized file
 /// without it ever being held in memory whole.
+fn file_kind(meta: &fs::Metadata) -> &'static str {
+    let t = meta.file_type();
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_symlink() {
+        "a symbolic link"
+    } else {
+        "not a regular file"
+    }
+}
+
 fn read_capped(path: &Path) -> io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
     File::open(path)?

@@ -111,7 +111,10 @@ impl Preparer {
         files: DriverFiles,
     ) -> Result<(Self, StartupReport), StartError> {
         let store = CheckpointStore::new(&config.state_dir);
-        let writer = SpecWriter::new(&config.cdi_spec_dir);
+        let writer = SpecWriter::new(
+            &config.cdi_spec_dir,
+            cdi::CdiKind::for_driver(&config.driver_name),
+        );
         let (checkpoint, report) =
             recovery::recover(&store, &writer, &config.boot_id, &config.node_name)?;
         let gpus: BTreeMap<String, AllocatableDevice> = inventory
@@ -164,6 +167,20 @@ impl Preparer {
         Ok(out)
     }
 
+    /// Brings a completed record's answer up to date (request names after a
+    /// rebuild). Best effort: the answer given is right either way; the record only
+    /// matters again after a restart.
+    fn refresh_record(&self, uid: &str, prepared: &[Prepared]) {
+        let result = self.update(|cp| {
+            if let Some(record) = cp.claims.get_mut(uid) {
+                record.devices = prepared.to_vec();
+            }
+        });
+        if let Err(e) = result {
+            tracing::warn!(claim = uid, error = %e, "could not record refreshed request names");
+        }
+    }
+
     /// A copy of the current checkpoint.
     pub fn checkpoint(&self) -> Checkpoint {
         self.state().clone()
@@ -189,6 +206,20 @@ impl Preparer {
         let plan = plan::plan(&ctx, claim_ref, claim)?;
         let names: Vec<String> = plan.devices.iter().map(|d| d.device.clone()).collect();
         let _held = self.locks.lock(&names);
+        // The answer always comes from the claim as it is now: request names in
+        // particular, which a checkpoint rebuilt from CDI specs by an older version
+        // may lack, and which the kubelet needs to hand devices to containers.
+        let prepared: Vec<Prepared> = plan
+            .devices
+            .iter()
+            .map(|d| PreparedDevice {
+                requests: d.requests.clone(),
+                pool: self.pool.clone(),
+                device: d.device.clone(),
+                cdi_device_ids: vec![self.writer.kind().device_id(&claim_ref.uid, &d.device)],
+                share_id: d.share_id.clone(),
+            })
+            .collect();
 
         {
             let state = self.state();
@@ -197,7 +228,12 @@ impl Preparer {
                 && same_devices(done, &names)
                 && self.writer.path_for(&claim_ref.uid).exists()
             {
-                return Ok(done.devices.clone());
+                let stale = done.devices != prepared;
+                drop(state);
+                if stale {
+                    self.refresh_record(&claim_ref.uid, &prepared);
+                }
+                return Ok(prepared);
             }
             for name in &names {
                 if let Some(holder) = state.holder_of(&self.pool, name)
@@ -213,30 +249,25 @@ impl Preparer {
 
         // Build the spec before recording anything: if the node cannot describe the
         // devices, there is nothing to roll back.
+        let gpus = plan
+            .devices
+            .iter()
+            .filter_map(|d| Some((d, self.gpus.get(&d.device)?)))
+            .map(|(planned, dev)| {
+                let mut gpu = ClaimGpu::from_device(dev, self.nodes.as_ref())?;
+                gpu.requests = planned.requests.clone();
+                Ok(gpu)
+            })
+            .collect::<Result<_, cdi::CdiError>>()?;
         let request = ClaimSpecRequest {
             claim_uid: claim_ref.uid.clone(),
             claim_namespace: claim_ref.namespace.clone(),
             claim_name: claim_ref.name.clone(),
-            gpus: plan
-                .devices
-                .iter()
-                .filter_map(|d| self.gpus.get(&d.device))
-                .map(|d| ClaimGpu::from_device(d, self.nodes.as_ref()))
-                .collect::<Result<_, _>>()?,
+            gpus,
             env_hints: plan.env_hints,
+            kind: self.writer.kind().clone(),
         };
         let spec = cdi::claim_spec(&request, self.nodes.as_ref(), &self.files)?;
-        let prepared: Vec<Prepared> = plan
-            .devices
-            .iter()
-            .map(|d| PreparedDevice {
-                requests: d.requests.clone(),
-                pool: self.pool.clone(),
-                device: d.device.clone(),
-                cdi_device_ids: vec![cdi::cdi_device_id(&claim_ref.uid, &d.device)],
-                share_id: d.share_id.clone(),
-            })
-            .collect();
         let spec_path = self.writer.path_for(&claim_ref.uid);
 
         self.update(|cp| {

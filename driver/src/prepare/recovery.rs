@@ -21,6 +21,12 @@ pub struct StartupReport {
     pub rolled_back: Vec<String>,
     /// CDI specs of ours that no claim owned: removed.
     pub orphan_specs_removed: Vec<String>,
+    /// Records the checkpoint's checksum vouched for that cannot be acted on (a claim
+    /// UID no spec file could carry): dropped, with why.
+    pub bad_records: Vec<String>,
+    /// Recovery changed the checkpoint but could not save it (a full disk, say): the
+    /// plugin serves from memory and the next start redoes the same recovery.
+    pub save_failed: Option<String>,
 }
 
 pub(super) fn recover(
@@ -31,10 +37,32 @@ pub(super) fn recover(
 ) -> Result<(Checkpoint, StartupReport), StartError> {
     let loaded = store.load(boot_id)?;
     let mut checkpoint = loaded.checkpoint;
+    let unchanged = checkpoint.clone();
     let mut report = StartupReport {
         rebooted: loaded.rebooted,
         ..Default::default()
     };
+
+    // A record whose UID could never name a spec file blocks its devices and can be
+    // neither rolled back nor unprepared: drop it rather than fail every start.
+    let bad: Vec<String> = checkpoint
+        .claims
+        .keys()
+        .filter(|uid| cdi::check_claim_uid(uid).is_err())
+        .cloned()
+        .collect();
+    for uid in bad {
+        if let Some(record) = checkpoint.remove(&uid) {
+            let devices: Vec<&str> = record.devices.iter().map(|d| d.device.as_str()).collect();
+            tracing::warn!(claim = ?uid, ?devices, "checkpoint record with an invalid claim UID dropped");
+            report.bad_records.push(format!(
+                "claim UID {uid:?} ({}/{}, devices {}) is not a valid UID; record dropped",
+                record.namespace,
+                record.name,
+                devices.join(",")
+            ));
+        }
+    }
 
     if let Some(q) = loaded.quarantined {
         tracing::warn!(path = %q.path.display(), reason = %q.reason, "checkpoint was corrupt; rebuilding from CDI specs");
@@ -68,13 +96,21 @@ pub(super) fn recover(
         }
     }
     writer.remove_stale_temp_files()?;
-    store.save(&checkpoint)?;
+    // Saving only a changed checkpoint keeps a start on a full (or read-only) disk
+    // from failing when there is nothing to write.
+    if checkpoint != unchanged || report.quarantined.is_some() {
+        if let Err(e) = store.save(&checkpoint) {
+            tracing::error!(error = %e, "recovered checkpoint not saved; serving from memory");
+            report.save_failed = Some(e.to_string());
+        }
+    }
     Ok((checkpoint, report))
 }
 
 /// A completed record recovered from a spec we wrote. The spec names the claim in its
-/// annotations and each device as `<claimUID>-<deviceName>`; the request names are
-/// lost, which only matters for a retried prepare, and that re-derives them.
+/// annotations, each device as `<claimUID>-<deviceName>` with its requests in an
+/// annotation (specs of older versions lack it; a retried prepare re-derives them
+/// from the claim in any case).
 fn record_from_spec(writer: &SpecWriter, uid: &str, pool: &str) -> Option<ClaimRecord> {
     let path = writer.path_for(uid);
     let spec: Spec = match std::fs::read(&path).map(|b| serde_json::from_slice(&b)) {
@@ -93,12 +129,21 @@ fn record_from_spec(writer: &SpecWriter, uid: &str, pool: &str) -> Option<ClaimR
     let devices = spec
         .devices
         .iter()
-        .filter_map(|d| d.name.strip_prefix(&prefix))
-        .map(|device| PreparedDevice {
-            requests: Vec::new(),
+        .filter_map(|d| Some((d, d.name.strip_prefix(&prefix)?)))
+        .map(|(d, device)| PreparedDevice {
+            requests: d
+                .annotations
+                .get(cdi::ANNOTATION_REQUESTS)
+                .map(|r| {
+                    r.split(',')
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default(),
             pool: pool.to_owned(),
             device: device.to_owned(),
-            cdi_device_ids: vec![cdi::cdi_device_id(uid, device)],
+            cdi_device_ids: vec![writer.kind().device_id(uid, device)],
             share_id: None,
         })
         .collect();

@@ -545,6 +545,11 @@ fn a_corrupt_checkpoint_is_quarantined_and_rebuilt_from_specs() {
         assert_eq!(record.namespace, "team-a");
         let devices: Vec<&str> = record.devices.iter().map(|d| d.device.as_str()).collect();
         assert_eq!(devices, ["gpu-0", "gpu-2"]);
+        assert!(
+            record.devices.iter().all(|d| d.requests == ["gpus"]),
+            "request names survive the rebuild: {:?}",
+            record.devices
+        );
         // The rebuilt record still guards its devices and unprepares cleanly.
         assert!(p.prepare(&claim_ref("u2"), &claim("u2", &[2])).is_err());
         p.unprepare("u1").unwrap();
@@ -665,4 +670,160 @@ fn env_hints_follow_the_numa_config() {
             .any(|e| e.starts_with("TOPODRA_NUMA_NODES="))
     );
     assert!(env("u2").iter().any(|e| e == "TOPODRA_NUMA_NODES=0"));
+}
+
+#[test]
+fn a_retried_prepare_answers_request_names_even_when_the_record_lost_them() {
+    let node = Node::new(2);
+    let p = node.start();
+    p.prepare(&claim_ref("u1"), &claim("u1", &[0])).unwrap();
+    drop(p);
+    // What a rebuild by an older version left: a completed record without requests.
+    let store = crate::checkpoint::CheckpointStore::new(node.dir.path().join("state"));
+    let mut cp = store.load("boot-1").unwrap().checkpoint;
+    let mut record = cp.get("u1").cloned().unwrap();
+    record.devices[0].requests.clear();
+    cp.insert(record);
+    store.save(&cp).unwrap();
+
+    let p = node.start();
+    let again = p.prepare(&claim_ref("u1"), &claim("u1", &[0])).unwrap();
+    assert_eq!(again[0].requests, ["gpus"]);
+    assert_eq!(
+        p.checkpoint().get("u1").unwrap().devices[0].requests,
+        ["gpus"]
+    );
+}
+
+/// Writes a checkpoint whose checksum is right but whose content cannot be acted on.
+fn save_checkpoint_with(node: &Node, edit: impl FnOnce(&mut crate::checkpoint::Checkpoint)) {
+    let store = crate::checkpoint::CheckpointStore::new(node.dir.path().join("state"));
+    let mut cp = store.load("boot-1").unwrap().checkpoint;
+    edit(&mut cp);
+    store.save(&cp).unwrap();
+}
+
+#[test]
+fn records_with_invalid_uids_are_dropped_not_a_crash_loop() {
+    for state in [ClaimState::PrepareStarted, ClaimState::PrepareCompleted] {
+        let node = Node::new(2);
+        node.start()
+            .prepare(&claim_ref("u1"), &claim("u1", &[0]))
+            .unwrap();
+        save_checkpoint_with(&node, |cp| {
+            let mut bad = cp.get("u1").cloned().unwrap();
+            bad.uid = "../not a uid".into();
+            bad.devices[0].device = "gpu-1".into();
+            bad.state = state;
+            cp.insert(bad);
+        });
+        let (p, report) = node.start_with_boot("boot-1");
+        assert_eq!(report.bad_records.len(), 1, "{report:?}");
+        assert!(report.bad_records[0].contains("not a valid UID"));
+        assert!(p.checkpoint().get("../not a uid").is_none());
+        assert!(p.checkpoint().get("u1").is_some(), "the good record stays");
+        // The GPU the bad record held is free again.
+        p.prepare(&claim_ref("u2"), &claim("u2", &[1])).unwrap();
+    }
+}
+
+#[test]
+fn a_directory_in_place_of_the_checkpoint_is_quarantined() {
+    let node = Node::new(2);
+    std::fs::create_dir_all(node.dir.path().join("state/checkpoint.json/inner")).unwrap();
+    let (p, report) = node.start_with_boot("boot-1");
+    let q = report.quarantined.expect("quarantined");
+    assert_eq!(q.reason.to_string(), "checkpoint path is a directory");
+    assert!(q.path.join("inner").is_dir(), "moved aside untouched");
+    p.prepare(&claim_ref("u1"), &claim("u1", &[0])).unwrap();
+}
+
+#[test]
+fn a_start_that_cannot_save_keeps_serving() {
+    let node = Node::new(2);
+    node.start()
+        .prepare(&claim_ref("u1"), &claim("u1", &[0]))
+        .unwrap();
+    // A directory where the checkpoint's temp file goes: every save fails, as on a
+    // full or read-only disk.
+    let block = node.dir.path().join("state/checkpoint.json.tmp/x");
+    std::fs::create_dir_all(&block).unwrap();
+
+    // Nothing to change: nothing is written, so nothing fails.
+    let (p, report) = node.start_with_boot("boot-1");
+    assert_eq!(report.save_failed, None);
+    assert!(p.checkpoint().get("u1").is_some());
+    drop(p);
+
+    // Something to change (a prepare interrupted before it completed): rolled back
+    // in memory and on the CDI directory, reported, and the plugin still starts.
+    std::fs::remove_dir_all(block.parent().unwrap()).unwrap();
+    save_checkpoint_with(&node, |cp| {
+        let mut r = cp.get("u1").cloned().unwrap();
+        r.state = ClaimState::PrepareStarted;
+        cp.insert(r);
+    });
+    std::fs::create_dir_all(&block).unwrap();
+    let (p, report) = node.start_with_boot("boot-1");
+    assert_eq!(report.rolled_back, ["u1"]);
+    assert!(report.save_failed.is_some(), "{report:?}");
+    assert!(p.checkpoint().get("u1").is_none());
+    assert!(node.spec_files().is_empty());
+    // A prepare needs a save: it fails for its claim alone and records nothing.
+    let err = p.prepare(&claim_ref("u2"), &claim("u2", &[1])).unwrap_err();
+    assert!(err.to_string().contains("checkpoint"), "{err}");
+    assert!(p.checkpoint().get("u2").is_none());
+}
+
+#[test]
+fn another_installation_s_specs_are_not_orphans() {
+    let node = Node::new(2);
+    node.start()
+        .prepare(&claim_ref("u1"), &claim("u1", &[0]))
+        .unwrap();
+    // A second installation with its own driver name, same CDI directory.
+    let mut config = node.config("boot-1");
+    config.driver_name = "canary.topodra.dev".into();
+    config.state_dir = node.dir.path().join("canary-state");
+    let (canary, report) = Preparer::start(
+        &config,
+        &inventory(2),
+        Box::new(TableDeviceNodes::nvidia(0..2, 509)),
+        driver_files(),
+    )
+    .unwrap();
+    assert!(report.orphan_specs_removed.is_empty());
+    let mut c = claim("c1", &[1]);
+    for r in c
+        .status
+        .as_mut()
+        .unwrap()
+        .allocation
+        .as_mut()
+        .unwrap()
+        .devices
+        .as_mut()
+        .unwrap()
+        .results
+        .as_mut()
+        .unwrap()
+    {
+        r.driver = "canary.topodra.dev".into();
+    }
+    let prepared = canary.prepare(&claim_ref("c1"), &c).unwrap();
+    assert_eq!(
+        prepared[0].cdi_device_ids,
+        ["k8s.canary.topodra.dev/claim=c1-gpu-1"]
+    );
+    assert_eq!(
+        node.spec_files(),
+        [
+            "k8s.canary.topodra.dev-claim_c1.json",
+            "k8s.gpu.topodra.dev-claim_u1.json"
+        ]
+    );
+    // Restarting the first installation leaves the canary's spec alone.
+    let (_p, report) = node.start_with_boot("boot-1");
+    assert!(report.orphan_specs_removed.is_empty());
+    assert_eq!(node.spec_files().len(), 2);
 }
