@@ -98,11 +98,10 @@ pub(super) fn recover(
     writer.remove_stale_temp_files()?;
     // Saving only a changed checkpoint keeps a start on a full (or read-only) disk
     // from failing when there is nothing to write.
-    if checkpoint != unchanged || report.quarantined.is_some() {
-        if let Err(e) = store.save(&checkpoint) {
-            tracing::error!(error = %e, "recovered checkpoint not saved; serving from memory");
-            report.save_failed = Some(e.to_string());
-        }
+    let changed = checkpoint != unchanged || report.quarantined.is_some();
+    if changed && let Err(e) = store.save(&checkpoint) {
+        tracing::error!(error = %e, "recovered checkpoint not saved; serving from memory");
+        report.save_failed = Some(e.to_string());
     }
     Ok((checkpoint, report))
 }
