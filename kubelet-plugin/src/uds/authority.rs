@@ -40,13 +40,24 @@ const PRIORITY_LEN: usize = 5;
 /// advertised, and the rewriter never has to watch the server's SETTINGS.
 const SAFE_FRAME_SIZE: usize = 16_384;
 
-/// Largest header block (sum of the HEADERS and CONTINUATION payloads) accepted
-/// before the connection is closed. Kubelet requests carry a few hundred bytes.
-pub(crate) const MAX_HEADER_BLOCK: usize = 1 << 20;
+/// Largest decoded header list, counted as HPACK does (name + value + 32 per field):
+/// the limit the servers behind the shim enforce (hyper's default, which
+/// `serve_cmd` also sets explicitly). A request over it would only get a 431 from
+/// the server, so the shim may as well refuse it before buffering more; and it
+/// bounds what a small block of indexed references can expand into.
+pub(crate) const MAX_HEADER_LIST: usize = 16 << 10;
 
-/// Largest decoded header list, counted as HPACK does (name + value + 32 per field),
-/// which bounds what a small block of indexed references can expand into.
-pub(crate) const MAX_HEADER_LIST: usize = 1 << 20;
+/// Largest header block (sum of the HEADERS and CONTINUATION payloads) accepted
+/// before the connection is closed. HPACK never needs more bytes for a block than
+/// the list it encodes counts, so the list limit bounds the block too. Kubelet
+/// requests carry a few hundred bytes.
+pub(crate) const MAX_HEADER_BLOCK: usize = MAX_HEADER_LIST;
+
+/// The largest frame the servers accept (they advertise the default
+/// SETTINGS_MAX_FRAME_SIZE, and `serve_cmd` pins it). RFC 9113 §4.2: a larger frame
+/// is a FRAME_SIZE_ERROR; the shim refuses header frames over it rather than
+/// re-framing them into something the server would have accepted.
+pub(crate) const MAX_FRAME_SIZE: usize = SAFE_FRAME_SIZE;
 
 /// Highest dynamic table size a client may switch to. Servers here advertise the
 /// 4096-byte default; this leaves room for one that advertises more while bounding
@@ -82,6 +93,15 @@ pub(crate) enum ShimError {
     UnexpectedContinuation { stream_id: u32 },
     #[error("HEADERS on stream {stream_id} is too short for its padding or priority fields")]
     MalformedHeaders { stream_id: u32 },
+    #[error("frame of type {frame_type:#x} on stream {stream_id} has {len} bytes, over {limit}")]
+    FrameTooLarge {
+        frame_type: u8,
+        stream_id: u32,
+        len: usize,
+        limit: usize,
+    },
+    #[error("header block on stream {stream_id} does not parse as HPACK representations")]
+    Representation { stream_id: u32 },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -266,6 +286,14 @@ impl AuthorityRewriter {
                 stream_id: header.stream_id,
             });
         }
+        if header.len > MAX_FRAME_SIZE {
+            return Err(ShimError::FrameTooLarge {
+                frame_type: header.kind,
+                stream_id: header.stream_id,
+                len: header.len,
+                limit: MAX_FRAME_SIZE,
+            });
+        }
         let buffered = self.block.as_ref().map_or(0, |b| b.fragment.len());
         if buffered + header.len > MAX_HEADER_BLOCK {
             return Err(ShimError::HeaderBlockTooLarge {
@@ -353,9 +381,23 @@ impl AuthorityRewriter {
             }
         }
 
-        let encoded = self
-            .encoder
-            .encode(fields.iter().map(|(n, v)| (n.as_slice(), v.as_slice())));
+        // Fields the client sent as never-indexed stay never-indexed (RFC 7541
+        // §6.2.3); the others go through the encoder, whose empty table makes each
+        // field's encoding independent of the rest, so the two can interleave.
+        let never = super::representation::never_indexed(&block.fragment)
+            .filter(|flags| flags.len() == fields.len())
+            .ok_or(ShimError::Representation { stream_id })?;
+        let mut encoded = Vec::new();
+        for ((name, value), never) in fields.iter().zip(never) {
+            if never {
+                super::representation::encode_never_indexed(&mut encoded, name, value);
+            } else {
+                // Writing into a Vec cannot fail.
+                let _ = self
+                    .encoder
+                    .encode_header_into((name.as_slice(), value.as_slice()), &mut encoded);
+            }
+        }
         write_header_frames(out, &block, &encoded);
         Ok(())
     }
@@ -657,38 +699,69 @@ mod tests {
     }
 
     #[test]
-    fn large_blocks_are_reframed_within_the_minimum_frame_size() {
+    fn header_frames_over_the_servers_frame_size_are_refused() {
         let mut fields = request_headers(b"/a.sock");
-        fields.push((b"x-big".to_vec(), vec![b'v'; 40_000]));
+        fields.push((b"x-big".to_vec(), vec![b'v'; 12_000]));
         let block = encode(&mut Encoder::new(), &fields);
-        // The client used one oversized frame, as it may after the server raised
-        // SETTINGS_MAX_FRAME_SIZE.
+        // One frame over 16 KiB: a FRAME_SIZE_ERROR for a server that never raised
+        // SETTINGS_MAX_FRAME_SIZE, so it is refused, not re-framed.
+        let padded = [&[5][..], &block, &[0; 5]].concat();
         let mut input = PREFACE.to_vec();
         input.extend(frame(
             TYPE_HEADERS,
-            FLAG_END_HEADERS | FLAG_END_STREAM,
+            FLAG_END_HEADERS | FLAG_PADDED,
             1,
-            &block,
+            &[&padded[..], &[0; 4400]].concat(),
+        ));
+        assert!(matches!(
+            rewrite(&input),
+            Err(ShimError::FrameTooLarge {
+                frame_type: TYPE_HEADERS,
+                stream_id: 1,
+                ..
+            })
         ));
 
+        // The same block in frames the server accepts goes through as one frame.
+        let (a, b) = block.split_at(block.len() / 2);
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(TYPE_HEADERS, FLAG_END_STREAM, 1, a));
+        input.extend(frame(TYPE_CONTINUATION, FLAG_END_HEADERS, 1, b));
         let frames = frames(&rewrite(&input).unwrap()[24..]);
         let kinds: Vec<(u8, u8)> = frames.iter().map(|f| (f.0, f.1)).collect();
         assert_eq!(
             kinds,
-            vec![
-                (TYPE_HEADERS, FLAG_END_STREAM),
-                (TYPE_CONTINUATION, 0),
-                (TYPE_CONTINUATION, FLAG_END_HEADERS)
-            ]
-        );
-        assert!(
-            frames
-                .iter()
-                .all(|f| f.3.len() <= SAFE_FRAME_SIZE && f.2 == 1)
+            vec![(TYPE_HEADERS, FLAG_END_STREAM | FLAG_END_HEADERS)]
         );
         let blocks = decode_all(&frames);
         assert_eq!(authority_of(&blocks[0]), b"localhost");
-        assert_eq!(blocks[0].last().unwrap().1.len(), 40_000);
+        assert_eq!(blocks[0].last().unwrap().1.len(), 12_000);
+    }
+
+    #[test]
+    fn never_indexed_fields_stay_never_indexed() {
+        let mut block = Vec::new();
+        let mut encoder = Encoder::new();
+        let fields = request_headers(b"/a.sock");
+        block.extend(encode(&mut encoder, &fields));
+        super::super::representation::encode_never_indexed(
+            &mut block,
+            b"authorization",
+            b"Bearer secret",
+        );
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, 1, &block));
+        let frames = frames(&rewrite(&input).unwrap()[24..]);
+        let out = &frames[0].3;
+        let flags = super::super::representation::never_indexed(out).unwrap();
+        assert_eq!(flags.len(), fields.len() + 1);
+        assert_eq!(flags.iter().filter(|f| **f).count(), 1);
+        assert!(flags[fields.len()], "the secret is still never-indexed");
+        let blocks = decode_all(&frames);
+        assert_eq!(
+            blocks[0].last().unwrap(),
+            &(b"authorization".to_vec(), b"Bearer secret".to_vec())
+        );
     }
 
     #[test]
@@ -745,7 +818,7 @@ mod tests {
         input[24..27].copy_from_slice(&[0xff, 0xff, 0xff]);
         assert!(matches!(
             rewrite(&input),
-            Err(ShimError::HeaderBlockTooLarge { .. })
+            Err(ShimError::FrameTooLarge { .. })
         ));
 
         // Growing through CONTINUATION frames counts as well.
@@ -775,14 +848,11 @@ mod tests {
             1,
             &encode(&mut encoder, &fields),
         ));
-        // One byte per 4 KiB field: ~300 KiB of block expands to over 1 GiB.
+        // One byte per 4 KiB field: a 5-byte block expands past the server's limit.
         let reference = encode(&mut encoder, &fields);
         assert_eq!(reference.len(), 1);
-        let block = reference.repeat(300_000);
-        input.extend(frame(TYPE_HEADERS, 0, 3, &block[..SAFE_FRAME_SIZE]));
-        for chunk in block[SAFE_FRAME_SIZE..].chunks(SAFE_FRAME_SIZE) {
-            input.extend(frame(TYPE_CONTINUATION, 0, 3, chunk));
-        }
+        let block = reference.repeat(5);
+        input.extend(frame(TYPE_HEADERS, 0, 3, &block));
         input.extend(frame(TYPE_CONTINUATION, FLAG_END_HEADERS, 3, &[]));
         assert!(matches!(
             rewrite(&input),

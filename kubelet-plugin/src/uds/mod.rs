@@ -18,6 +18,7 @@
 
 mod authority;
 mod listener;
+mod representation;
 mod stream;
 #[cfg(test)]
 mod tests;

@@ -431,11 +431,11 @@ async fn continuation_padded_and_oversized_header_blocks_work() {
         "{outcome:?}"
     );
 
-    // A block the shim must re-frame over several CONTINUATION frames itself.
+    // A block near the servers' limit in several CONTINUATION frames.
     let mut fields = get_info(&authority);
-    fields.push((b"x-large".to_vec(), vec![b'x'; 40_000]));
+    fields.push((b"x-large".to_vec(), vec![b'x'; 12_000]));
     let block = client.encode(&fields);
-    let chunks: Vec<&[u8]> = block.chunks(16_384).collect();
+    let chunks: Vec<&[u8]> = block.chunks(4_096).collect();
     let mut bytes = frame(HEADERS, 0, 5, chunks[0]);
     for (i, chunk) in chunks.iter().enumerate().skip(1) {
         let flags = if i + 1 == chunks.len() {
@@ -504,4 +504,38 @@ async fn shimmed_stream_reports_peer_credentials() {
     assert_eq!(cred.uid(), own_uid);
     assert_eq!(cred.pid(), Some(std::process::id().cast_signed()));
     assert!(stream.get_ref().peer_addr().is_ok());
+}
+
+/// The shim refuses exactly what tonic (hyper) would: a header list up to the
+/// server's limit reaches tonic and is served, one byte over closes the connection
+/// (where tonic alone would answer 431).
+#[tokio::test]
+async fn the_shims_header_limit_is_the_servers() {
+    use super::authority::MAX_HEADER_LIST;
+    let dir = tempfile::tempdir().unwrap();
+    let (path, authority) = socket_path(&dir);
+    let (_guard, incoming) = serve_uds(&path).unwrap();
+    let server = tonic_server(incoming);
+
+    let with_list_size = |size: usize| {
+        let mut fields = get_info(&authority);
+        let used: usize = fields.iter().map(|(n, v)| n.len() + v.len() + 32).sum();
+        let name = b"x-fill".to_vec();
+        let value = vec![b'f'; size - used - name.len() - 32];
+        fields.push((name, value));
+        fields
+    };
+    let mut client = RawClient::connect(&path).await;
+    let outcome = client.unary(1, &with_list_size(MAX_HEADER_LIST)).await;
+    assert_eq!(
+        outcome.header(":status").as_deref(),
+        Some("200"),
+        "{outcome:?}"
+    );
+    let outcome = client.unary(3, &with_list_size(MAX_HEADER_LIST + 1)).await;
+    assert!(
+        matches!(outcome, Outcome::Closed | Outcome::GoAway(_)),
+        "{outcome:?}"
+    );
+    server.abort();
 }
