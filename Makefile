@@ -5,7 +5,7 @@ CARGO ?= cargo
 SIM_PROFILE ?= dgx-h100
 PROFILES := tests/fake-nvml/profiles
 
-.PHONY: all setup build release demo test test-unit test-e2e e2e tools-cdi lint fmt fmt-check clippy bench clean
+.PHONY: all setup build release demo test test-unit test-e2e e2e tools-cdi chart-check lint fmt fmt-check clippy bench clean
 
 all: build
 
@@ -23,7 +23,7 @@ demo: setup
 	@bash tests/scripts/demo.sh $(SIM_PROFILE)
 
 ## test: everything CI runs: formatting, lints, unit and integration tests.
-test: setup fmt-check clippy test-unit test-e2e e2e
+test: setup fmt-check clippy chart-check test-unit test-e2e e2e
 
 test-unit: tools-cdi
 	@echo "== cargo test (first build compiles the dependency tree: a few minutes on 2 cores)"
@@ -42,14 +42,18 @@ test-e2e:
 E2E_RUN ?= .
 e2e:
 	$(CARGO) build -p topodra-fake-nvml -p topodra-kubelet-plugin
-	@bash tests/tools/build.sh kube etcd
-	eval "$$(bash tests/tools/build.sh --env kube etcd)" && cd tests/e2e && \
+	@bash tests/tools/build.sh kube etcd helm
+	eval "$$(bash tests/tools/build.sh --env kube etcd helm)" && cd tests/e2e && \
 		TOPODRA_REQUIRE_TOOLS=1 CGO_ENABLED=0 go test -trimpath -count=1 -timeout 30m -v -run '$(E2E_RUN)' ./...
 
 ## tools-cdi: the CDI Go library check (what container runtimes run on our specs), and its own tests.
 tools-cdi:
 	@bash tests/cdi-check/build.sh >/dev/null
 	cd tests/cdi-check && go test ./...
+
+## chart-check: helm lint, and deploy/manifests/topodra.yaml is the chart rendered now.
+chart-check:
+	@bash deploy/render.sh --check
 
 fmt:
 	$(CARGO) fmt --all

@@ -1,10 +1,14 @@
 //! Prometheus metrics of the plugin, and the HTTP endpoint that serves them together
 //! with liveness and readiness.
+//!
+//! The endpoint is reachable from the pod network, so it must not be something a
+//! client can exhaust: every connection gets `header_read_timeout` to send its request
+//! headers (idle keep-alive connections too), and at most `max_connections` are served
+//! at once; connections beyond that are closed as soon as they are accepted.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -12,12 +16,14 @@ use std::time::Duration;
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use tokio::sync::Semaphore;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
@@ -50,6 +56,7 @@ pub(crate) struct Metrics {
     prepared_devices: Gauge,
     devices: Gauge,
     api_requests: Family<ApiLabels, Counter>,
+    http_connections_rejected: Counter,
     /// Last totals taken from the API request counter, to turn its snapshots into
     /// increments of monotonic counters.
     api_seen: Mutex<BTreeMap<(String, String), u64>>,
@@ -74,6 +81,7 @@ impl Metrics {
         let prepared_devices = Gauge::default();
         let devices = Gauge::default();
         let api_requests = Family::<ApiLabels, Counter>::default();
+        let http_connections_rejected = Counter::default();
         registry.register(
             "prepare_duration_seconds",
             "NodePrepareResources latency per claim, including the claim GET",
@@ -100,6 +108,11 @@ impl Metrics {
             "Requests to the Kubernetes API server by verb and resource",
             api_requests.clone(),
         );
+        registry.register(
+            "http_connections_rejected",
+            "Connections to this endpoint closed unserved because --http-max-connections were open",
+            http_connections_rejected.clone(),
+        );
         Self {
             registry,
             prepare_seconds,
@@ -108,6 +121,7 @@ impl Metrics {
             prepared_devices,
             devices,
             api_requests,
+            http_connections_rejected,
             api_seen: Mutex::default(),
         }
     }
@@ -220,20 +234,37 @@ async fn handle(
     })
 }
 
-/// Serves the endpoints on `addr` until `shutdown` resolves.
+/// What one client may hold of the endpoint.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HttpLimits {
+    /// Time to send a request's headers, counted from the connection's start or the
+    /// end of its previous response.
+    pub(crate) header_read_timeout: Duration,
+    /// Connections served at once.
+    pub(crate) max_connections: usize,
+}
+
+/// Probe and scrape requests have a few hundred bytes of headers; hyper's default
+/// buffer (about 400 KiB) would let each open connection hold that much memory.
+const MAX_REQUEST_BUFFER: usize = 16 * 1024;
+
+/// Serves the endpoints on `listener` until `shutdown` resolves.
 pub(crate) async fn serve(
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
     endpoints: Endpoints,
+    limits: HttpLimits,
     shutdown: impl Future<Output = ()> + Send,
-) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
+) {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, header_read_timeout = ?limits.header_read_timeout, max_connections = limits.max_connections, "serving /metrics, /healthz and /readyz");
+    }
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
-            () = &mut shutdown => return Ok(()),
+            () = &mut shutdown => return,
             accepted = listener.accept() => {
-                let (stream, _) = match accepted {
+                let (stream, peer) = match accepted {
                     Ok(a) => a,
                     Err(e) => {
                         tracing::warn!(error = %e, "metrics endpoint accept failed");
@@ -241,12 +272,26 @@ pub(crate) async fn serve(
                         continue;
                     }
                 };
+                // Closing at once rather than queueing: a waiting connection would
+                // still hold a socket, and the client learns immediately.
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    endpoints.metrics.http_connections_rejected.inc();
+                    tracing::debug!(%peer, "metrics endpoint at its connection limit; closed a connection");
+                    drop(stream);
+                    continue;
+                };
                 let endpoints = endpoints.clone();
                 tokio::spawn(async move {
+                    let _slot = slot;
                     let service = hyper::service::service_fn(move |req| handle(endpoints.clone(), req));
-                    let io = hyper_util::rt::TokioIo::new(stream);
-                    if let Err(e) = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await {
-                        tracing::debug!(error = %e, "metrics connection ended");
+                    let served = hyper::server::conn::http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(limits.header_read_timeout)
+                        .max_buf_size(MAX_REQUEST_BUFFER)
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                    if let Err(e) = served {
+                        tracing::debug!(%peer, error = %e, "metrics connection ended");
                     }
                 });
             }

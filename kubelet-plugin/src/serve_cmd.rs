@@ -2,7 +2,7 @@
 //! serves the kubelet over Unix sockets, publishes the ResourceSlices, and exposes
 //! metrics and health, until SIGTERM.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,7 +21,7 @@ use topodra_proto::dra::{v1, v1beta1};
 use topodra_proto::pluginregistration::v1::registration_server::RegistrationServer;
 
 use crate::grpc::claims::ApiClaims;
-use crate::grpc::dra::{DraService, DraServiceV1beta1};
+use crate::grpc::dra::{ClaimConcurrency, DraService, DraServiceV1beta1};
 use crate::grpc::registration::RegistrationService;
 use crate::health::grpc::HealthService;
 use crate::health::model::HealthState;
@@ -29,7 +29,7 @@ use crate::health::monitor::{HealthMonitor, MonitorConfig};
 use crate::health::nvml::NvmlOpener;
 use crate::health::policy::HealthPolicy;
 use crate::health::taints::{TaintEffect, device_taints};
-use crate::metrics::{Endpoints, Metrics};
+use crate::metrics::{Endpoints, HttpLimits, Metrics};
 use crate::publish::{self, DesiredPool, Publisher, PublisherConfig, RequestCounter};
 use crate::uds;
 
@@ -142,9 +142,57 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "TOPODRA_NUMA_NODE_FORMAT", default_value = "int")]
     numa_node_format: NumaNodeFormat,
 
-    /// Address of the /metrics, /healthz and /readyz endpoint.
-    #[arg(long, env = "TOPODRA_HTTP_ADDR", default_value = "0.0.0.0:9464")]
-    http_addr: SocketAddr,
+    /// IP address the /metrics, /healthz and /readyz endpoint binds (IPv4 or IPv6,
+    /// without brackets). The Helm chart sets the pod's IP.
+    #[arg(long, env = "TOPODRA_HTTP_BIND_ADDRESS", default_value_t = IpAddr::V4(Ipv4Addr::UNSPECIFIED))]
+    http_bind_address: IpAddr,
+
+    /// Port of the /metrics, /healthz and /readyz endpoint.
+    #[arg(long, env = "TOPODRA_HTTP_PORT", default_value_t = 9464)]
+    http_port: u16,
+
+    /// Address and port of the endpoint in one (`127.0.0.1:9464`, `[::1]:9464`);
+    /// when set, it takes the place of --http-bind-address and --http-port.
+    #[arg(long, env = "TOPODRA_HTTP_ADDR")]
+    http_addr: Option<SocketAddr>,
+
+    /// Seconds a client of the endpoint has to send a request's headers (and the
+    /// longest an idle connection stays open); slower ones are disconnected.
+    #[arg(
+        long,
+        env = "TOPODRA_HTTP_HEADER_READ_TIMEOUT_SECONDS",
+        default_value_t = 5,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    http_header_read_timeout_seconds: u64,
+
+    /// Open connections the endpoint serves at once; further ones are closed at once.
+    #[arg(
+        long,
+        env = "TOPODRA_HTTP_MAX_CONNECTIONS",
+        default_value_t = 32,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    http_max_connections: u32,
+
+    /// Claims of one NodePrepareResources or NodeUnprepareResources call worked on at
+    /// once (each prepare is one claim GET); the others wait their turn.
+    #[arg(
+        long,
+        env = "TOPODRA_MAX_CONCURRENT_CLAIMS_PER_CALL",
+        default_value_t = 16,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    max_concurrent_claims_per_call: u32,
+
+    /// Claims worked on at once across all calls.
+    #[arg(
+        long,
+        env = "TOPODRA_MAX_CONCURRENT_CLAIMS",
+        default_value_t = 64,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    max_concurrent_claims: u32,
 
     /// File holding the kernel's boot id.
     #[arg(long, env = "TOPODRA_BOOT_ID_FILE", default_value = topodra_driver::checkpoint::DEFAULT_BOOT_ID_PATH)]
@@ -195,6 +243,11 @@ impl ServeArgs {
                 dra: plugin_dir.join("dra.sock"),
             },
         }
+    }
+
+    fn http_addr(&self) -> SocketAddr {
+        self.http_addr
+            .unwrap_or(SocketAddr::new(self.http_bind_address, self.http_port))
     }
 
     fn state_dir(&self) -> PathBuf {
@@ -392,12 +445,23 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         effect,
     ));
 
+    // Before the sockets: a bind address that is not the pod's fails the start here,
+    // before the kubelet learns of a plugin whose probes would fail.
+    let http_addr = args.http_addr();
+    let listener = tokio::net::TcpListener::bind(http_addr)
+        .await
+        .with_context(|| format!("binding the HTTP endpoint to {http_addr}"))?;
+
     // The DRA socket first: the kubelet may call it as soon as registration succeeds.
     let sockets = args.sockets();
     let dra = DraService::new(
         preparer.clone(),
         Arc::new(ApiClaims::new(client.clone())),
         metrics.clone(),
+        ClaimConcurrency::new(
+            args.max_concurrent_claims_per_call as usize,
+            args.max_concurrent_claims as usize,
+        ),
     );
     let (mut dra_guard, dra_incoming) =
         uds::serve_uds(&sockets.dra).context("binding the DRA socket")?;
@@ -472,7 +536,16 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
             })
         },
     };
-    let http = tokio::spawn(crate::metrics::serve(args.http_addr, endpoints, shutdown()));
+    let limits = HttpLimits {
+        header_read_timeout: Duration::from_secs(args.http_header_read_timeout_seconds),
+        max_connections: args.http_max_connections as usize,
+    };
+    let http = tokio::spawn(crate::metrics::serve(
+        listener,
+        endpoints,
+        limits,
+        shutdown(),
+    ));
 
     shutdown_signal().await;
     // Unregister first: with the registration socket gone the kubelet stops sending
@@ -493,4 +566,54 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
     taints_task.abort();
     tracing::info!("stopped");
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn http_addr(flags: &[&str]) -> Result<SocketAddr, clap::Error> {
+        let argv = ["serve", "--node-name=node-a"].iter().chain(flags);
+        Cli::try_parse_from(argv).map(|c| c.serve.http_addr())
+    }
+
+    #[test]
+    fn http_endpoint_address_from_bind_address_and_port() {
+        assert_eq!(http_addr(&[]).unwrap(), "0.0.0.0:9464".parse().unwrap());
+        assert_eq!(
+            http_addr(&["--http-bind-address=10.1.2.3", "--http-port=9000"]).unwrap(),
+            "10.1.2.3:9000".parse().unwrap()
+        );
+        // A pod IP from the downward API is a bare IPv6 address, without brackets.
+        assert_eq!(
+            http_addr(&["--http-bind-address=fd00::12"]).unwrap(),
+            "[fd00::12]:9464".parse().unwrap()
+        );
+        assert_eq!(
+            http_addr(&["--http-bind-address=10.1.2.3", "--http-addr=127.0.0.1:0"]).unwrap(),
+            "127.0.0.1:0".parse().unwrap()
+        );
+        assert!(http_addr(&["--http-bind-address=node-a.local"]).is_err());
+    }
+
+    #[test]
+    fn limits_of_zero_are_refused() {
+        for flag in [
+            "--http-max-connections=0",
+            "--http-header-read-timeout-seconds=0",
+            "--max-concurrent-claims-per-call=0",
+            "--max-concurrent-claims=0",
+        ] {
+            assert!(http_addr(&[flag]).is_err(), "{flag}");
+        }
+    }
 }

@@ -436,3 +436,317 @@ async fn concurrent_calls_disjoint_all_succeed_overlapping_exactly_one() {
     );
     assert_eq!(node.cdi_specs().len(), 1);
 }
+
+/// Claim references of claims the mock API server does not have: each is answered with
+/// a per-claim "not found" error after one GET.
+fn missing_claims(prefix: &str, n: usize) -> Vec<v1::Claim> {
+    (0..n).map(|i| claim_ref(&format!("{prefix}{i}"))).collect()
+}
+
+async fn prepare_claims(
+    node: &NodeDirs,
+    claims: Vec<v1::Claim>,
+) -> v1::NodePrepareResourcesResponse {
+    dra_client(node)
+        .await
+        .max_decoding_message_size(64 << 20)
+        .node_prepare_resources(v1::NodePrepareResourcesRequest { claims })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn claim_gets_are_bounded_per_call_and_overall_and_every_claim_is_answered() {
+    let node = NodeDirs::profile("dgx-h100");
+    let (api, kubeconfig) = api_for(&node).await;
+    for i in 0..8 {
+        api.put_claim(claim_json(
+            &format!("g{i}"),
+            "node-a",
+            &[&format!("gpu-{i}")],
+            None,
+        ));
+    }
+    // Slow GETs overlap, so the peak shows how many the plugin sends at once.
+    api.set_claim_get_delay(Duration::from_millis(20));
+    let mut plugin = Plugin::start(
+        &node,
+        &kubeconfig,
+        &[
+            ("TOPODRA_MAX_CONCURRENT_CLAIMS_PER_CALL", "8"),
+            ("TOPODRA_MAX_CONCURRENT_CLAIMS", "12"),
+        ],
+    );
+    plugin.wait_live(Duration::from_secs(60)).await;
+
+    // One call: 8 claims that prepare and 392 that do not exist.
+    let mut claims: Vec<v1::Claim> = (0..8).map(|i| claim_ref(&format!("g{i}"))).collect();
+    claims.extend(missing_claims("m", 392));
+    let resp = prepare_claims(&node, claims).await;
+    assert_eq!(resp.claims.len(), 400, "every claim is answered");
+    for i in 0..8 {
+        let c = &resp.claims[&format!("g{i}")];
+        assert!(c.error.is_empty() && c.devices.len() == 1, "{c:?}");
+    }
+    assert!(
+        resp.claims
+            .iter()
+            .filter(|(uid, _)| uid.starts_with('m'))
+            .all(|(_, c)| c.error.contains("not found")),
+    );
+    let peak = api.claim_gets_peak();
+    eprintln!("one call of 400 claims, per-call bound 8: peak {peak} claim GETs at once");
+    assert!(
+        (2..=8).contains(&peak),
+        "peak {peak} concurrent claim GETs, bound 8"
+    );
+
+    // Two calls at once: together they may have 12 in flight, more than one call's 8.
+    api.reset_claim_gets_peak();
+    let (a, b) = tokio::join!(
+        prepare_claims(&node, missing_claims("a", 200)),
+        prepare_claims(&node, missing_claims("b", 200)),
+    );
+    assert_eq!((a.claims.len(), b.claims.len()), (200, 200));
+    let peak = api.claim_gets_peak();
+    eprintln!("two calls of 200 claims, overall bound 12: peak {peak} claim GETs at once");
+    assert!(
+        (9..=12).contains(&peak),
+        "peak {peak} concurrent claim GETs, bounds 8 per call, 12 overall"
+    );
+    assert_eq!(
+        api.requests()
+            .iter()
+            .filter(|r| r.path.contains("/resourceclaims/"))
+            .count(),
+        800,
+        "one GET per claim"
+    );
+}
+
+/// The plugin's peak resident memory in kB.
+fn vm_hwm_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ten_thousand_claims_in_one_call_with_the_default_bounds() {
+    let node = NodeDirs::profile("dgx-h100");
+    let (api, kubeconfig) = api_for(&node).await;
+    api.set_claim_get_delay(Duration::from_millis(1));
+    let mut plugin = Plugin::start(&node, &kubeconfig, &[]);
+    plugin.wait_live(Duration::from_secs(60)).await;
+    let before = vm_hwm_kb(plugin.child.id());
+    let started = std::time::Instant::now();
+    let resp = prepare_claims(&node, missing_claims("m", 10_000)).await;
+    let elapsed = started.elapsed();
+    assert_eq!(resp.claims.len(), 10_000, "every claim is answered");
+    assert!(resp.claims.values().all(|c| c.error.contains("not found")));
+    let peak = api.claim_gets_peak();
+    let after = vm_hwm_kb(plugin.child.id());
+    eprintln!(
+        "10,000 claims: {elapsed:?}, peak {peak} claim GETs at once, plugin peak RSS {before} kB before, {after} kB after"
+    );
+    assert!(
+        peak <= 16,
+        "peak {peak} concurrent claim GETs, default bound 16 per call"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hostile_claim_references_and_configs_stay_out_of_api_paths_and_log_lines() {
+    let node = NodeDirs::profile("dgx-h100");
+    let (api, kubeconfig) = api_for(&node).await;
+    api.put_claim(claim_json("good", "node-a", &["gpu-0"], None));
+    api.put_claim(claim_json(
+        "bad-config",
+        "node-a",
+        &["gpu-1"],
+        Some(
+            serde_json::json!({"apiVersion": "gpu.topodra.dev/v1alpha1", "kind": "GpuConfig",
+            "numa\n2099-01-01T00:00:00Z  INFO \u{1b}[31mFAKE-LINE": true}),
+        ),
+    ));
+    let mut plugin = Plugin::start(&node, &kubeconfig, &[]);
+    plugin.wait_live(Duration::from_secs(60)).await;
+    let hostile = [
+        ("..", "claim"),
+        ("team-a", "../../../../api/v1/nodes/node-a"),
+        ("team-a", ".."),
+        ("team-a", "claim?watch=true"),
+        ("team-a", "claim#fragment"),
+        ("team-a", "a/b"),
+        ("team-a", "claim%2F.."),
+        (
+            "team-a",
+            "x\n2099-01-01T00:00:00Z  INFO \u{1b}[31mFAKE-NAME",
+        ),
+    ];
+    let mut claims: Vec<v1::Claim> = hostile
+        .iter()
+        .enumerate()
+        .map(|(i, (ns, name))| v1::Claim {
+            namespace: (*ns).into(),
+            uid: format!("h{i}"),
+            name: (*name).into(),
+        })
+        .collect();
+    claims.push(claim_ref("good"));
+    claims.push(claim_ref("bad-config"));
+    let before = api.requests().len();
+    let resp = prepare_claims(&node, claims).await;
+    for (i, (ns, name)) in hostile.iter().enumerate() {
+        let c = &resp.claims[&format!("h{i}")];
+        assert!(
+            c.error.contains("invalid claim reference"),
+            "{ns:?}/{name:?}: {c:?}"
+        );
+    }
+    assert_eq!(resp.claims["good"].error, "");
+    assert!(resp.claims["bad-config"].error.contains("FAKE-LINE"));
+    let sent: Vec<_> = api.requests()[before..].to_vec();
+    assert!(
+        sent.iter().all(|r| r.method != "GET"
+            || r.path == "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/claim-good"
+            || r.path
+                == "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/claim-bad-config"
+            || (r.is_watch() && r.path.ends_with("/resourceslices"))),
+        "only the valid claims were read: {sent:?}"
+    );
+
+    // In the text log every hostile value stays on its event's line, escaped.
+    let logs = plugin.logs();
+    assert!(
+        !logs.contains('\u{1b}'),
+        "a raw ESC reached the log:\n{logs}"
+    );
+    for marker in ["FAKE-LINE", "FAKE-NAME"] {
+        let lines: Vec<&str> = logs.lines().filter(|l| l.contains(marker)).collect();
+        assert!(!lines.is_empty(), "{marker} not logged:\n{logs}");
+        for line in lines {
+            assert!(
+                line.contains("prepare failed")
+                    && line.contains(r"\n2099-01-01T00:00:00Z  INFO \u{1b}[31m"),
+                "{marker} escaped onto its own event line: {line:?}\n{logs}"
+            );
+        }
+    }
+}
+
+/// Opens a connection and sends half a request line, as a slowloris client does.
+async fn half_request(addr: std::net::SocketAddr) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /metr").await.unwrap();
+    s
+}
+
+/// How long until the server closes `s` (reads to EOF or a reset), up to `limit`.
+async fn closed_within(s: &mut tokio::net::TcpStream, limit: Duration) -> Option<Duration> {
+    use tokio::io::AsyncReadExt;
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 1024];
+    tokio::time::timeout(limit, async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return started.elapsed(),
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .ok()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_http_endpoint_cuts_off_slow_clients_and_caps_connections() {
+    let node = NodeDirs::profile("l40s-pcie");
+    let (_api, kubeconfig) = api_for(&node).await;
+    let mut plugin = Plugin::start(
+        &node,
+        &kubeconfig,
+        &[
+            ("TOPODRA_HTTP_HEADER_READ_TIMEOUT_SECONDS", "1"),
+            ("TOPODRA_HTTP_MAX_CONNECTIONS", "8"),
+        ],
+    );
+    plugin.wait_live(Duration::from_secs(60)).await;
+    let addr = plugin.http;
+
+    // Six slow clients hold six of the eight slots; the endpoint still answers.
+    let mut slow = Vec::new();
+    for _ in 0..6 {
+        slow.push(half_request(addr).await);
+    }
+    let started = std::time::Instant::now();
+    assert_eq!(http_get(addr, "/healthz").await.map(|(s, _)| s), Some(200));
+    assert_eq!(http_get(addr, "/metrics").await.map(|(s, _)| s), Some(200));
+    // The probes' connections are gone once their slots are free again.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    // Twelve more: two take the last slots, ten are closed as soon as accepted.
+    let mut more = Vec::new();
+    for _ in 0..12 {
+        more.push(half_request(addr).await);
+    }
+    let mut rejected = 0;
+    for s in &mut more {
+        if closed_within(s, Duration::from_millis(300)).await.is_some() {
+            rejected += 1;
+        }
+    }
+    eprintln!("18 slow connections against a cap of 8: {rejected} closed at once");
+    assert_eq!(rejected, 10, "connections over the cap are closed at once");
+
+    // The eight that got a slot are cut off by the header read timeout (1 s).
+    slow.extend(more);
+    let mut cut = 0;
+    for s in &mut slow {
+        if closed_within(s, Duration::from_secs(3)).await.is_some() {
+            cut += 1;
+        }
+    }
+    let elapsed = started.elapsed();
+    eprintln!("all slow connections closed {elapsed:?} after the first ones opened ({cut} of 18)");
+    assert_eq!(cut, 18, "every slow connection is closed");
+    assert!(
+        elapsed >= Duration::from_millis(900),
+        "cut off before the timeout: {elapsed:?}"
+    );
+
+    assert_eq!(http_get(addr, "/healthz").await.map(|(s, _)| s), Some(200));
+    let (status, metrics) = http_get(addr, "/metrics").await.unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("topodra_http_connections_rejected_total 10"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_http_address_it_cannot_bind_fails_the_start() {
+    let node = NodeDirs::profile("l40s-pcie");
+    let (_api, kubeconfig) = api_for(&node).await;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let mut plugin = Plugin::start_on(&node, &kubeconfig, &[], addr);
+    let status = plugin.wait_exit(Duration::from_secs(60));
+    assert!(!status.success());
+    assert!(
+        plugin
+            .logs()
+            .contains(&format!("binding the HTTP endpoint to {addr}")),
+        "{}",
+        plugin.logs()
+    );
+    assert!(
+        !node.registration_socket().exists(),
+        "registered with the kubelet although it could not serve its probes"
+    );
+}

@@ -3,25 +3,92 @@
 //! Each claim of a call is answered on its own: it is read, prepared and timed in a
 //! task of its own, and its error goes into its own entry of the response. The call
 //! itself only fails when the request cannot be answered at all.
+//!
+//! How many claims are worked on at once is bounded per call and across calls
+//! ([`ClaimConcurrency`]): each prepare is a GET to the API server and a blocking
+//! task, and one call may carry any number of claims. Claims over the bound wait
+//! their turn; every claim of a call is answered.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::task::JoinSet;
+use tokio::sync::Semaphore;
+use tokio::task::{Id, JoinSet};
 use tonic::{Request, Response, Status};
 use topodra_driver::checkpoint::ClaimRef;
 use topodra_driver::prepare::Preparer;
 use topodra_proto::dra::{v1, v1beta1};
 
-use super::claims::ClaimReader;
+use super::claims::{ClaimReader, check_claim_ref};
 use crate::metrics::Metrics;
+
+/// How many claims are worked on at once: at most `per_call` of one call, and at most
+/// as many as `overall` has permits across all calls.
+#[derive(Debug, Clone)]
+pub(crate) struct ClaimConcurrency {
+    per_call: usize,
+    overall: Arc<Semaphore>,
+}
+
+impl ClaimConcurrency {
+    /// Zero is taken as one: a bound of zero would answer nothing.
+    pub(crate) fn new(per_call: usize, overall: usize) -> Self {
+        Self {
+            per_call: per_call.max(1),
+            overall: Arc::new(Semaphore::new(overall.max(1))),
+        }
+    }
+
+    /// Runs `work` for every claim of one call, each in a task of its own, within the
+    /// bounds, and collects one answer per claim UID. A task that panics is answered
+    /// with `failed`, so no claim goes without an answer.
+    async fn run<T, W, F>(
+        &self,
+        claims: Vec<v1::Claim>,
+        mut work: W,
+        failed: fn(String) -> T,
+    ) -> HashMap<String, T>
+    where
+        T: Send + 'static,
+        W: FnMut(v1::Claim) -> F,
+        F: Future<Output = T> + Send + 'static,
+    {
+        let mut out = HashMap::with_capacity(claims.len());
+        let mut tasks = JoinSet::new();
+        let mut uids: HashMap<Id, String> = HashMap::new();
+        for claim in claims {
+            if tasks.len() >= self.per_call {
+                join_one(&mut tasks, &mut uids, &mut out, failed).await;
+            }
+            // Waiting for the permit here, before spawning, keeps the claims that wait
+            // as plain data instead of as parked tasks. The semaphore is fair (FIFO),
+            // so a call with many claims does not starve the calls that come after it.
+            // (It is never closed, so `ok()` never drops the bound.)
+            let permit = self.overall.clone().acquire_owned().await.ok();
+            let uid = claim.uid.clone();
+            let job = work(claim);
+            let handle = tasks.spawn(async move {
+                let answer = job.await;
+                drop(permit);
+                answer
+            });
+            uids.insert(handle.id(), uid);
+        }
+        while !tasks.is_empty() {
+            join_one(&mut tasks, &mut uids, &mut out, failed).await;
+        }
+        out
+    }
+}
 
 #[derive(Clone)]
 pub(crate) struct DraService {
     preparer: Arc<Preparer>,
     claims: Arc<dyn ClaimReader>,
     metrics: Arc<Metrics>,
+    concurrency: ClaimConcurrency,
 }
 
 impl DraService {
@@ -29,17 +96,20 @@ impl DraService {
         preparer: Arc<Preparer>,
         claims: Arc<dyn ClaimReader>,
         metrics: Arc<Metrics>,
+        concurrency: ClaimConcurrency,
     ) -> Self {
         Self {
             preparer,
             claims,
             metrics,
+            concurrency,
         }
     }
 
-    async fn prepare_one(&self, claim: v1::Claim) -> (String, v1::NodePrepareResourceResponse) {
+    async fn prepare_one(&self, claim: v1::Claim) -> v1::NodePrepareResourceResponse {
         let started = Instant::now();
         let result = async {
+            check_claim_ref(&claim.namespace, &claim.name).map_err(|e| ("invalid_claim", e))?;
             let object = self
                 .claims
                 .get(&claim.namespace, &claim.name)
@@ -63,9 +133,9 @@ impl DraService {
         self.metrics.observe_prepare(started.elapsed(), outcome);
         self.metrics
             .set_prepared_devices(self.preparer.prepared_devices());
-        let response = match result {
+        match result {
             Ok(devices) => {
-                tracing::info!(claim = %claim.uid, namespace = %claim.namespace, name = %claim.name, devices = devices.len(), "prepared");
+                tracing::info!(claim = ?claim.uid, namespace = ?claim.namespace, name = ?claim.name, devices = devices.len(), "prepared");
                 v1::NodePrepareResourceResponse {
                     devices: devices
                         .into_iter()
@@ -81,17 +151,19 @@ impl DraService {
                 }
             }
             Err((kind, error)) => {
-                tracing::warn!(claim = %claim.uid, namespace = %claim.namespace, name = %claim.name, kind, %error, "prepare failed");
+                // Debug formatting quotes and escapes: the claim reference comes from the
+                // kubelet unchecked, and the error can quote the claim's opaque config,
+                // which must not start a new line or colour a terminal in the logs.
+                tracing::warn!(claim = ?claim.uid, namespace = ?claim.namespace, name = ?claim.name, kind, ?error, "prepare failed");
                 v1::NodePrepareResourceResponse {
                     devices: Vec::new(),
                     error,
                 }
             }
-        };
-        (claim.uid, response)
+        }
     }
 
-    async fn unprepare_one(&self, claim: v1::Claim) -> (String, v1::NodeUnprepareResourceResponse) {
+    async fn unprepare_one(&self, claim: v1::Claim) -> v1::NodeUnprepareResourceResponse {
         let started = Instant::now();
         let preparer = self.preparer.clone();
         let uid = claim.uid.clone();
@@ -106,54 +178,68 @@ impl DraService {
             .set_prepared_devices(self.preparer.prepared_devices());
         let error = match result {
             Ok(()) => {
-                tracing::info!(claim = %claim.uid, namespace = %claim.namespace, name = %claim.name, "unprepared");
+                tracing::info!(claim = ?claim.uid, namespace = ?claim.namespace, name = ?claim.name, "unprepared");
                 String::new()
             }
             Err((kind, error)) => {
-                tracing::warn!(claim = %claim.uid, kind, %error, "unprepare failed");
+                tracing::warn!(claim = ?claim.uid, kind, ?error, "unprepare failed");
                 error
             }
         };
-        (claim.uid, v1::NodeUnprepareResourceResponse { error })
+        v1::NodeUnprepareResourceResponse { error }
     }
 
     pub(crate) async fn prepare(
         &self,
         claims: Vec<v1::Claim>,
     ) -> HashMap<String, v1::NodePrepareResourceResponse> {
-        let mut tasks = JoinSet::new();
-        for claim in claims {
+        let work = |claim| {
             let this = self.clone();
-            tasks.spawn(async move { this.prepare_one(claim).await });
-        }
-        collect(tasks).await
+            async move { this.prepare_one(claim).await }
+        };
+        let failed = |error| v1::NodePrepareResourceResponse {
+            devices: Vec::new(),
+            error,
+        };
+        self.concurrency.run(claims, work, failed).await
     }
 
     pub(crate) async fn unprepare(
         &self,
         claims: Vec<v1::Claim>,
     ) -> HashMap<String, v1::NodeUnprepareResourceResponse> {
-        let mut tasks = JoinSet::new();
-        for claim in claims {
+        let work = |claim| {
             let this = self.clone();
-            tasks.spawn(async move { this.unprepare_one(claim).await });
-        }
-        collect(tasks).await
+            async move { this.unprepare_one(claim).await }
+        };
+        let failed = |error| v1::NodeUnprepareResourceResponse { error };
+        self.concurrency.run(claims, work, failed).await
     }
 }
 
-async fn collect<T: 'static>(mut tasks: JoinSet<(String, T)>) -> HashMap<String, T> {
-    let mut out = HashMap::new();
-    while let Some(joined) = tasks.join_next().await {
-        match joined {
-            Ok((uid, response)) => {
-                out.insert(uid, response);
+/// Waits for one claim task and files its answer under the claim's UID.
+async fn join_one<T: 'static>(
+    tasks: &mut JoinSet<T>,
+    uids: &mut HashMap<Id, String>,
+    out: &mut HashMap<String, T>,
+    failed: fn(String) -> T,
+) {
+    match tasks.join_next_with_id().await {
+        Some(Ok((id, answer))) => {
+            if let Some(uid) = uids.remove(&id) {
+                out.insert(uid, answer);
             }
-            // A panicking claim task loses only its own answer; the kubelet retries it.
-            Err(e) => tracing::error!(error = %e, "claim task panicked"),
         }
+        // The kubelet retries a claim whose answer is an error.
+        Some(Err(e)) => {
+            let uid = uids.remove(&e.id());
+            tracing::error!(claim = ?uid, error = %e, "claim task panicked");
+            if let Some(uid) = uid {
+                out.insert(uid, failed(format!("internal error: {e}")));
+            }
+        }
+        None => {}
     }
-    out
 }
 
 #[tonic::async_trait]
@@ -248,5 +334,91 @@ impl v1beta1::dra_plugin_server::DraPlugin for DraServiceV1beta1 {
         Ok(Response::new(v1beta1::NodeUnprepareResourcesResponse {
             claims,
         }))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+
+    fn claims(prefix: &str, n: usize) -> Vec<v1::Claim> {
+        (0..n)
+            .map(|i| v1::Claim {
+                namespace: "team-a".into(),
+                uid: format!("{prefix}{i}"),
+                name: format!("claim-{prefix}{i}"),
+            })
+            .collect()
+    }
+
+    /// Counts how many jobs run at once, and the most that ever did.
+    #[derive(Default)]
+    struct Gauge {
+        now: AtomicUsize,
+        peak: AtomicUsize,
+    }
+
+    /// A job that holds its place for a few milliseconds and answers its claim's name.
+    fn counted(gauge: &Arc<Gauge>) -> impl FnMut(v1::Claim) -> BoxedJob + use<> {
+        let gauge = gauge.clone();
+        move |claim| {
+            let gauge = gauge.clone();
+            Box::pin(async move {
+                let now = gauge.now.fetch_add(1, Ordering::SeqCst) + 1;
+                gauge.peak.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                gauge.now.fetch_sub(1, Ordering::SeqCst);
+                claim.name
+            })
+        }
+    }
+
+    type BoxedJob = std::pin::Pin<Box<dyn Future<Output = String> + Send>>;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn one_call_runs_at_most_per_call_claims_and_answers_all() {
+        let limits = ClaimConcurrency::new(3, 100);
+        let gauge = Arc::new(Gauge::default());
+        let out = limits.run(claims("c", 50), counted(&gauge), |e| e).await;
+        assert_eq!(out.len(), 50);
+        assert_eq!(out["c7"], "claim-c7");
+        assert_eq!(gauge.peak.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn calls_together_run_at_most_overall_claims() {
+        let limits = ClaimConcurrency::new(4, 6);
+        let gauge = Arc::new(Gauge::default());
+        let (a, b) = tokio::join!(
+            limits.run(claims("a", 30), counted(&gauge), |e| e),
+            limits.run(claims("b", 30), counted(&gauge), |e| e),
+        );
+        assert_eq!((a.len(), b.len()), (30, 30));
+        let peak = gauge.peak.load(Ordering::SeqCst);
+        assert!(peak > 4 && peak <= 6, "peak {peak}");
+    }
+
+    #[tokio::test]
+    async fn a_claim_whose_task_panics_is_still_answered() {
+        let limits = ClaimConcurrency::new(2, 2);
+        let work = |claim: v1::Claim| async move {
+            assert_ne!(claim.uid, "c1", "a bug in one claim's preparation");
+            claim.name
+        };
+        let out = limits.run(claims("c", 3), work, |e| e).await;
+        assert_eq!(out.len(), 3);
+        assert_eq!(out["c0"], "claim-c0");
+        assert!(out["c1"].starts_with("internal error"), "{}", out["c1"]);
+    }
+
+    #[test]
+    fn a_bound_of_zero_is_one() {
+        let limits = ClaimConcurrency::new(0, 0);
+        assert_eq!(limits.per_call, 1);
+        assert_eq!(limits.overall.available_permits(), 1);
     }
 }

@@ -87,7 +87,16 @@ pub struct Plugin {
 
 impl Plugin {
     pub fn start(node: &NodeDirs, kubeconfig: &Path, env: &[(&str, &str)]) -> Self {
-        let http = free_port();
+        Self::start_on(node, kubeconfig, env, free_port())
+    }
+
+    /// Like [`Plugin::start`], with the HTTP endpoint on `http`.
+    pub fn start_on(
+        node: &NodeDirs,
+        kubeconfig: &Path,
+        env: &[(&str, &str)],
+        http: SocketAddr,
+    ) -> Self {
         let log = node.path(&format!("plugin-{}.log", http.port()));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_topodra-kubelet-plugin"));
         cmd.arg("serve")

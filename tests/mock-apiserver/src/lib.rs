@@ -3,7 +3,8 @@
 //!
 //! It knows Nodes (GET), ResourceClaims (GET), ResourceSlices (server-side apply,
 //! DELETE, and watches with `sendInitialEvents`), and Events (POST). Every request is
-//! logged so tests can assert the shape of the plugin's traffic. It is no substitute
+//! logged so tests can assert the shape of the plugin's traffic, and claim GETs can be
+//! slowed down and their concurrency measured, for tests of the plugin's fan-out. It is no substitute
 //! for a real API server: no validation, no admission, no field management; the
 //! end-to-end suite runs the real one.
 
@@ -11,7 +12,9 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -67,6 +70,28 @@ struct State {
 struct Shared {
     state: Mutex<State>,
     events: broadcast::Sender<WatchEvent>,
+    /// Claim GETs being answered right now, and the most there ever were at once.
+    claim_gets_in_flight: AtomicUsize,
+    claim_gets_peak: AtomicUsize,
+    /// How long each claim GET takes, so that concurrent ones overlap.
+    claim_get_delay_us: AtomicU64,
+}
+
+/// Counts one claim GET as in flight until dropped.
+struct InFlight(Arc<Shared>);
+
+impl InFlight {
+    fn enter(shared: &Arc<Shared>) -> Self {
+        let now = shared.claim_gets_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        shared.claim_gets_peak.fetch_max(now, Ordering::SeqCst);
+        Self(shared.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.claim_gets_in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Shared {
@@ -220,6 +245,26 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
         }
     };
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let claim_get = method == Method::GET
+        && matches!(
+            parts.as_slice(),
+            [
+                "apis",
+                "resource.k8s.io",
+                "v1",
+                "namespaces",
+                _,
+                "resourceclaims",
+                _
+            ]
+        );
+    let _in_flight = claim_get.then(|| InFlight::enter(&shared));
+    if claim_get {
+        let delay = Duration::from_micros(shared.claim_get_delay_us.load(Ordering::SeqCst));
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+    }
     Ok(match (method.clone(), parts.as_slice()) {
         (Method::GET, ["api", "v1", "nodes", name]) => match shared.lock().nodes.get(*name) {
             Some(n) => full(StatusCode::OK, n.clone()),
@@ -400,6 +445,9 @@ impl MockApiServer {
                 ..Default::default()
             }),
             events,
+            claim_gets_in_flight: AtomicUsize::new(0),
+            claim_gets_peak: AtomicUsize::new(0),
+            claim_get_delay_us: AtomicU64::new(0),
         });
         let serving = shared.clone();
         let task = tokio::spawn(async move {
@@ -469,6 +517,22 @@ impl MockApiServer {
                 shared.emit(&mut s, "DELETED", object);
             }
         }
+    }
+
+    /// Makes every claim GET take `delay` before it is answered.
+    pub fn set_claim_get_delay(&self, delay: Duration) {
+        let us = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
+        self.shared.claim_get_delay_us.store(us, Ordering::SeqCst);
+    }
+
+    /// The most claim GETs that were being answered at the same time.
+    pub fn claim_gets_peak(&self) -> usize {
+        self.shared.claim_gets_peak.load(Ordering::SeqCst)
+    }
+
+    /// Starts measuring [`Self::claim_gets_peak`] afresh.
+    pub fn reset_claim_gets_peak(&self) {
+        self.shared.claim_gets_peak.store(0, Ordering::SeqCst);
     }
 
     pub fn set_failing(&self, failing: bool) {

@@ -1,0 +1,136 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	v1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes/scheme"
+
+	"topodra.dev/tests/cluster"
+)
+
+// helmTemplate renders the chart of deploy/helm with extra helm arguments, as
+// deploy/render.sh does, and writes it to a file in dir.
+func helmTemplate(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	helm, err := cluster.FindTool(os.Getenv(cluster.ToolsEnv), "helm")
+	if err != nil {
+		if cluster.RequireTools() {
+			t.Fatal(err)
+		}
+		t.Skipf("skipping: %v", err)
+	}
+	chart := filepath.Join(repoRoot(t), "deploy", "helm", "topodra")
+	argv := append([]string{"template", "topodra", chart, "--namespace", "topodra-system", "--kube-version", "1.37.0"}, args...)
+	out, err := exec.Command(helm, argv...).Output()
+	if err != nil {
+		t.Fatalf("helm %s: %v", strings.Join(argv, " "), err)
+	}
+	f := filepath.Join(dir, "rendered.yaml")
+	if err := os.WriteFile(f, out, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// decode parses one manifest document into its typed object.
+func decode[T any](t *testing.T, doc string) T {
+	t.Helper()
+	obj, _, err := scheme.Codecs.UniversalDeserializer().Decode([]byte(doc), nil, nil)
+	if err != nil {
+		t.Fatalf("decoding:\n%s\n%v", doc, err)
+	}
+	typed, ok := obj.(T)
+	if !ok {
+		t.Fatalf("decoded a %T", obj)
+	}
+	return typed
+}
+
+// TestChartHTTPEndpointExposure checks what the chart does for the plugin's HTTP
+// endpoint against the real API server: by default the DaemonSet binds it to the
+// pod's IP (downward API) and no NetworkPolicy is rendered; with
+// networkPolicy.enabled the policy admits only the HTTP port from the configured
+// namespaces and pods, selects exactly the plugin pods, and the API server accepts
+// both objects.
+func TestChartHTTPEndpointExposure(t *testing.T) {
+	manifests := filepath.Join(repoRoot(t), "deploy", "manifests", "topodra.yaml")
+	if docs := manifestDocs(t, manifests, func(string) bool { return true }); strings.Contains(docs, "kind: NetworkPolicy") {
+		t.Errorf("the default manifests have a NetworkPolicy; it is off by default")
+	}
+	ds := decode[*appsv1.DaemonSet](t, manifestDoc(t, manifests, "DaemonSet"))
+	c0 := ds.Spec.Template.Spec.Containers[0]
+	i := slices.IndexFunc(c0.Env, func(e v1.EnvVar) bool { return e.Name == "TOPODRA_HTTP_BIND_ADDRESS" })
+	if i < 0 || c0.Env[i].ValueFrom == nil || c0.Env[i].ValueFrom.FieldRef == nil || c0.Env[i].ValueFrom.FieldRef.FieldPath != "status.podIP" {
+		t.Errorf("TOPODRA_HTTP_BIND_ADDRESS is not the pod IP from the downward API: %+v", c0.Env)
+	}
+	for _, want := range []string{"--http-port=9464", "--http-header-read-timeout-seconds=5", "--http-max-connections=32",
+		"--max-concurrent-claims-per-call=16", "--max-concurrent-claims=64"} {
+		if !slices.Contains(c0.Args, want) {
+			t.Errorf("DaemonSet args lack %s: %v", want, c0.Args)
+		}
+	}
+	if slices.ContainsFunc(c0.Args, func(a string) bool {
+		return strings.HasPrefix(a, "--http-addr") || strings.HasPrefix(a, "--http-bind-address")
+	}) {
+		t.Errorf("a flag overrides the pod IP: %v", c0.Args)
+	}
+	if ds.Spec.Template.Spec.HostNetwork {
+		t.Errorf("the DaemonSet uses hostNetwork: the pod IP would be the node's, and NetworkPolicy would not apply")
+	}
+
+	c := cluster.StartT(t, cluster.Options{})
+	admin, err := c.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, c: c, admin: admin}
+	e.applyManifests()
+	rendered := helmTemplate(t, t.TempDir(),
+		"--set", "networkPolicy.enabled=true",
+		"--set", "networkPolicy.namespaceSelector.matchLabels.team=observability",
+		"--set", "networkPolicy.podSelector.matchLabels.app=prometheus",
+		"--set", "kubeletPlugin.httpPort=9500")
+	np := decode[*networkingv1.NetworkPolicy](t, manifestDoc(t, rendered, "NetworkPolicy"))
+	rds := decode[*appsv1.DaemonSet](t, manifestDoc(t, rendered, "DaemonSet"))
+
+	sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+	if err != nil || sel.Empty() || !sel.Matches(labels.Set(rds.Spec.Template.Labels)) {
+		t.Errorf("the policy's podSelector %v does not select the plugin pods %v (%v)", np.Spec.PodSelector, rds.Spec.Template.Labels, err)
+	}
+	if !slices.Equal(np.Spec.PolicyTypes, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}) {
+		t.Errorf("policyTypes %v, want [Ingress] only (egress to the API server stays open)", np.Spec.PolicyTypes)
+	}
+	if len(np.Spec.Ingress) != 1 {
+		t.Fatalf("%d ingress rules, want 1: %+v", len(np.Spec.Ingress), np.Spec.Ingress)
+	}
+	rule := np.Spec.Ingress[0]
+	if len(rule.Ports) != 1 || rule.Ports[0].Port == nil || rule.Ports[0].Port.IntValue() != 9500 || *rule.Ports[0].Protocol != v1.ProtocolTCP {
+		t.Errorf("ports %+v, want TCP 9500 only", rule.Ports)
+	}
+	// One peer with both selectors: pods labelled app=prometheus in namespaces
+	// labelled team=observability (two peers would admit either).
+	if len(rule.From) != 1 || rule.From[0].NamespaceSelector == nil || rule.From[0].PodSelector == nil ||
+		rule.From[0].NamespaceSelector.MatchLabels["team"] != "observability" || rule.From[0].PodSelector.MatchLabels["app"] != "prometheus" {
+		t.Errorf("from %+v, want one peer with namespaceSelector team=observability and podSelector app=prometheus", rule.From)
+	}
+
+	ctx := context.Background()
+	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	if _, err := admin.NetworkingV1().NetworkPolicies("topodra-system").Create(ctx, np, dryRun); err != nil {
+		t.Errorf("the API server refuses the NetworkPolicy: %v", err)
+	}
+	if _, err := admin.AppsV1().DaemonSets("topodra-system").Create(ctx, ds, dryRun); err != nil {
+		t.Errorf("the API server refuses the default DaemonSet: %v", err)
+	}
+}
