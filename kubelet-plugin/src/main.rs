@@ -7,9 +7,11 @@
 mod discover_cmd;
 mod grpc;
 mod health;
+mod lifecycle;
 mod liveness;
 mod logging;
 mod metrics;
+mod ownership;
 mod publish;
 mod serve_cmd;
 mod table;

@@ -5,7 +5,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -29,7 +29,9 @@ use crate::health::monitor::{HealthMonitor, MonitorConfig};
 use crate::health::nvml::NvmlOpener;
 use crate::health::policy::HealthPolicy;
 use crate::health::taints::{TaintEffect, device_taints};
+use crate::lifecycle::Lifecycle;
 use crate::metrics::{Endpoints, HttpLimits, Metrics};
+use crate::ownership;
 use crate::publish::{self, DesiredPool, Publisher, PublisherConfig, RequestCounter};
 use crate::uds;
 
@@ -302,15 +304,41 @@ async fn node_event(client: kube::Client, node: &str, reason: &str, action: &str
     }
 }
 
-async fn quarantine_event(client: kube::Client, node: &str, report: &StartupReport) {
-    let Some(q) = &report.quarantined else { return };
-    let note = format!(
-        "corrupt checkpoint ({}) moved to {}; rebuilt {} claim(s) from CDI specs",
-        q.reason,
-        q.path.display(),
-        report.rebuilt.len()
-    );
-    node_event(client, node, "CheckpointQuarantined", "Recover", note).await;
+/// Warning Events on the Node for what recovery found wrong with the node's own
+/// state, so an operator learns of it without reading logs.
+async fn recovery_events(client: kube::Client, node: &str, report: &StartupReport) {
+    if let Some(q) = &report.quarantined {
+        let note = format!(
+            "corrupt checkpoint ({}) moved to {}; rebuilt {} claim(s) from CDI specs",
+            q.reason,
+            q.path.display(),
+            report.rebuilt.len()
+        );
+        node_event(
+            client.clone(),
+            node,
+            "CheckpointQuarantined",
+            "Recover",
+            note,
+        )
+        .await;
+    }
+    for bad in &report.bad_records {
+        node_event(
+            client.clone(),
+            node,
+            "CheckpointRecordDropped",
+            "Recover",
+            bad.clone(),
+        )
+        .await;
+    }
+    if let Some(e) = &report.save_failed {
+        let note = format!(
+            "recovered state could not be saved ({e}); serving from memory, prepares fail until the disk accepts writes"
+        );
+        node_event(client, node, "CheckpointNotSaved", "Recover", note).await;
+    }
 }
 
 /// One Event per GPU that discovery left out because of its MIG mode, so an
@@ -321,6 +349,22 @@ async fn mig_events(client: kube::Client, node: &str, inventory: &topodra_driver
             continue;
         };
         node_event(client.clone(), node, "GpuNotOffered", "Discover", warning).await;
+    }
+}
+
+/// Why serving ended.
+enum Stop {
+    /// SIGTERM or SIGINT: the pod is being deleted.
+    Terminate,
+    /// Another instance (the new pod of a rolling update) asked for the node state.
+    Handover(String),
+}
+
+/// The name this instance gives itself in takeover requests and the lock file.
+fn instance_name(args: &ServeArgs) -> String {
+    match &args.pod_uid {
+        Some(uid) => format!("pod {uid}"),
+        None => format!("process {}", std::process::id()),
     }
 }
 
@@ -352,6 +396,99 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
     let files =
         DriverFiles::load(&cdi).context("finding the NVIDIA driver's files for CDI specs")?;
     let boot_id = read_boot_id(&args.boot_id_file).context("reading the boot id")?;
+
+    let counter = RequestCounter::new();
+    let kube_config = kube::Config::infer()
+        .await
+        .context("finding the API server (kubeconfig or in-cluster)")?;
+    let client =
+        publish::counted_client(kube_config, &counter).context("building the API client")?;
+    let metrics = Arc::new(Metrics::new());
+    metrics.set_devices(inventory.allocatable().len());
+
+    // The HTTP endpoint first, and until the process exits: a pod waiting for the
+    // node state, or done with it, must stay live. A bind address that is not the
+    // pod's fails the start here, before the kubelet learns of this plugin.
+    let lifecycle = Lifecycle::waiting();
+    let http_addr = args.http_addr();
+    let listener = tokio::net::TcpListener::bind(http_addr)
+        .await
+        .with_context(|| format!("binding the HTTP endpoint to {http_addr}"))?;
+    let endpoints = Endpoints {
+        metrics: metrics.clone(),
+        before_scrape: Arc::new(move |m: &Metrics| {
+            let totals = counter
+                .snapshot()
+                .into_iter()
+                .map(|((verb, resource), n)| ((verb.as_str().to_owned(), resource), n))
+                .collect();
+            m.record_api_totals(&totals);
+        }),
+        live: lifecycle.live_check(),
+        ready: lifecycle.ready_check(),
+    };
+    let limits = HttpLimits {
+        header_read_timeout: Duration::from_secs(args.http_header_read_timeout_seconds),
+        max_connections: args.http_max_connections as usize,
+    };
+    let (http_stop_tx, http_stop_rx) = watch::channel(false);
+    let http = tokio::spawn(crate::metrics::serve(listener, endpoints, limits, {
+        let mut rx = http_stop_rx;
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    }));
+
+    // One instance owns the node's state at a time; a rolling update's new pod
+    // waits here until the old one has handed over.
+    let name = instance_name(&args);
+    let state_dir = args.state_dir();
+    let ownership = tokio::select! {
+        owned = ownership::acquire(&state_dir, &name, ownership::Timing::default()) => {
+            owned.context("taking ownership of the node state")?
+        }
+        () = shutdown_signal() => {
+            tracing::info!("terminated while waiting for the node state");
+            let _ = http_stop_tx.send(true);
+            let _ = tokio::time::timeout(Duration::from_secs(1), http).await;
+            return Ok(());
+        }
+    };
+
+    tracing::info!(owner = ownership.name(), "owns the node state");
+    let stop = serve(
+        &args, inventory, cdi, files, boot_id, client, metrics, &lifecycle, &ownership,
+    )
+    .await?;
+    if let Stop::Handover(to) = stop {
+        // Serving has ended and its state is dropped; releasing the lock lets the
+        // new owner read the checkpoint. Exiting would only restart this container.
+        drop(ownership);
+        lifecycle.handed_over(&to);
+        tracing::info!(to = %to, "handed the node state over; idle until this pod is deleted");
+        shutdown_signal().await;
+    }
+    let _ = http_stop_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(1), http).await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Serves the kubelet from the node state this instance owns, until it is told to
+/// stop or another instance asks for the state; then takes everything down in the
+/// order that loses no work, and says why it stopped.
+#[allow(clippy::too_many_arguments)]
+async fn serve(
+    args: &ServeArgs,
+    inventory: topodra_driver::Inventory,
+    cdi: CdiConfig,
+    files: DriverFiles,
+    boot_id: String,
+    client: kube::Client,
+    metrics: Arc<Metrics>,
+    lifecycle: &Lifecycle,
+    ownership: &ownership::Ownership,
+) -> Result<Stop> {
     let (mut preparer, report) = Preparer::start(
         &PreparerConfig {
             driver_name: args.driver_name.clone(),
@@ -370,6 +507,8 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         rolled_back = report.rolled_back.len(),
         orphan_specs_removed = report.orphan_specs_removed.len(),
         quarantined = report.quarantined.is_some(),
+        bad_records = report.bad_records.len(),
+        save_failed = report.save_failed.is_some(),
         "recovered prepared claims"
     );
     if let Some(point) = &args.test_crash_at {
@@ -386,24 +525,14 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         }));
     }
     let preparer = Arc::new(preparer);
-
-    let counter = RequestCounter::new();
-    let kube_config = kube::Config::infer()
-        .await
-        .context("finding the API server (kubeconfig or in-cluster)")?;
-    let client =
-        publish::counted_client(kube_config, &counter).context("building the API client")?;
     {
         let (client, node) = (client.clone(), args.node_name.clone());
         let inventory = inventory.clone();
         tokio::spawn(async move {
-            quarantine_event(client.clone(), &node, &report).await;
+            recovery_events(client.clone(), &node, &report).await;
             mig_events(client, &node, &inventory).await;
         });
     }
-
-    let metrics = Arc::new(Metrics::new());
-    metrics.set_devices(inventory.allocatable().len());
     metrics.set_prepared_devices(preparer.prepared_devices());
 
     // Two stop signals: registration stops first, everything else after it.
@@ -445,13 +574,6 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         effect,
     ));
 
-    // Before the sockets: a bind address that is not the pod's fails the start here,
-    // before the kubelet learns of a plugin whose probes would fail.
-    let http_addr = args.http_addr();
-    let listener = tokio::net::TcpListener::bind(http_addr)
-        .await
-        .with_context(|| format!("binding the HTTP endpoint to {http_addr}"))?;
-
     // The DRA socket first: the kubelet may call it as soon as registration succeeds.
     let sockets = args.sockets();
     let dra = DraService::new(
@@ -463,10 +585,11 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
             args.max_concurrent_claims as usize,
         ),
     );
+    drop(preparer);
     let (mut dra_guard, dra_incoming) =
         uds::serve_uds(&sockets.dra).context("binding the DRA socket")?;
     let dra_server = tokio::spawn(
-        tonic::transport::Server::builder()
+        grpc_server()
             .add_service(v1::dra_plugin_server::DraPluginServer::new(dra.clone()))
             .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(
                 DraServiceV1beta1(dra),
@@ -489,7 +612,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
     let (mut reg_guard, reg_incoming) =
         uds::serve_uds(&sockets.registration).context("binding the registration socket")?;
     let reg_server = tokio::spawn(
-        tonic::transport::Server::builder()
+        grpc_server()
             .add_service(RegistrationServer::new(registration))
             .serve_with_incoming_shutdown(reg_incoming, stopped(&unregister_rx)),
     );
@@ -500,54 +623,20 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
     let publisher = Publisher::new(client, publisher_config, desired_rx);
     let publish_status = publisher.status();
     let publisher_task = tokio::spawn(publisher.run(shutdown()));
+    lifecycle.serving(
+        sockets.registration.clone(),
+        sockets.dra.clone(),
+        registered,
+        publish_status,
+    );
 
-    let endpoints = Endpoints {
-        metrics: metrics.clone(),
-        before_scrape: Arc::new(move |m: &Metrics| {
-            let totals = counter
-                .snapshot()
-                .into_iter()
-                .map(|((verb, resource), n)| ((verb.as_str().to_owned(), resource), n))
-                .collect();
-            m.record_api_totals(&totals);
-        }),
-        live: {
-            let sockets = (sockets.registration.clone(), sockets.dra.clone());
-            Arc::new(move || {
-                let sockets = sockets.clone();
-                Box::pin(async move { crate::liveness::check(&sockets.0, &sockets.1).await })
-            })
-        },
-        ready: {
-            let status = publish_status.clone();
-            let registered = registered.clone();
-            Arc::new(move || {
-                let status = status.borrow().clone();
-                let registered = registered.load(Ordering::SeqCst);
-                Box::pin(async move {
-                    if !registered {
-                        return Err("not registered with the kubelet yet".to_owned());
-                    }
-                    if !status.is_in_sync() {
-                        return Err(format!("ResourceSlices not published: {status:?}"));
-                    }
-                    Ok(())
-                })
-            })
-        },
+    let stop = tokio::select! {
+        () = shutdown_signal() => Stop::Terminate,
+        who = ownership.handover_requested(ownership::Timing::default()) => {
+            tracing::info!(to = %who, "handing the node state over to another instance");
+            Stop::Handover(who)
+        }
     };
-    let limits = HttpLimits {
-        header_read_timeout: Duration::from_secs(args.http_header_read_timeout_seconds),
-        max_connections: args.http_max_connections as usize,
-    };
-    let http = tokio::spawn(crate::metrics::serve(
-        listener,
-        endpoints,
-        limits,
-        shutdown(),
-    ));
-
-    shutdown_signal().await;
     // Unregister first: with the registration socket gone the kubelet stops sending
     // new claims here, while prepares in flight finish on the DRA socket.
     let _ = unregister_tx.send(true);
@@ -561,11 +650,18 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         tracing::warn!(socket = %dra_guard.path().display(), error = %e, "removing the DRA socket");
     }
     let _ = tokio::time::timeout(Duration::from_secs(5), publisher_task).await;
-    let _ = tokio::time::timeout(Duration::from_secs(1), http).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), health_task).await;
     taints_task.abort();
-    tracing::info!("stopped");
-    Ok(())
+    Ok(stop)
+}
+
+/// A gRPC server with the header-list and frame-size limits the `:authority` shim
+/// in front of it enforces, set here rather than left to defaults so the two cannot
+/// drift apart.
+fn grpc_server() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .http2_max_header_list_size(uds::MAX_HEADER_LIST as u32)
+        .max_frame_size(uds::MAX_FRAME_SIZE as u32)
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@
 //! ```
 
 mod authority;
+pub(crate) use authority::{MAX_FRAME_SIZE, MAX_HEADER_LIST};
 mod listener;
 mod representation;
 mod stream;

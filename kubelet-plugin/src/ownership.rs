@@ -1,0 +1,294 @@
+//! One plugin instance at a time owns a node's state: the checkpoint, the CDI specs
+//! and the kubelet sockets.
+//!
+//! During a rolling update with `maxSurge` the DaemonSet runs the old and the new
+//! plugin pod on a node at once, and only deletes the old one once the new one is
+//! Ready. So the new instance must be able to take the state over from a live old
+//! one, rather than wait for it to go away:
+//!
+//! 1. Ownership is an exclusive `flock` on `<state-dir>/owner.lock`. The kernel drops
+//!    it when the owner dies, however it dies, so a killed owner never blocks.
+//! 2. An instance that finds the lock held writes `<state-dir>/takeover-request`
+//!    with its name and waits for the lock.
+//! 3. The owner watches for that file. When it appears, the owner stops taking new
+//!    work, removes its sockets, finishes what is in flight, drops its state and
+//!    releases the lock; then it idles until its pod is deleted (exiting would only
+//!    get its container restarted, and a restarted container would ask for the
+//!    state back).
+//! 4. The new instance gets the lock, removes the request, reads the checkpoint
+//!    afresh and only then binds its sockets and registers with the kubelet.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The lock file; its content names the owner, for operators.
+pub(crate) const LOCK_FILE: &str = "owner.lock";
+/// Written by an instance that wants the state; holds its name.
+pub(crate) const TAKEOVER_FILE: &str = "takeover-request";
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum OwnershipError {
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> OwnershipError {
+    let path = path.to_owned();
+    move |source| OwnershipError::Io {
+        action,
+        path,
+        source,
+    }
+}
+
+/// Held ownership of a state directory; dropping it releases the lock.
+#[derive(Debug)]
+pub(crate) struct Ownership {
+    dir: PathBuf,
+    name: String,
+    // Held only for its lock: closing the file releases it.
+    _lock: File,
+}
+
+/// How often a waiting instance retries the lock and an owner looks for a request.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timing {
+    pub(crate) poll: Duration,
+    /// How often a waiting instance logs that it is still waiting.
+    pub(crate) report: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            poll: Duration::from_millis(200),
+            report: Duration::from_secs(10),
+        }
+    }
+}
+
+fn try_lock(file: &File) -> io::Result<bool> {
+    // SAFETY: flock on a descriptor this File owns; no memory is involved.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(e)
+    }
+}
+
+/// Writes `content` to `path` through a temp file and a rename, so a reader never
+/// sees half a name.
+fn write_atomic(path: &Path, content: &str) -> Result<(), OwnershipError> {
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    fs::write(&tmp, content).map_err(io_err("write", &tmp))?;
+    fs::rename(&tmp, path).map_err(io_err("rename into place", path))
+}
+
+/// Takes ownership of `dir` for the instance `name`, asking a live owner to hand
+/// over and waiting until it has. Creates `dir` if needed.
+pub(crate) async fn acquire(
+    dir: &Path,
+    name: &str,
+    timing: Timing,
+) -> Result<Ownership, OwnershipError> {
+    fs::create_dir_all(dir).map_err(io_err("create", dir))?;
+    let lock_path = dir.join(LOCK_FILE);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&lock_path)
+        .map_err(io_err("open", &lock_path))?;
+    let request = dir.join(TAKEOVER_FILE);
+    let mut asked = false;
+    let started = tokio::time::Instant::now();
+    let mut next_report = started + timing.report;
+    loop {
+        if try_lock(&file).map_err(io_err("lock", &lock_path))? {
+            break;
+        }
+        if !asked {
+            let owner = fs::read_to_string(&lock_path).unwrap_or_default();
+            tracing::info!(
+                owner = owner.trim(),
+                "node state is owned by another instance; asking it to hand over"
+            );
+            write_atomic(&request, name)?;
+            asked = true;
+        }
+        if tokio::time::Instant::now() >= next_report {
+            tracing::info!(
+                waited_s = started.elapsed().as_secs(),
+                "still waiting for the other instance to hand over the node state"
+            );
+            // A new owner clears requests when it takes over; ask it again.
+            if !request.exists() {
+                write_atomic(&request, name)?;
+            }
+            next_report += timing.report;
+        }
+        tokio::time::sleep(timing.poll).await;
+    }
+    // Any request now is ours, answered, or a dead instance's: a live waiter
+    // writes its request again, so only fresh ones make this owner hand over.
+    match fs::remove_file(&request) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            return Err(io_err("remove", &request)(e));
+        }
+        _ => {}
+    }
+    let mut owned = &file;
+    let stamp = format!("{name} pid {}\n", std::process::id());
+    file.set_len(0).map_err(io_err("truncate", &lock_path))?;
+    owned
+        .write_all(stamp.as_bytes())
+        .map_err(io_err("write", &lock_path))?;
+    if asked {
+        tracing::info!(
+            waited_ms = started.elapsed().as_millis() as u64,
+            "took over the node state"
+        );
+    }
+    Ok(Ownership {
+        dir: dir.to_owned(),
+        name: name.to_owned(),
+        _lock: file,
+    })
+}
+
+impl Ownership {
+    /// Resolves with the requester's name once another instance asks for the state.
+    pub(crate) async fn handover_requested(&self, timing: Timing) -> String {
+        let request = self.dir.join(TAKEOVER_FILE);
+        loop {
+            match fs::read_to_string(&request) {
+                Ok(who) if !who.is_empty() && who != self.name => return who,
+                _ => tokio::time::sleep(timing.poll).await,
+            }
+        }
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn fast() -> Timing {
+        Timing {
+            poll: Duration::from_millis(10),
+            report: Duration::from_millis(50),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_second_instance_asks_and_gets_the_state_when_the_first_lets_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = acquire(dir.path(), "pod-old", fast()).await.unwrap();
+        assert_eq!(
+            fs::read_to_string(dir.path().join(LOCK_FILE))
+                .unwrap()
+                .split(' ')
+                .next(),
+            Some("pod-old")
+        );
+        let path = dir.path().to_owned();
+        let new = tokio::spawn(async move { acquire(&path, "pod-new", fast()).await.unwrap() });
+        let who = tokio::time::timeout(Duration::from_secs(5), old.handover_requested(fast()))
+            .await
+            .unwrap();
+        assert_eq!(who, "pod-new");
+        assert!(!new.is_finished(), "the lock is still held");
+        drop(old);
+        let new = tokio::time::timeout(Duration::from_secs(5), new)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(new.name(), "pod-new");
+        assert!(!dir.path().join(TAKEOVER_FILE).exists(), "request answered");
+        assert!(
+            fs::read_to_string(dir.path().join(LOCK_FILE))
+                .unwrap()
+                .starts_with("pod-new pid ")
+        );
+    }
+
+    #[tokio::test]
+    async fn an_owner_does_not_answer_its_own_request() {
+        let dir = tempfile::tempdir().unwrap();
+        let owner = acquire(dir.path(), "pod-a", fast()).await.unwrap();
+        write_atomic(&dir.path().join(TAKEOVER_FILE), "pod-a").unwrap();
+        let r = tokio::time::timeout(Duration::from_millis(100), owner.handover_requested(fast()))
+            .await;
+        assert!(r.is_err(), "no handover to itself");
+    }
+
+    #[tokio::test]
+    async fn a_dead_owner_never_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        // A stale request and an unlocked lock file, as a killed owner leaves them.
+        fs::write(dir.path().join(LOCK_FILE), "pod-gone pid 1\n").unwrap();
+        fs::write(dir.path().join(TAKEOVER_FILE), "pod-older").unwrap();
+        let owner =
+            tokio::time::timeout(Duration::from_secs(5), acquire(dir.path(), "pod-b", fast()))
+                .await
+                .unwrap()
+                .unwrap();
+        // The dead instances' request is cleared, not answered.
+        let r = tokio::time::timeout(Duration::from_millis(100), owner.handover_requested(fast()))
+            .await;
+        assert!(r.is_err(), "no handover to a stale request");
+    }
+
+    #[tokio::test]
+    async fn a_waiter_asks_again_when_its_request_is_cleared() {
+        let dir = tempfile::tempdir().unwrap();
+        let owner = acquire(dir.path(), "pod-1", fast()).await.unwrap();
+        let path = dir.path().to_owned();
+        let waiter = tokio::spawn(async move { acquire(&path, "pod-3", fast()).await.unwrap() });
+        tokio::time::timeout(Duration::from_secs(5), owner.handover_requested(fast()))
+            .await
+            .unwrap();
+        // What a new owner does when it takes over in between.
+        fs::remove_file(dir.path().join(TAKEOVER_FILE)).unwrap();
+        let who = tokio::time::timeout(Duration::from_secs(5), owner.handover_requested(fast()))
+            .await
+            .unwrap();
+        assert_eq!(who, "pod-3");
+        drop(owner);
+        let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got.name(), "pod-3");
+    }
+
+    #[tokio::test]
+    async fn an_unusable_state_dir_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("not-a-dir");
+        fs::write(&file, "").unwrap();
+        let err = acquire(&file.join("state"), "pod", fast())
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("not-a-dir"), "{err}");
+    }
+}
