@@ -20,7 +20,7 @@ use topodra_driver::slice::{self, NumaNodeFormat};
 use topodra_proto::dra::{v1, v1beta1};
 use topodra_proto::pluginregistration::v1::registration_server::RegistrationServer;
 
-use crate::grpc::claims::ApiClaims;
+use crate::grpc::claims::{ApiClaims, ReadPolicy};
 use crate::grpc::dra::{ClaimConcurrency, DraService, DraServiceV1beta1};
 use crate::grpc::registration::RegistrationService;
 use crate::health::grpc::HealthService;
@@ -186,6 +186,25 @@ pub(crate) struct ServeArgs {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     max_concurrent_claims_per_call: u32,
+
+    /// Limit on one GET of a claim on the prepare path.
+    #[arg(
+        long,
+        env = "TOPODRA_CLAIM_READ_TIMEOUT_SECONDS",
+        default_value_t = 10,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    claim_read_timeout_seconds: u64,
+
+    /// Limit on reading a claim, retries included (jittered backoff from 200 ms);
+    /// keep it under the kubelet's 45 s for a whole prepare call.
+    #[arg(
+        long,
+        env = "TOPODRA_CLAIM_READ_DEADLINE_SECONDS",
+        default_value_t = 30,
+        value_parser = clap::value_parser!(u64).range(1..=40)
+    )]
+    claim_read_deadline_seconds: u64,
 
     /// Claims worked on at once across all calls.
     #[arg(
@@ -578,7 +597,14 @@ async fn serve(
     let sockets = args.sockets();
     let dra = DraService::new(
         preparer.clone(),
-        Arc::new(ApiClaims::new(client.clone())),
+        Arc::new(ApiClaims::new(
+            client.clone(),
+            ReadPolicy {
+                attempt_timeout: Duration::from_secs(args.claim_read_timeout_seconds),
+                deadline: Duration::from_secs(args.claim_read_deadline_seconds),
+                ..ReadPolicy::default()
+            },
+        )),
         metrics.clone(),
         ClaimConcurrency::new(
             args.max_concurrent_claims_per_call as usize,

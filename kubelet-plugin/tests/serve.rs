@@ -750,3 +750,64 @@ async fn an_http_address_it_cannot_bind_fails_the_start() {
         "registered with the kubelet although it could not serve its probes"
     );
 }
+
+/// An API server that answers 503 to everything: the plugin retries on its own
+/// jittered backoff, every request it sends shows in its request metric (kube's
+/// hidden retry layer is off), and a prepare gives up with an error well inside the
+/// kubelet's 45 s.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failing_api_server_sees_only_counted_and_paced_requests() {
+    let node = NodeDirs::profile("l40s-pcie");
+    let (api, kubeconfig) = api_for(&node).await;
+    api.put_claim(claim_json("u1", "node-a", &["gpu-0"], None));
+    api.set_failing(true);
+    let mut plugin = Plugin::start(
+        &node,
+        &kubeconfig,
+        &[
+            ("TOPODRA_CLAIM_READ_TIMEOUT_SECONDS", "1"),
+            ("TOPODRA_CLAIM_READ_DEADLINE_SECONDS", "3"),
+        ],
+    );
+    plugin.wait_live(Duration::from_secs(60)).await;
+
+    let started = std::time::Instant::now();
+    let resp = prepare(&node, &["u1"]).await;
+    let took = started.elapsed();
+    let err = &resp.claims["u1"].error;
+    assert!(err.contains("gave up after"), "{err}");
+    assert!(took < Duration::from_secs(5), "answered after {took:?}");
+
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let count = |method: &str, prefix: &str| {
+        api.requests()
+            .iter()
+            .filter(|r| r.method == method && r.path.starts_with(prefix))
+            .count() as u64
+    };
+    let claim_gets = count(
+        "GET",
+        "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/",
+    );
+    let node_gets = count("GET", "/api/v1/nodes/");
+    // Backoff from 200 ms doubling to 2 s within a 3 s deadline: a handful, not 15.
+    assert!((2..=5).contains(&claim_gets), "{claim_gets} claim GETs");
+    let (_, metrics) = http_get(plugin.http, "/metrics").await.unwrap();
+    let metric = |resource: &str| -> u64 {
+        let key = format!("topodra_api_requests_total{{verb=\"get\",resource=\"{resource}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    // The metric is read after the mock's log, so it may be ahead, never behind.
+    assert!(metric("resourceclaims") >= claim_gets, "{metrics}");
+    assert!(metric("resourceclaims") <= claim_gets + 1, "{metrics}");
+    assert!(
+        metric("nodes") >= node_gets && metric("nodes") <= node_gets + 1,
+        "{node_gets} vs {metrics}"
+    );
+    // The publisher's own backoff paces its Node GETs over these ~5 s.
+    assert!(node_gets <= 6, "{node_gets} Node GETs");
+}

@@ -2,8 +2,11 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
+
+use crate::publish::Backoff;
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -60,15 +63,48 @@ pub(crate) trait ClaimReader: Send + Sync {
     ) -> BoxFuture<'a, Result<ResourceClaim, String>>;
 }
 
+/// How claim reads on the prepare path retry and give up.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReadPolicy {
+    /// Limit on one GET.
+    pub(crate) attempt_timeout: Duration,
+    /// Limit on all attempts together: well under the kubelet's 45 s for a whole
+    /// NodePrepareResources call, so the answer is an error the kubelet can show
+    /// rather than a timeout.
+    pub(crate) deadline: Duration,
+    /// First pause between attempts (doubling, jittered, at most 2 s).
+    pub(crate) backoff_floor: Duration,
+}
+
+impl Default for ReadPolicy {
+    fn default() -> Self {
+        Self {
+            attempt_timeout: Duration::from_secs(10),
+            deadline: Duration::from_secs(30),
+            backoff_floor: Duration::from_millis(200),
+        }
+    }
+}
+
+/// Whether a failed GET may succeed when repeated: throttling, server errors and
+/// transport failures may; a 404 or 403 will not.
+fn retryable(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(status) => matches!(status.code, 429 | 500 | 502 | 503 | 504),
+        _ => true,
+    }
+}
+
 /// Reads claims from the API server.
 #[derive(Clone)]
 pub(crate) struct ApiClaims {
     client: kube::Client,
+    policy: ReadPolicy,
 }
 
 impl ApiClaims {
-    pub(crate) fn new(client: kube::Client) -> Self {
-        Self { client }
+    pub(crate) fn new(client: kube::Client, policy: ReadPolicy) -> Self {
+        Self { client, policy }
     }
 }
 
@@ -79,10 +115,35 @@ impl ClaimReader for ApiClaims {
         name: &'a str,
     ) -> BoxFuture<'a, Result<ResourceClaim, String>> {
         Box::pin(async move {
-            kube::Api::<ResourceClaim>::namespaced(self.client.clone(), namespace)
-                .get(name)
-                .await
-                .map_err(|e| format!("reading claim {namespace}/{name}: {e}"))
+            let api = kube::Api::<ResourceClaim>::namespaced(self.client.clone(), namespace);
+            let policy = self.policy;
+            let deadline = tokio::time::Instant::now() + policy.deadline;
+            let mut backoff = Backoff::new(policy.backoff_floor, Duration::from_secs(2));
+            loop {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let error =
+                    match tokio::time::timeout(policy.attempt_timeout.min(left), api.get(name))
+                        .await
+                    {
+                        Ok(Ok(claim)) => return Ok(claim),
+                        Ok(Err(e)) if !retryable(&e) => {
+                            return Err(format!("reading claim {namespace}/{name}: {e}"));
+                        }
+                        Ok(Err(e)) => e.to_string(),
+                        Err(_) => {
+                            format!("no answer within {:?}", policy.attempt_timeout.min(left))
+                        }
+                    };
+                let pause = backoff.next_delay();
+                if tokio::time::Instant::now() + pause >= deadline {
+                    return Err(format!(
+                        "reading claim {namespace}/{name}: gave up after {} attempt(s) in {:?}: {error}",
+                        backoff.attempts(),
+                        policy.deadline
+                    ));
+                }
+                tokio::time::sleep(pause).await;
+            }
         })
     }
 }

@@ -35,6 +35,7 @@ use topodra_driver::slice::NumaNodeFormat;
 
 pub(crate) use counter::RequestCounter;
 pub(crate) use publisher::Publisher;
+pub(crate) use timing::Backoff;
 
 /// What the pool should contain: the health code sends a new value when a GPU goes
 /// bad or recovers, discovery when the inventory changes.
@@ -114,11 +115,18 @@ impl PublishStatus {
     }
 }
 
-/// A client whose requests are counted by `counter`.
+/// A client whose requests are counted by `counter`, every one of them.
+///
+/// kube's own retry layer is turned off: it retries 429/503/504 up to 15 times from
+/// 5 ms, below the counting layer and without the callers knowing, which multiplied
+/// the load on a struggling API server while the request metric showed one call.
+/// Each caller retries for itself instead, with jittered backoff and a floor: the
+/// publisher (see [`Backoff`]) and the claim reads of prepare.
 pub(crate) fn counted_client(
-    config: kube::Config,
+    mut config: kube::Config,
     counter: &RequestCounter,
 ) -> Result<kube::Client, kube::Error> {
+    config.default_retry = false;
     Ok(kube::client::ClientBuilder::try_from(config)?
         .with_layer(&counter.layer())
         .build())
