@@ -595,6 +595,7 @@ async fn serve(
 
     // The DRA socket first: the kubelet may call it as soon as registration succeeds.
     let sockets = args.sockets();
+    remove_leftover_sockets(args, &sockets).await;
     let dra = DraService::new(
         preparer.clone(),
         Arc::new(ApiClaims::new(
@@ -679,6 +680,27 @@ async fn serve(
     let _ = tokio::time::timeout(Duration::from_secs(5), health_task).await;
     taints_task.abort();
     Ok(stop)
+}
+
+/// Removes the registration and DRA sockets that killed instances of this driver
+/// left (pod-UID names pile up otherwise, one per killed pod). Only the owner of the
+/// node state calls this, so no other instance serves on them.
+async fn remove_leftover_sockets(args: &ServeArgs, ours: &Sockets) {
+    let driver = args.driver_name.clone();
+    let registration = move |n: &str| {
+        n == format!("{driver}-reg.sock")
+            || (n.starts_with(&format!("{driver}-")) && n.ends_with("-reg.sock"))
+    };
+    let dra = |n: &str| n == "dra.sock" || (n.starts_with("dra-") && n.ends_with(".sock"));
+    let mut removed =
+        uds::remove_leftover_sockets(&args.kubelet_registry_dir, registration, &ours.registration)
+            .await;
+    if let Some(dir) = ours.dra.parent() {
+        removed.extend(uds::remove_leftover_sockets(dir, dra, &ours.dra).await);
+    }
+    for path in removed {
+        tracing::info!(socket = %path.display(), "removed a socket a killed instance left");
+    }
 }
 
 /// A gRPC server with the header-list and frame-size limits the `:authority` shim

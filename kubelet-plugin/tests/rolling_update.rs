@@ -86,10 +86,19 @@ async fn the_new_pod_takes_over_from_the_live_old_one() {
         api.put_claim(claim_json(uid, "node-a", &[gpu], None));
     }
 
+    // What a pod killed earlier left: its registration socket, bound and never
+    // unlinked. The kubelet would keep trying to register it.
+    std::fs::create_dir_all(node.path("registry")).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(registration_socket(&node, "killed")).unwrap());
+
     let mut old = Plugin::start(&node, &kubeconfig, &[("POD_UID", "old")]);
     old.wait_live(Duration::from_secs(60)).await;
     let old_dra = dra_socket(&node, "old");
     assert_eq!(prepare_on(&old_dra, "u-old").await.error, "");
+    assert!(
+        !registration_socket(&node, "killed").exists(),
+        "the owner removes sockets killed instances left"
+    );
 
     // The new pod starts beside it: it is live (its HTTP endpoint answers) but not
     // ready, and asks the old one to hand over.

@@ -203,6 +203,45 @@ impl Stream for Incoming {
     }
 }
 
+/// Removes the sockets other instances of this driver left in `dir`: those whose
+/// file name `matches`, except `keep`. Called by the instance that owns the node's
+/// state, so no other instance serves on them any more (one that handed over removed
+/// its own); what is left was bound by a killed process, and the kubelet's plugin
+/// watcher would keep failing to register it. A socket that still accepts a
+/// connection is left alone, in case something else serves it. Returns the paths
+/// removed.
+pub(crate) async fn remove_leftover_sockets(
+    dir: &Path,
+    matches: impl Fn(&str) -> bool,
+    keep: &Path,
+) -> Vec<PathBuf> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if path == keep || !matches(name) {
+            continue;
+        }
+        if !entry.file_type().is_ok_and(|t| t.is_socket()) {
+            continue;
+        }
+        if tokio::net::UnixStream::connect(&path).await.is_ok() {
+            warn!(path = %path.display(), "a socket of this driver that is not ours answers; leaving it");
+            continue;
+        }
+        match fs::remove_file(&path) {
+            Ok(()) => removed.push(path),
+            Err(error) => warn!(path = %path.display(), %error, "cannot remove a leftover socket"),
+        }
+    }
+    removed.sort();
+    removed
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -303,5 +342,43 @@ mod tests {
         drop(old_guard);
         assert!(path.exists());
         tokio::net::UnixStream::connect(&path).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn leftover_sockets_of_killed_instances_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = |n: &str| dir.path().join(n);
+        // A killed instance's socket: bound, then the listener dropped without unlink.
+        drop(
+            std::os::unix::net::UnixListener::bind(path("gpu.topodra.dev-dead-reg.sock")).unwrap(),
+        );
+        drop(std::os::unix::net::UnixListener::bind(path("gpu.topodra.dev-reg.sock")).unwrap());
+        // Ours, one that answers, another driver's, and a file that is no socket.
+        let (_ours, _g) = bind(&path("gpu.topodra.dev-me-reg.sock")).unwrap();
+        let (_live, _g2) = bind(&path("gpu.topodra.dev-live-reg.sock")).unwrap();
+        drop(std::os::unix::net::UnixListener::bind(path("other.example.com-x-reg.sock")).unwrap());
+        fs::write(path("gpu.topodra.dev-file-reg.sock"), "").unwrap();
+
+        let ours = |n: &str| {
+            n.starts_with("gpu.topodra.dev-") && n.ends_with("-reg.sock")
+                || n == "gpu.topodra.dev-reg.sock"
+        };
+        let removed =
+            remove_leftover_sockets(dir.path(), ours, &path("gpu.topodra.dev-me-reg.sock")).await;
+        assert_eq!(
+            removed,
+            [
+                path("gpu.topodra.dev-dead-reg.sock"),
+                path("gpu.topodra.dev-reg.sock")
+            ]
+        );
+        for kept in [
+            "gpu.topodra.dev-me-reg.sock",
+            "gpu.topodra.dev-live-reg.sock",
+            "other.example.com-x-reg.sock",
+            "gpu.topodra.dev-file-reg.sock",
+        ] {
+            assert!(path(kept).exists(), "{kept}");
+        }
     }
 }

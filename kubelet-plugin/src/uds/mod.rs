@@ -26,7 +26,7 @@ mod tests;
 
 use std::path::Path;
 
-pub(crate) use listener::{BindError, Incoming, SocketGuard};
+pub(crate) use listener::{BindError, Incoming, SocketGuard, remove_leftover_sockets};
 
 /// Listens on a unix socket at `path` for a gRPC server.
 ///
