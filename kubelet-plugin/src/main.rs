@@ -13,6 +13,7 @@ mod logging;
 mod metrics;
 mod ownership;
 mod publish;
+mod reconcile;
 mod serve_cmd;
 mod table;
 mod uds;

@@ -33,6 +33,7 @@ use crate::lifecycle::Lifecycle;
 use crate::metrics::{Endpoints, HttpLimits, Metrics};
 use crate::ownership;
 use crate::publish::{self, DesiredPool, Publisher, PublisherConfig, RequestCounter};
+use crate::reconcile::{self, ReconcileConfig};
 use crate::uds;
 
 /// Turns each health change into the pool's taints; the publisher writes them.
@@ -205,6 +206,21 @@ pub(crate) struct ServeArgs {
         value_parser = clap::value_parser!(u64).range(1..=40)
     )]
     claim_read_deadline_seconds: u64,
+
+    /// How often prepared claims are looked up in the API server (one GET each) to
+    /// find those that no longer exist.
+    #[arg(
+        long,
+        env = "TOPODRA_STALE_CLAIM_CHECK_INTERVAL_SECONDS",
+        default_value_t = 600,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    stale_claim_check_interval_seconds: u64,
+
+    /// How long a prepared claim must have been gone from the API server before the
+    /// plugin unprepares it itself (the kubelet normally does it first).
+    #[arg(long, env = "TOPODRA_STALE_CLAIM_GRACE_SECONDS", default_value_t = 300)]
+    stale_claim_grace_seconds: u64,
 
     /// Claims worked on at once across all calls.
     #[arg(
@@ -596,16 +612,47 @@ async fn serve(
     // The DRA socket first: the kubelet may call it as soon as registration succeeds.
     let sockets = args.sockets();
     remove_leftover_sockets(args, &sockets).await;
+    let api_claims = Arc::new(ApiClaims::new(
+        client.clone(),
+        ReadPolicy {
+            attempt_timeout: Duration::from_secs(args.claim_read_timeout_seconds),
+            deadline: Duration::from_secs(args.claim_read_deadline_seconds),
+            ..ReadPolicy::default()
+        },
+    ));
+    let reconcile_task = {
+        let (client, node) = (client.clone(), args.node_name.clone());
+        tokio::spawn(reconcile::run(
+            preparer.clone(),
+            api_claims.clone(),
+            ReconcileConfig {
+                interval: Duration::from_secs(args.stale_claim_check_interval_seconds),
+                grace: Duration::from_secs(args.stale_claim_grace_seconds),
+            },
+            move |record, why| {
+                let note = format!(
+                    "unprepared claim {}/{} (UID {}, devices {}): {why}",
+                    record.namespace,
+                    record.name,
+                    record.uid,
+                    record
+                        .devices
+                        .iter()
+                        .map(|d| d.device.as_str())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                );
+                let (client, node) = (client.clone(), node.clone());
+                tokio::spawn(async move {
+                    node_event(client, &node, "StaleClaimUnprepared", "Unprepare", note).await;
+                });
+            },
+            shutdown(),
+        ))
+    };
     let dra = DraService::new(
         preparer.clone(),
-        Arc::new(ApiClaims::new(
-            client.clone(),
-            ReadPolicy {
-                attempt_timeout: Duration::from_secs(args.claim_read_timeout_seconds),
-                deadline: Duration::from_secs(args.claim_read_deadline_seconds),
-                ..ReadPolicy::default()
-            },
-        )),
+        api_claims,
         metrics.clone(),
         ClaimConcurrency::new(
             args.max_concurrent_claims_per_call as usize,
@@ -678,6 +725,7 @@ async fn serve(
     }
     let _ = tokio::time::timeout(Duration::from_secs(5), publisher_task).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), health_task).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), reconcile_task).await;
     taints_task.abort();
     Ok(stop)
 }

@@ -811,3 +811,58 @@ async fn a_failing_api_server_sees_only_counted_and_paced_requests() {
     // The publisher's own backoff paces its Node GETs over these ~5 s.
     assert!(node_gets <= 6, "{node_gets} Node GETs");
 }
+
+/// A claim the API server no longer has (deleted while the kubelet could not
+/// unprepare it) is unprepared by the plugin after the grace period, with an Event,
+/// and its GPU is free again; a claim that still exists is left alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn claims_gone_from_the_api_server_are_unprepared_after_a_grace_period() {
+    let node = NodeDirs::profile("l40s-pcie");
+    let (api, kubeconfig) = api_for(&node).await;
+    api.put_claim(claim_json("u-gone", "node-a", &["gpu-0"], None));
+    api.put_claim(claim_json("u-kept", "node-a", &["gpu-1"], None));
+    let mut plugin = Plugin::start(
+        &node,
+        &kubeconfig,
+        &[
+            ("TOPODRA_STALE_CLAIM_CHECK_INTERVAL_SECONDS", "1"),
+            ("TOPODRA_STALE_CLAIM_GRACE_SECONDS", "2"),
+        ],
+    );
+    plugin.wait_live(Duration::from_secs(60)).await;
+    let resp = prepare(&node, &["u-gone", "u-kept"]).await;
+    assert!(resp.claims.values().all(|c| c.error.is_empty()), "{resp:?}");
+    api.delete_claim("team-a", "claim-u-gone");
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while node.cdi_specs().len() != 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "stale claim not unprepared:\n{}",
+            plugin.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(node.cdi_specs(), ["k8s.gpu.topodra.dev-claim_u-kept.json"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let events = api.events_posted();
+        if events.iter().any(|e| e["reason"] == "StaleClaimUnprepared") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no event: {events:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // gpu-0 is free for a new claim.
+    api.put_claim(claim_json("u-new", "node-a", &["gpu-0"], None));
+    assert_eq!(prepare(&node, &["u-new"]).await.claims["u-new"].error, "");
+    // Lookups are GETs of single claims, never lists.
+    assert!(
+        api.requests()
+            .iter()
+            .filter(|r| r.path.contains("resourceclaims"))
+            .all(|r| r.method == "GET" && !r.path.ends_with("resourceclaims")),
+        "{:?}",
+        api.requests()
+    );
+}

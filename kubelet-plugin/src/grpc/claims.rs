@@ -148,6 +148,27 @@ impl ClaimReader for ApiClaims {
     }
 }
 
+impl crate::reconcile::ClaimLookup for ApiClaims {
+    fn uid_of<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, String>> {
+        Box::pin(async move {
+            check_claim_ref(namespace, name)?;
+            let api = kube::Api::<ResourceClaim>::namespaced(self.client.clone(), namespace);
+            match tokio::time::timeout(self.policy.attempt_timeout, api.get_opt(name)).await {
+                Ok(Ok(claim)) => Ok(claim.map(|c| c.metadata.uid.unwrap_or_default())),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!(
+                    "no answer within {:?}",
+                    self.policy.attempt_timeout
+                )),
+            }
+        })
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

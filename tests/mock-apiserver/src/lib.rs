@@ -501,6 +501,14 @@ impl MockApiServer {
         self.shared.lock().claims.insert((ns, name), claim);
     }
 
+    /// Removes a claim, as deleting it in a real cluster would.
+    pub fn delete_claim(&self, namespace: &str, name: &str) {
+        self.shared
+            .lock()
+            .claims
+            .remove(&(namespace.to_owned(), name.to_owned()));
+    }
+
     pub fn slices(&self) -> Vec<Value> {
         self.shared.lock().slices.values().cloned().collect()
     }
