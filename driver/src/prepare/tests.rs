@@ -827,3 +827,46 @@ fn another_installation_s_specs_are_not_orphans() {
     assert!(report.orphan_specs_removed.is_empty());
     assert_eq!(node.spec_files().len(), 2);
 }
+
+mod arbitrary_state {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::checkpoint::tests::arb_checkpoint;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// Whatever records a checksummed checkpoint holds (any UID, name, device,
+        /// state), a start recovers from them: it never fails on its own state, it
+        /// keeps no record it could not act on, and it still prepares.
+        #[test]
+        fn a_start_survives_any_checksummed_records(mut cp in arb_checkpoint(), same_boot in any::<bool>()) {
+            let node = Node::new(2);
+            if same_boot {
+                cp.boot_id = "boot-1".into();
+            }
+            let store = crate::checkpoint::CheckpointStore::new(node.dir.path().join("state"));
+            store.save(&cp).unwrap();
+            let (p, report) = node.start_with_boot("boot-1");
+            let kept = p.checkpoint();
+            for uid in kept.claims.keys() {
+                prop_assert!(crate::cdi::check_claim_uid(uid).is_ok(), "{uid:?} kept");
+            }
+            prop_assert!(kept.claims.values().all(|r| r.state != ClaimState::PrepareStarted));
+            prop_assert_eq!(
+                report.bad_records.len(),
+                cp.claims.keys().filter(|u| crate::cdi::check_claim_uid(u).is_err()).count()
+            );
+            // gpu-0 and gpu-1 are free unless a kept record names them.
+            let held: Vec<&str> = kept
+                .claims
+                .values()
+                .flat_map(|r| r.devices.iter().filter(|d| d.pool == NODE).map(|d| d.device.as_str()))
+                .collect();
+            if !held.contains(&"gpu-0") {
+                p.prepare(&claim_ref("fresh"), &claim("fresh", &[0])).unwrap();
+            }
+        }
+    }
+}
