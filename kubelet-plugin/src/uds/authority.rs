@@ -897,4 +897,60 @@ mod tests {
             Err(ShimError::MalformedHeaders { .. })
         ));
     }
+
+    mod arbitrary_frames {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn arb_frame() -> impl Strategy<Value = Vec<u8>> {
+            (
+                prop_oneof![Just(TYPE_HEADERS), Just(TYPE_CONTINUATION), 0u8..=10],
+                any::<u8>(),
+                0u32..4,
+                prop::collection::vec(any::<u8>(), 0..64),
+            )
+                .prop_map(|(kind, flags, stream, payload)| frame(kind, flags, stream, &payload))
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            /// Whatever frames a client sends, in whatever pieces, the rewriter never
+            /// panics, and what it lets through is whole frames, header frames within
+            /// the servers' frame size.
+            #[test]
+            fn any_frames_give_whole_frames_or_an_error(
+                frames in prop::collection::vec(arb_frame(), 0..12),
+                cut in 1usize..40,
+            ) {
+                let mut input = PREFACE.to_vec();
+                for f in &frames {
+                    input.extend(f);
+                }
+                let mut rewriter = AuthorityRewriter::new();
+                let mut out = Vec::new();
+                let mut failed = false;
+                for chunk in input.chunks(cut) {
+                    if rewriter.push(chunk, &mut out).is_err() {
+                        failed = true;
+                        break;
+                    }
+                }
+                prop_assert!(out.starts_with(PREFACE) || out.len() < PREFACE.len());
+                if !failed && rewriter.block.is_none() {
+                    let mut rest = &out[PREFACE.len().min(out.len())..];
+                    while !rest.is_empty() {
+                        prop_assert!(rest.len() >= FRAME_HEADER_LEN);
+                        let header = FrameHeader::parse(rest[..FRAME_HEADER_LEN].try_into().unwrap());
+                        prop_assert!(rest.len() >= FRAME_HEADER_LEN + header.len);
+                        if matches!(header.kind, TYPE_HEADERS | TYPE_CONTINUATION) {
+                            prop_assert!(header.len <= MAX_FRAME_SIZE);
+                        }
+                        rest = &rest[FRAME_HEADER_LEN + header.len..];
+                    }
+                }
+            }
+        }
+    }
 }
