@@ -134,3 +134,44 @@ func TestChartHTTPEndpointExposure(t *testing.T) {
 		t.Errorf("the API server refuses the default DaemonSet: %v", err)
 	}
 }
+
+// TestChartHostMounts checks the least-privilege host mounts of the DaemonSet: with
+// the driver installed on the host (driverRoot "/", the default) only the host's /usr
+// is mounted, read-only, never the host root; with a containerized driver its root
+// is; /dev and /sys are read-only; only the kubelet and CDI directories are writable.
+func TestChartHostMounts(t *testing.T) {
+	check := func(ds *appsv1.DaemonSet, wantDriverPath, wantMountPath string) {
+		t.Helper()
+		spec := ds.Spec.Template.Spec
+		mounts := map[string]v1.VolumeMount{}
+		for _, m := range spec.Containers[0].VolumeMounts {
+			mounts[m.Name] = m
+		}
+		writable := []string{}
+		for _, vol := range spec.Volumes {
+			if vol.HostPath == nil {
+				continue
+			}
+			if vol.HostPath.Path == "/" {
+				t.Errorf("volume %s mounts the host root", vol.Name)
+			}
+			if m := mounts[vol.Name]; !m.ReadOnly {
+				writable = append(writable, vol.HostPath.Path)
+			}
+			if vol.Name == "driver-root" {
+				if vol.HostPath.Path != wantDriverPath || mounts[vol.Name].MountPath != wantMountPath {
+					t.Errorf("driver root: host %s at %s, want %s at %s", vol.HostPath.Path, mounts[vol.Name].MountPath, wantDriverPath, wantMountPath)
+				}
+			}
+		}
+		slices.Sort(writable)
+		want := []string{"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"}
+		if !slices.Equal(writable, want) {
+			t.Errorf("writable host paths %v, want %v", writable, want)
+		}
+	}
+	manifests := filepath.Join(repoRoot(t), "deploy", "manifests", "topodra.yaml")
+	check(decode[*appsv1.DaemonSet](t, manifestDoc(t, manifests, "DaemonSet")), "/usr", "/driver-root/usr")
+	rendered := helmTemplate(t, t.TempDir(), "--set", "kubeletPlugin.driverRoot=/run/nvidia/driver")
+	check(decode[*appsv1.DaemonSet](t, manifestDoc(t, rendered, "DaemonSet")), "/run/nvidia/driver", "/driver-root")
+}
