@@ -19,7 +19,10 @@ pub const DEFAULT_BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
 /// repeating corruption without letting it fill the disk.
 pub const MAX_QUARANTINED: usize = 5;
 
-const TEMP_FILE: &str = "checkpoint.json.tmp";
+/// Temp files are `checkpoint.json.tmp-<pid>`: unique per process, so two processes
+/// that ever wrote at once (the ownership lock of the kubelet plugin prevents it)
+/// would never write into each other's temp file or rename it from under each other.
+const TEMP_PREFIX: &str = "checkpoint.json.tmp";
 const QUARANTINE_PREFIX: &str = "checkpoint.json.corrupt-";
 
 /// A failure that leaves the checkpoint unusable: only real I/O problems, never the
@@ -100,7 +103,7 @@ impl CheckpointStore {
     pub fn save(&self, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
         let bytes = encode(checkpoint)?;
         fs::create_dir_all(&self.dir).map_err(io_err("create directory", &self.dir))?;
-        let tmp = self.dir.join(TEMP_FILE);
+        let tmp = self.temp_path();
         if let Err(e) = write_synced(&tmp, &bytes) {
             // A leftover we did not create (e.g. a directory) makes the create fail and
             // is not ours to delete; removing a file is harmless either way.
@@ -163,21 +166,40 @@ impl CheckpointStore {
         }
     }
 
+    /// This process's temp file.
+    pub(crate) fn temp_path(&self) -> PathBuf {
+        self.dir
+            .join(format!("{TEMP_PREFIX}-{}", std::process::id()))
+    }
+
     /// A temp file is left only by a crash during save, before the rename: the old
-    /// checkpoint is intact and the temp's content was never committed.
+    /// checkpoint is intact and the temp's content was never committed. Called at
+    /// load, by the owner of the directory, so every temp file there is stale.
     fn remove_stale_temp(&self) {
-        let tmp = self.dir.join(TEMP_FILE);
-        match fs::remove_file(&tmp) {
-            Ok(()) => {
-                tracing::info!(path = %tmp.display(), "removed an interrupted checkpoint save")
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let is_temp = name
+                .to_str()
+                .is_some_and(|n| n == TEMP_PREFIX || n.starts_with(&format!("{TEMP_PREFIX}-")));
+            if !is_temp || !entry.file_type().is_ok_and(|t| t.is_file()) {
+                continue;
             }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => {
-                tracing::warn!(
-                    path = %tmp.display(),
-                    error = %e,
-                    "cannot remove stale checkpoint temp file"
-                );
+            let tmp = entry.path();
+            match fs::remove_file(&tmp) {
+                Ok(()) => {
+                    tracing::info!(path = %tmp.display(), "removed an interrupted checkpoint save")
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(
+                        path = %tmp.display(),
+                        error = %e,
+                        "cannot remove stale checkpoint temp file"
+                    );
+                }
             }
         }
     }
@@ -376,12 +398,12 @@ mod tests {
         let old = sample();
         store.save(&old).unwrap();
         // A directory where the temp file goes makes creating it fail.
-        fs::create_dir(dir.path().join(TEMP_FILE)).unwrap();
+        fs::create_dir(store.temp_path()).unwrap();
         let err = store.save(&Checkpoint::new("boot-b")).unwrap_err();
         assert!(err.to_string().contains("cannot create"), "{err}");
         assert_eq!(fs::read(store.path()).unwrap(), encode(&old).unwrap());
 
-        fs::remove_dir(dir.path().join(TEMP_FILE)).unwrap();
+        fs::remove_dir(store.temp_path()).unwrap();
         store.save(&Checkpoint::new("boot-b")).unwrap();
         assert_eq!(
             store.load("boot-b").unwrap().checkpoint,
@@ -412,7 +434,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = CheckpointStore::new(dir.path());
         store.save(&sample()).unwrap();
-        fs::write(dir.path().join(TEMP_FILE), b"{\"version\":1,\"chec").unwrap();
+        // Left by this process, by another (pid 1) and by an older version.
+        for tmp in [
+            store.temp_path(),
+            dir.path().join("checkpoint.json.tmp-1"),
+            dir.path().join("checkpoint.json.tmp"),
+        ] {
+            fs::write(tmp, b"{\"version\":1,\"chec").unwrap();
+        }
         assert_eq!(store.load("boot-a").unwrap().checkpoint, sample());
         assert_eq!(listing(dir.path()), [CHECKPOINT_FILE]);
     }

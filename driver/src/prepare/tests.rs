@@ -746,7 +746,8 @@ fn a_start_that_cannot_save_keeps_serving() {
         .unwrap();
     // A directory where the checkpoint's temp file goes: every save fails, as on a
     // full or read-only disk.
-    let block = node.dir.path().join("state/checkpoint.json.tmp/x");
+    let store = crate::checkpoint::CheckpointStore::new(node.dir.path().join("state"));
+    let block = store.temp_path().join("x");
     std::fs::create_dir_all(&block).unwrap();
 
     // Nothing to change: nothing is written, so nothing fails.
