@@ -17,7 +17,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
-	"topodra.dev/tests/cluster"
 	"topodra.dev/tests/e2e/harness"
 )
 
@@ -46,13 +45,8 @@ func policySlice(name, node string, edit func(*resourceapi.ResourceSlice)) *reso
 // on create, server-side apply, update and delete, and the plugin's own slices still
 // go through. No plugin process is needed.
 func TestResourceSlicePolicy(t *testing.T) {
-	c := cluster.StartT(t, cluster.Options{})
-	admin, err := c.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{t: t, c: c, admin: admin}
-	e.applyManifests()
+	e := manifestsOnlyEnv(t)
+	c, admin := e.c, e.admin
 
 	const own, other = "node-b", "node-a"
 	kubeconfig := filepath.Join(c.Dir, "kubeconfigs", "plugin-"+own+".kubeconfig")

@@ -12,7 +12,6 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"topodra.dev/tests/cluster"
 	"topodra.dev/tests/e2e/harness"
 )
 
@@ -23,13 +22,8 @@ import (
 // waits on to start) go to the plugin's prepare level, everything else (slices, the
 // Node) to its publishing level, so no amount of publishing delays a claim read.
 func TestAPFSeparatesThePreparePath(t *testing.T) {
-	c := cluster.StartT(t, cluster.Options{})
-	admin, err := c.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{t: t, c: c, admin: admin}
-	e.applyManifests()
+	e := manifestsOnlyEnv(t)
+	c, admin := e.c, e.admin
 	ctx := context.Background()
 
 	levels := map[string]string{}

@@ -89,13 +89,8 @@ func TestChartHTTPEndpointExposure(t *testing.T) {
 		t.Errorf("the DaemonSet uses hostNetwork: the pod IP would be the node's, and NetworkPolicy would not apply")
 	}
 
-	c := cluster.StartT(t, cluster.Options{})
-	admin, err := c.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{t: t, c: c, admin: admin}
-	e.applyManifests()
+	e := manifestsOnlyEnv(t)
+	admin := e.admin
 	rendered := helmTemplate(t, t.TempDir(),
 		"--set", "networkPolicy.enabled=true",
 		"--set", "networkPolicy.namespaceSelector.matchLabels.team=observability",

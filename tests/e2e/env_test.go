@@ -80,6 +80,20 @@ type envOptions struct {
 	pluginArgs []string
 }
 
+// manifestsOnlyEnv is a cluster with the objects of deploy/manifests applied and no
+// node or plugin, for tests of the deployment objects themselves.
+func manifestsOnlyEnv(t *testing.T) *env {
+	t.Helper()
+	c := cluster.StartT(t, cluster.Options{})
+	admin, err := c.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, c: c, admin: admin}
+	e.applyManifests()
+	return e
+}
+
 func newEnv(t *testing.T, o envOptions) *env {
 	t.Helper()
 	binary(t, "TOPODRA_PLUGIN_BIN", "topodra-kubelet-plugin") // skip early when absent
