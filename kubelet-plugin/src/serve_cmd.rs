@@ -414,11 +414,8 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         sysfs_root: args.sysfs_root.clone(),
     })
     .context("discovering GPUs")?;
-    tracing::info!(
-        gpus = inventory.gpus.len(),
-        devices = inventory.allocatable().len(),
-        "discovered"
-    );
+    let devices = inventory.allocatable().len();
+    tracing::info!(gpus = inventory.gpus.len(), devices, "discovered");
 
     let cdi = CdiConfig {
         spec_dir: args.cdi_dir.clone(),
@@ -439,7 +436,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
     let client =
         publish::counted_client(kube_config, &counter).context("building the API client")?;
     let metrics = Arc::new(Metrics::new());
-    metrics.set_devices(inventory.allocatable().len());
+    metrics.set_devices(devices);
 
     // The HTTP endpoint first, and until the process exits: a pod waiting for the
     // node state, or done with it, must stay live. A bind address that is not the

@@ -59,10 +59,7 @@ fn read_v1(nvml: &Nvml, device: &Device<'_>) -> Result<Raw, NvmlError> {
 /// is an error.
 pub(super) fn clique(nvml: &Nvml, device: &Device<'_>) -> Result<Option<String>, NvmlError> {
     let raw = match read_v(nvml, device) {
-        // Drivers before the versioned call, or that do not know version 3.
-        Err(NvmlError::FailedToLoadSymbol(_) | NvmlError::Unknown) | Err(NvmlError::InvalidArg) => {
-            read_v1(nvml, device)
-        }
+        Err(e) if wants_v1(&e) => read_v1(nvml, device),
         other => other,
     };
     let raw = match raw {
@@ -74,6 +71,19 @@ pub(super) fn clique(nvml: &Nvml, device: &Device<'_>) -> Result<Option<String>,
         }
     };
     Ok(registered(&raw))
+}
+
+/// Whether the versioned call failed because this driver predates it or version 3
+/// of its struct, so the unversioned call may still answer. nvml-wrapper has no
+/// variant for ARGUMENT_VERSION_MISMATCH and hands back its raw code.
+fn wants_v1(e: &NvmlError) -> bool {
+    match e {
+        NvmlError::FailedToLoadSymbol(_) | NvmlError::InvalidArg | NvmlError::Unknown => true,
+        NvmlError::UnexpectedVariant(code) => {
+            *code == nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        }
+        _ => false,
+    }
 }
 
 fn registered(raw: &Raw) -> Option<String> {
@@ -146,6 +156,15 @@ mod tests {
         let mut zero = raw(NVML_GPU_FABRIC_STATE_COMPLETED, ok, 0);
         zero.cluster_uuid = [0; 16];
         assert_eq!(registered(&zero), None);
+    }
+
+    #[test]
+    fn an_older_driver_falls_back_to_the_unversioned_call() {
+        let mismatch = NvmlError::from(nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        assert!(wants_v1(&mismatch), "{mismatch:?}");
+        assert!(wants_v1(&NvmlError::FailedToLoadSymbol("x".into())));
+        assert!(!wants_v1(&NvmlError::NotSupported));
+        assert!(!wants_v1(&NvmlError::GpuLost));
     }
 
     #[test]
