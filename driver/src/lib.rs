@@ -23,6 +23,7 @@ macro_rules! serde_as_string {
     };
 }
 
+pub mod capacity;
 pub mod cdi;
 pub mod checkpoint;
 pub mod config;

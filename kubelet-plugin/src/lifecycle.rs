@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::watch;
 
-use crate::metrics::Check;
 use crate::publish::PublishStatus;
+use topodra_ops::http::Check;
 
 #[derive(Debug, Clone)]
 enum Phase {

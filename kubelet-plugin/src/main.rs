@@ -9,7 +9,6 @@ mod grpc;
 mod health;
 mod lifecycle;
 mod liveness;
-mod logging;
 mod metrics;
 mod ownership;
 mod publish;
@@ -30,7 +29,7 @@ use clap::{Parser, Subcommand};
 )]
 struct Cli {
     #[command(flatten)]
-    logging: logging::LoggingArgs,
+    logging: topodra_ops::logging::LoggingArgs,
 
     #[command(subcommand)]
     command: Command,
@@ -47,7 +46,7 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    if let Err(e) = logging::init(&cli.logging) {
+    if let Err(e) = topodra_ops::logging::init(&cli.logging) {
         eprintln!("error: {e:#}");
         return std::process::ExitCode::from(2);
     }

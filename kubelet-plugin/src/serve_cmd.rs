@@ -30,11 +30,13 @@ use crate::health::nvml::NvmlOpener;
 use crate::health::policy::HealthPolicy;
 use crate::health::taints::{TaintEffect, device_taints};
 use crate::lifecycle::Lifecycle;
-use crate::metrics::{Endpoints, HttpLimits, Metrics};
+use crate::metrics::Metrics;
 use crate::ownership;
-use crate::publish::{self, DesiredPool, Publisher, PublisherConfig, RequestCounter};
+use crate::publish::{DesiredPool, Publisher, PublisherConfig};
 use crate::reconcile::{self, ReconcileConfig};
 use crate::uds;
+use topodra_ops::http::{Endpoints, HttpLimits};
+use topodra_ops::requests::RequestCounter;
 
 /// Turns each health change into the pool's taints; the publisher writes them.
 async fn follow_health(
@@ -433,9 +435,9 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
     let kube_config = kube::Config::infer()
         .await
         .context("finding the API server (kubeconfig or in-cluster)")?;
-    let client =
-        publish::counted_client(kube_config, &counter).context("building the API client")?;
-    let metrics = Arc::new(Metrics::new());
+    let client = topodra_ops::requests::counted_client(kube_config, &counter)
+        .context("building the API client")?;
+    let metrics = Arc::new(Metrics::new(&counter));
     metrics.set_devices(devices);
 
     // The HTTP endpoint first, and until the process exits: a pod waiting for the
@@ -447,24 +449,23 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         .await
         .with_context(|| format!("binding the HTTP endpoint to {http_addr}"))?;
     let endpoints = Endpoints {
-        metrics: metrics.clone(),
-        before_scrape: Arc::new(move |m: &Metrics| {
-            let totals = counter
-                .snapshot()
-                .into_iter()
-                .map(|((verb, resource), n)| ((verb.as_str().to_owned(), resource), n))
-                .collect();
-            m.record_api_totals(&totals);
-        }),
+        metrics: {
+            let metrics = metrics.clone();
+            Arc::new(move || metrics.encode())
+        },
         live: lifecycle.live_check(),
         ready: lifecycle.ready_check(),
+        rejected: {
+            let metrics = metrics.clone();
+            Arc::new(move || metrics.connection_rejected())
+        },
     };
     let limits = HttpLimits {
         header_read_timeout: Duration::from_secs(args.http_header_read_timeout_seconds),
         max_connections: args.http_max_connections as usize,
     };
     let (http_stop_tx, http_stop_rx) = watch::channel(false);
-    let http = tokio::spawn(crate::metrics::serve(listener, endpoints, limits, {
+    let http = tokio::spawn(topodra_ops::http::serve(listener, endpoints, limits, {
         let mut rx = http_stop_rx;
         async move {
             let _ = rx.wait_for(|s| *s).await;

@@ -39,7 +39,7 @@ pub(super) fn h100(bus: &str, minor: u32) -> Gpu {
 
 /// A DGX H100: two sockets, one NUMA node each, eight GPUs in bus order, four per
 /// node, each behind its own root complex and PCIe switch.
-pub(super) fn dgx_h100() -> Inventory {
+pub(crate) fn dgx_h100() -> Inventory {
     let buses = ["18", "2a", "3a", "5d", "9a", "ab", "ba", "db"];
     let gpus = buses
         .iter()
@@ -81,7 +81,7 @@ pub(super) fn dgx_h100() -> Inventory {
 
 /// Sub-NUMA clustering: two sockets of four NUMA nodes each, one GPU per node. Nodes
 /// of one socket are 12 apart, of different sockets 21.
-pub(super) fn snc() -> Inventory {
+pub(crate) fn snc() -> Inventory {
     let numa_nodes = (0..8)
         .map(|id| numa(id, id / 4, &format!("{}-{}", id * 14, id * 14 + 13)))
         .collect();

@@ -12,10 +12,9 @@
 //! - server-side apply with one field manager, and a delete only for a slice the pool
 //!   no longer has.
 //!
-//! [`RequestCounter`] counts every request the client sends, for metrics.
+//! `topodra_ops::requests` counts every request the client sends, for metrics.
 
 mod compare;
-pub(crate) mod counter;
 mod publisher;
 mod state;
 mod timing;
@@ -33,9 +32,10 @@ use k8s_openapi::api::resource::v1::DeviceTaint;
 use topodra_driver::Inventory;
 use topodra_driver::slice::NumaNodeFormat;
 
-pub(crate) use counter::RequestCounter;
 pub(crate) use publisher::Publisher;
 pub(crate) use timing::Backoff;
+#[cfg(test)]
+use topodra_ops::requests::RequestCounter;
 
 /// What the pool should contain: the health code sends a new value when a GPU goes
 /// bad or recovers, discovery when the inventory changes.
@@ -113,21 +113,4 @@ impl PublishStatus {
     pub(crate) fn is_in_sync(&self) -> bool {
         matches!(self, Self::InSync { .. })
     }
-}
-
-/// A client whose requests are counted by `counter`, every one of them.
-///
-/// kube's own retry layer is turned off: it retries 429/503/504 up to 15 times from
-/// 5 ms, below the counting layer and without the callers knowing, which multiplied
-/// the load on a struggling API server while the request metric showed one call.
-/// Each caller retries for itself instead, with jittered backoff and a floor: the
-/// publisher (see [`Backoff`]) and the claim reads of prepare.
-pub(crate) fn counted_client(
-    mut config: kube::Config,
-    counter: &RequestCounter,
-) -> Result<kube::Client, kube::Error> {
-    config.default_retry = false;
-    Ok(kube::client::ClientBuilder::try_from(config)?
-        .with_layer(&counter.layer())
-        .build())
 }

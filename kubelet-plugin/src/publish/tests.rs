@@ -14,9 +14,9 @@ use tokio::task::JoinHandle;
 use topodra_driver::slice::{SliceOptions, build_slices};
 use topodra_driver::{Gpu, Inventory};
 
-use super::counter::Verb;
 use super::mock::{MockApi, Recorded, SLICES};
 use super::{DesiredPool, PublishStatus, Publisher, PublisherConfig, RequestCounter};
+use topodra_ops::requests::Verb;
 
 const NODE: &str = "dgx-01";
 const NODE_UID: &str = "6f1e0c1a-8d2b-4b5e-9c4f-0a1b2c3d4e5f";

@@ -2,18 +2,17 @@
 
 use std::io::IsTerminal;
 
-use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum LogFormat {
+pub enum LogFormat {
     Text,
     Json,
 }
 
 #[derive(Debug, Args)]
-pub(crate) struct LoggingArgs {
+pub struct LoggingArgs {
     /// Log format.
     #[arg(
         long,
@@ -29,9 +28,20 @@ pub(crate) struct LoggingArgs {
     log_level: String,
 }
 
-pub(crate) fn init(args: &LoggingArgs) -> Result<()> {
-    let filter = EnvFilter::try_new(&args.log_level)
-        .with_context(|| format!("invalid --log-level {:?}", args.log_level))?;
+/// A `--log-level` that is not a filter.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid --log-level {filter:?}: {source}")]
+pub struct LogLevelError {
+    filter: String,
+    source: tracing_subscriber::filter::ParseError,
+}
+
+/// Installs the global subscriber; call once, first thing in `main`.
+pub fn init(args: &LoggingArgs) -> Result<(), LogLevelError> {
+    let filter = EnvFilter::try_new(&args.log_level).map_err(|source| LogLevelError {
+        filter: args.log_level.clone(),
+        source,
+    })?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())

@@ -19,7 +19,7 @@ use tower::{Layer, Service};
 /// except that a streaming list (`sendInitialEvents=true`) is told apart from a
 /// resumed watch: it costs the server a full read, like a LIST.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) enum Verb {
+pub enum Verb {
     Get,
     List,
     Watch,
@@ -36,7 +36,7 @@ pub(crate) enum Verb {
 }
 
 impl Verb {
-    pub(crate) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Get => "get",
             Self::List => "list",
@@ -62,25 +62,24 @@ impl fmt::Display for Verb {
 /// Request counts shared between the client (which adds) and metrics (which read).
 /// Cloning shares the counts.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct RequestCounter {
+pub struct RequestCounter {
     // A mutex is enough: a node agent sends a handful of requests a minute.
     counts: Arc<Mutex<BTreeMap<(Verb, String), u64>>>,
 }
 
 impl RequestCounter {
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         Self::default()
     }
 
     /// Counts so far, keyed by verb and resource (`resourceslices`, `nodes`,
     /// `pods/status`; the path itself for non-resource URLs).
-    pub(crate) fn snapshot(&self) -> BTreeMap<(Verb, String), u64> {
+    pub fn snapshot(&self) -> BTreeMap<(Verb, String), u64> {
         self.lock().clone()
     }
 
     /// The count for one verb and resource.
-    #[cfg(test)]
-    pub(crate) fn get(&self, verb: Verb, resource: &str) -> u64 {
+    pub fn get(&self, verb: Verb, resource: &str) -> u64 {
         self.lock()
             .get(&(verb, resource.to_owned()))
             .copied()
@@ -88,13 +87,15 @@ impl RequestCounter {
     }
 
     /// The layer that counts every request through the service it wraps.
-    pub(crate) fn layer(&self) -> CountingLayer {
+    pub fn layer(&self) -> CountingLayer {
         CountingLayer {
             counter: self.clone(),
         }
     }
 
-    fn record(&self, verb: Verb, resource: String) {
+    /// Counts one request, classified as the API server would.
+    pub fn record_request<B>(&self, req: &Request<B>) {
+        let (verb, resource) = classify(req);
         *self.lock().entry((verb, resource)).or_insert(0) += 1;
     }
 
@@ -105,9 +106,61 @@ impl RequestCounter {
     }
 }
 
+/// A client whose requests are counted by `counter`, every one of them.
+///
+/// kube's own retry layer is turned off: it retries 429/503/504 up to 15 times from
+/// 5 ms, below the counting layer and without the callers knowing, which multiplied
+/// the load on a struggling API server while the request metric showed one call.
+/// Each caller retries for itself instead, with jittered backoff and a floor: the
+/// kubelet plugin's slice publisher and claim reads, and the controller's watches.
+pub fn counted_client(
+    mut config: kube::Config,
+    counter: &RequestCounter,
+) -> Result<kube::Client, kube::Error> {
+    config.default_retry = false;
+    Ok(kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&counter.layer())
+        .build())
+}
+
+/// Labels of `topodra_api_requests_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct ApiLabels {
+    verb: &'static str,
+    resource: String,
+}
+
+/// Exported as `api_requests_total{verb, resource}` (prefixed by the registry), read
+/// from the counts at each scrape: the counter is the only record, nothing to keep in
+/// step.
+impl prometheus_client::collector::Collector for RequestCounter {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::MetricType;
+        use prometheus_client::metrics::counter::ConstCounter;
+        let mut family = encoder.encode_descriptor(
+            "api_requests",
+            "Requests to the Kubernetes API server by verb and resource",
+            None,
+            MetricType::Counter,
+        )?;
+        for ((verb, resource), n) in self.snapshot() {
+            let labels = ApiLabels {
+                verb: verb.as_str(),
+                resource,
+            };
+            ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
 /// A tower layer for `kube::client::ClientBuilder::with_layer`.
 #[derive(Debug, Clone)]
-pub(crate) struct CountingLayer {
+pub struct CountingLayer {
     counter: RequestCounter,
 }
 
@@ -123,7 +176,7 @@ impl<S> Layer<S> for CountingLayer {
 }
 
 #[derive(Debug, Clone)]
-pub(crate) struct CountingService<S> {
+pub struct CountingService<S> {
     inner: S,
     counter: RequestCounter,
 }
@@ -141,14 +194,13 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let (verb, resource) = classify(&req);
-        self.counter.record(verb, resource);
+        self.counter.record_request(&req);
         self.inner.call(req)
     }
 }
 
 /// Verb and resource of a request to the API server.
-pub(crate) fn classify<B>(req: &Request<B>) -> (Verb, String) {
+pub fn classify<B>(req: &Request<B>) -> (Verb, String) {
     let query = req.uri().query().unwrap_or("");
     let param = |key: &str| {
         query

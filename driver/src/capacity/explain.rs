@@ -1,0 +1,134 @@
+//! Why a claim cannot be allocated, in topology terms.
+
+use serde::Serialize;
+
+use super::{Cluster, Demand, NodeSummary};
+
+/// A node (and group, for an aligned demand) with free GPUs for a demand.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Candidate {
+    pub node: String,
+    /// "NUMA 1"; `None` for a demand without alignment.
+    pub group: Option<String>,
+    pub free: u32,
+}
+
+impl Candidate {
+    fn describe(&self) -> String {
+        match &self.group {
+            Some(g) => format!("{}, {g}", self.node),
+            None => self.node.clone(),
+        }
+    }
+}
+
+/// The model's answer for one demand.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Explanation {
+    /// Where the demand fits now, best first (most free), by node name on a tie.
+    pub fits: Vec<Candidate>,
+    /// Nodes with at least the demanded number of free GPUs, aligned or not.
+    pub nodes_with_enough_free: usize,
+    /// The largest free set at the demand's level (or node), when no node fits.
+    pub best: Option<Candidate>,
+    /// One sentence; the Event message and `kubectl topodra explain` print it.
+    pub message: String,
+}
+
+/// How many candidate nodes a message names before it says "and N more".
+const NAMED: usize = 3;
+
+pub fn explain(cluster: &Cluster, demand: &Demand) -> Explanation {
+    let level = demand.level;
+    let candidate = |s: &NodeSummary| match level {
+        Some(l) => s.largest_aligned(l).map(|g| Candidate {
+            node: s.node.clone(),
+            group: Some(l.group_name(&g.key)),
+            free: g.counts.free,
+        }),
+        None => (s.gpus.free > 0).then(|| Candidate {
+            node: s.node.clone(),
+            group: None,
+            free: s.gpus.free,
+        }),
+    };
+    let mut all: Vec<Candidate> = cluster.nodes().filter_map(candidate).collect();
+    // Stable: equal free sets stay in node-name order.
+    all.sort_by_key(|c| std::cmp::Reverse(c.free));
+    let fits: Vec<Candidate> = all
+        .iter()
+        .filter(|c| c.free >= demand.count)
+        .cloned()
+        .collect();
+    let nodes_with_enough_free = cluster.nodes_fitting(demand.count, None);
+    let best = if fits.is_empty() {
+        all.first().cloned()
+    } else {
+        None
+    };
+
+    let mut message = format!("needs {}", demand.describe());
+    if !fits.is_empty() {
+        let named: Vec<String> = fits.iter().take(NAMED).map(Candidate::describe).collect();
+        let more = fits.len().saturating_sub(NAMED);
+        message.push_str(&format!(
+            "; fits now on {} node{} ({}{}): the scheduler has not retried yet, or something \
+             else keeps the pod off them (node selector or affinity, node taints, device \
+             selectors, its other claims)",
+            fits.len(),
+            plural(fits.len()),
+            named.join("; "),
+            if more > 0 {
+                format!("; and {more} more")
+            } else {
+                String::new()
+            },
+        ));
+    } else {
+        let free_sets = if demand.count == 1 {
+            "a free GPU"
+        } else {
+            "free GPUs"
+        };
+        match (level, nodes_with_enough_free) {
+            (Some(l), n) if n > 0 => message.push_str(&format!(
+                "; {n} node{} {} {} {free_sets}, none on {}",
+                plural(n),
+                if n == 1 { "has" } else { "have" },
+                demand.count,
+                l.one()
+            )),
+            _ => message.push_str(&format!("; no node has {} {free_sets}", demand.count)),
+        }
+        match (&best, level) {
+            (Some(b), Some(_)) => message.push_str(&format!(
+                "; largest aligned free set: {} ({})",
+                b.free,
+                b.describe()
+            )),
+            (Some(b), None) => message.push_str(&format!("; most free: {} ({})", b.free, b.node)),
+            (None, _) => message.push_str("; no GPU is free"),
+        }
+    }
+    let unhealthy = cluster.totals().unhealthy;
+    if unhealthy > 0 {
+        message.push_str(&format!(
+            "; {unhealthy} GPU{} unhealthy or tainted",
+            plural(unhealthy as usize)
+        ));
+    }
+    if !demand.unjudged.is_empty() {
+        message.push_str(&format!(" (not checked: {})", demand.unjudged.join(", ")));
+    }
+    Explanation {
+        fits,
+        nodes_with_enough_free,
+        best,
+        message,
+    }
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}

@@ -1,0 +1,34 @@
+//! The cluster capacity model: what every node's GPUs are doing, by topology.
+//!
+//! The controller and `kubectl topodra` feed it the ResourceSlices of our driver,
+//! the ResourceClaims and the DeviceTaintRules they read from the API server, and ask
+//! it, per node and per NUMA node, socket, PCIe root, PCIe switch and NVLink domain:
+//! how many GPUs there are, how many are allocated, unhealthy or free, the largest
+//! free set that one `matchAttribute` constraint could still take, and how many free
+//! GPUs are stranded (cannot join an aligned set of 2, 4 or 8). It also explains, in
+//! those terms, why a claim cannot be allocated.
+//!
+//! Pure: no API client, no clock. [`Cluster`] is updated one object at a time and
+//! recomputes only the nodes an object touches, so a watch event costs the size of
+//! one node, not of the cluster.
+
+mod cluster;
+mod demand;
+mod device;
+mod explain;
+mod level;
+mod summary;
+
+pub use cluster::{ClaimKey, Cluster};
+pub use demand::Demand;
+pub use device::{DeviceKind, DeviceRecord};
+pub use explain::{Candidate, Explanation, explain};
+pub use level::Level;
+pub use summary::{Counts, Group, NodeSummary};
+
+/// The aligned set sizes that metrics, fragmentation figures and `kubectl topodra`
+/// report: the claim sizes of an 8-GPU node.
+pub const SET_SIZES: [u32; 4] = [1, 2, 4, 8];
+
+#[cfg(test)]
+mod tests;

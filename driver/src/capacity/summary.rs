@@ -1,0 +1,180 @@
+//! Per-node figures: counts per topology group, largest aligned free set, stranding.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::Level;
+use super::device::{DeviceKind, DeviceRecord};
+
+/// GPUs by state. Every GPU is in exactly one of allocated, unhealthy and free, so
+/// `total = allocated + unhealthy + free`; an allocated GPU that is also tainted counts
+/// as allocated (it is in use; the taint shows on the device itself).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    pub total: u32,
+    pub allocated: u32,
+    /// Tainted (NoSchedule or NoExecute, by the plugin's health checks or a
+    /// DeviceTaintRule) and not allocated: no new claim gets it.
+    pub unhealthy: u32,
+    pub free: u32,
+}
+
+impl Counts {
+    fn add(&mut self, state: State) {
+        self.total += 1;
+        match state {
+            State::Allocated => self.allocated += 1,
+            State::Unhealthy => self.unhealthy += 1,
+            State::Free => self.free += 1,
+        }
+    }
+
+    pub(super) fn merge(&mut self, other: &Counts) {
+        self.total += other.total;
+        self.allocated += other.allocated;
+        self.unhealthy += other.unhealthy;
+        self.free += other.free;
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum State {
+    Allocated,
+    Unhealthy,
+    Free,
+}
+
+/// The GPUs of one node that share a value of one attribute.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Group {
+    pub key: String,
+    #[serde(flatten)]
+    pub counts: Counts,
+}
+
+/// One node's figures.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSummary {
+    pub node: String,
+    /// Whole GPUs.
+    pub gpus: Counts,
+    /// MIG devices, counted apart: a MIG device is part of a GPU and never joins an
+    /// aligned set of GPUs.
+    pub mig_devices: Counts,
+    /// Whole GPUs grouped at each level, groups sorted by key (numerically when the
+    /// keys are numbers). A GPU without the attribute is in no group of that level.
+    pub levels: BTreeMap<Level, Vec<Group>>,
+}
+
+impl NodeSummary {
+    pub(super) fn build<'a>(
+        node: &str,
+        devices: impl IntoIterator<Item = (&'a DeviceRecord, State)>,
+    ) -> Self {
+        let mut gpus = Counts::default();
+        let mut mig_devices = Counts::default();
+        let mut levels: BTreeMap<Level, BTreeMap<GroupKey, Counts>> = BTreeMap::new();
+        for (dev, state) in devices {
+            match dev.kind {
+                DeviceKind::Gpu => gpus.add(state),
+                DeviceKind::Mig => {
+                    mig_devices.add(state);
+                    continue;
+                }
+                DeviceKind::Other => continue,
+            }
+            for level in Level::ALL {
+                if let Some(key) = dev.group(level) {
+                    levels
+                        .entry(level)
+                        .or_default()
+                        .entry(GroupKey::new(key))
+                        .or_default()
+                        .add(state);
+                }
+            }
+        }
+        let levels = levels
+            .into_iter()
+            .map(|(level, groups)| {
+                let groups = groups
+                    .into_iter()
+                    .map(|(k, counts)| Group {
+                        key: k.text,
+                        counts,
+                    })
+                    .collect();
+                (level, groups)
+            })
+            .collect();
+        Self {
+            node: node.to_owned(),
+            gpus,
+            mig_devices,
+            levels,
+        }
+    }
+
+    /// The groups of one level; empty when no GPU of the node carries its attribute.
+    pub fn groups(&self, level: Level) -> &[Group] {
+        self.levels.get(&level).map_or(&[], Vec::as_slice)
+    }
+
+    /// The group with the most free GPUs at this level (the first such group on a tie).
+    pub fn largest_aligned(&self, level: Level) -> Option<&Group> {
+        self.groups(level)
+            .iter()
+            .filter(|g| g.counts.free > 0)
+            .fold(None, |best: Option<&Group>, g| match best {
+                Some(b) if b.counts.free >= g.counts.free => Some(b),
+                _ => Some(g),
+            })
+    }
+
+    /// Free GPUs in the largest set aligned at `level`, or on the node when `None`.
+    pub fn largest_free(&self, level: Option<Level>) -> u32 {
+        match level {
+            None => self.gpus.free,
+            Some(l) => self.largest_aligned(l).map_or(0, |g| g.counts.free),
+        }
+    }
+
+    /// Whether `count` free GPUs aligned at `level` (anywhere on the node when `None`)
+    /// exist now.
+    pub fn fits(&self, count: u32, level: Option<Level>) -> bool {
+        self.largest_free(level) >= count
+    }
+
+    /// Free GPUs that cannot join an aligned set of `size` at `level`: those in groups
+    /// with fewer than `size` free, and those without the attribute at all.
+    pub fn stranded(&self, size: u32, level: Level) -> u32 {
+        let usable: u32 = self
+            .groups(level)
+            .iter()
+            .map(|g| g.counts.free)
+            .filter(|free| *free >= size)
+            .sum();
+        self.gpus.free - usable
+    }
+}
+
+/// Sorts "2" before "10" and numbers before other text.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct GroupKey {
+    textual: bool,
+    number: Option<i64>,
+    text: String,
+}
+
+impl GroupKey {
+    fn new(key: &str) -> Self {
+        let number = key.parse().ok();
+        Self {
+            textual: number.is_none(),
+            number,
+            text: key.to_owned(),
+        }
+    }
+}
