@@ -1,1 +1,215 @@
-fn main() {}
+//! topodra-controller: the cluster side of topodra.
+//!
+//! It watches our ResourceSlices, every ResourceClaim, DeviceTaintRules,
+//! DeviceClasses, Nodes (metadata only) and unscheduled Pods, keeps the capacity
+//! model of `topodra_driver::capacity` current from them, and, while it holds the
+//! leader Lease, publishes what the old stack's node agents did: per-NUMA
+//! NodeResourceTopology objects, plus Events that explain pods waiting for GPUs.
+//! Metrics come from every replica.
+
+mod leader;
+mod metrics;
+mod run;
+mod state;
+mod writer;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::process::ExitCode;
+
+use clap::{ArgAction, Parser};
+use topodra_driver::slice::DEFAULT_DRIVER_NAME;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "topodra-controller",
+    version,
+    about = "topodra's cluster controller: GPU capacity by topology, NodeResourceTopology without a node agent, why-pending Events"
+)]
+pub(crate) struct Cli {
+    /// DRA driver name of the kubelet plugins (their ResourceSlices' spec.driver).
+    #[arg(long, env = "TOPODRA_DRIVER_NAME", default_value = DEFAULT_DRIVER_NAME)]
+    driver_name: String,
+
+    /// Device classes whose claims are ours besides those whose CEL selector compares
+    /// `device.driver` with the driver name (comma-separated).
+    #[arg(
+        long = "device-class",
+        env = "TOPODRA_DEVICE_CLASSES",
+        value_delimiter = ','
+    )]
+    device_classes: Vec<String>,
+
+    /// Publish a NodeResourceTopology object per GPU node (the CRD must be installed;
+    /// without it the controller warns once and goes on without them).
+    #[arg(long, env = "TOPODRA_NODE_RESOURCE_TOPOLOGY", default_value_t = true, action = ArgAction::Set)]
+    node_resource_topology: bool,
+
+    /// Resource name of the GPUs in each NodeResourceTopology zone.
+    #[arg(
+        long,
+        env = "TOPODRA_NRT_RESOURCE_NAME",
+        default_value = "nvidia.com/gpu"
+    )]
+    nrt_resource_name: String,
+
+    /// Topology Manager policy the NodeResourceTopology objects announce; consumers
+    /// such as the topology-aware scheduler align by it.
+    #[arg(long, env = "TOPODRA_NRT_POLICY", default_value = "single-numa-node",
+          value_parser = ["none", "best-effort", "restricted", "single-numa-node"])]
+    nrt_topology_manager_policy: String,
+
+    /// Topology Manager scope the objects announce.
+    #[arg(long, env = "TOPODRA_NRT_SCOPE", default_value = "pod", value_parser = ["container", "pod"])]
+    nrt_topology_manager_scope: String,
+
+    /// Record an Event on each unschedulable pod that waits for our GPUs, saying why
+    /// in topology terms.
+    #[arg(long, env = "TOPODRA_PENDING_POD_EVENTS", default_value_t = true, action = ArgAction::Set)]
+    pending_pod_events: bool,
+
+    /// The least time between two Events on one pod, however often its explanation
+    /// changes.
+    #[arg(
+        long,
+        env = "TOPODRA_PENDING_EVENT_MIN_INTERVAL_SECONDS",
+        default_value_t = 30
+    )]
+    pending_event_min_interval_seconds: u64,
+
+    /// Milliseconds to gather changes before writing: a burst of allocations on a
+    /// node is one write.
+    #[arg(long, env = "TOPODRA_WRITE_DELAY_MILLISECONDS", default_value_t = 500)]
+    write_delay_milliseconds: u64,
+
+    /// Elect a leader among replicas on a Lease; off for a single replica.
+    #[arg(long, env = "TOPODRA_LEADER_ELECT", default_value_t = true, action = ArgAction::Set)]
+    leader_elect: bool,
+
+    /// Namespace of the leader Lease (the pod's own, from the downward API).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "topodra")]
+    lease_namespace: String,
+
+    /// Name of the leader Lease.
+    #[arg(long, env = "TOPODRA_LEASE_NAME", default_value = "topodra-controller")]
+    lease_name: String,
+
+    /// This replica's identity in the Lease; default: the pod name, else the host name.
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+
+    /// Seconds a leader that stopped renewing keeps the Lease.
+    #[arg(long, env = "TOPODRA_LEASE_DURATION_SECONDS", default_value_t = 15)]
+    lease_duration_seconds: u64,
+
+    /// Seconds before expiry at which the leader renews.
+    #[arg(long, env = "TOPODRA_LEASE_RENEW_BEFORE_SECONDS", default_value_t = 5)]
+    lease_renew_before_seconds: u64,
+
+    /// Address of the /metrics, /healthz and /readyz endpoint (the pod IP in the chart).
+    #[arg(long, env = "TOPODRA_HTTP_BIND_ADDRESS", default_value_t = IpAddr::V4(Ipv4Addr::UNSPECIFIED))]
+    http_bind_address: IpAddr,
+
+    /// Port of the endpoint.
+    #[arg(long, env = "TOPODRA_HTTP_PORT", default_value_t = 9465)]
+    http_port: u16,
+
+    /// Seconds a client of the endpoint has to send its request headers.
+    #[arg(
+        long,
+        env = "TOPODRA_HTTP_HEADER_READ_TIMEOUT_SECONDS",
+        default_value_t = 10
+    )]
+    http_header_read_timeout_seconds: u64,
+
+    /// Connections the endpoint serves at once; more are closed at once.
+    #[arg(long, env = "TOPODRA_HTTP_MAX_CONNECTIONS", default_value_t = 64)]
+    http_max_connections: u32,
+
+    #[command(flatten)]
+    logging: topodra_ops::logging::LoggingArgs,
+}
+
+impl Cli {
+    fn http_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.http_bind_address, self.http_port)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.lease_renew_before_seconds == 0
+            || self.lease_renew_before_seconds >= self.lease_duration_seconds
+        {
+            return Err(format!(
+                "--lease-renew-before-seconds ({}) must be above 0 and below --lease-duration-seconds ({})",
+                self.lease_renew_before_seconds, self.lease_duration_seconds
+            ));
+        }
+        if self.nrt_resource_name.trim().is_empty() {
+            return Err("--nrt-resource-name must not be empty".into());
+        }
+        Ok(())
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(e) = topodra_ops::logging::init(&cli.logging) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
+    if let Err(e) = cli.validate() {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run::run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "topodra-controller failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_bad_lease_timing_is_refused() {
+        let cli = Cli::try_parse_from(["topodra-controller"]).unwrap();
+        assert!(cli.validate().is_ok());
+        assert_eq!(cli.http_addr(), "0.0.0.0:9465".parse().unwrap());
+        let cli = Cli::try_parse_from([
+            "topodra-controller",
+            "--lease-duration-seconds=5",
+            "--lease-renew-before-seconds=5",
+        ])
+        .unwrap();
+        assert!(
+            cli.validate()
+                .unwrap_err()
+                .contains("--lease-renew-before-seconds")
+        );
+        assert!(
+            Cli::try_parse_from(["topodra-controller", "--nrt-topology-manager-policy=strict"])
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn classes_come_comma_separated() {
+        let cli = Cli::try_parse_from(["topodra-controller", "--device-class=a,b"]).unwrap();
+        assert_eq!(cli.device_classes, ["a", "b"]);
+    }
+}

@@ -1,0 +1,7 @@
+//! The parts of topodra's cluster side that the controller and `kubectl topodra`
+//! share: which device classes and claims are ours, and why a pod waits for GPUs
+//! ([`pending`]), on top of the capacity model in `topodra_driver::capacity`.
+
+pub mod classes;
+pub mod nrt;
+pub mod pending;

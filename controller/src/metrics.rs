@@ -1,0 +1,210 @@
+//! The controller's Prometheus metrics. Cardinality is bounded: no label carries a
+//! node, pod or claim name; per-node figures are in the NodeResourceTopology objects
+//! and `kubectl topodra nodes`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use topodra_driver::capacity::{Cluster, Level, SET_SIZES};
+use topodra_ops::requests::RequestCounter;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FitLabels {
+    size: u32,
+    /// `node` (anywhere on the node) or an alignment level (`numaNode`, ...).
+    level: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResourceLabels {
+    resource: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WriteLabels {
+    /// `apply`, `delete`, `event`.
+    operation: &'static str,
+    outcome: &'static str,
+}
+
+/// Everything the controller exports; cheap to share.
+pub(crate) struct Metrics {
+    registry: Registry,
+    gpus: Family<StateLabels, Gauge>,
+    nodes: Gauge,
+    nodes_fitting: Family<FitLabels, Gauge>,
+    stranded: Family<FitLabels, Gauge>,
+    leader: Gauge,
+    pending_pods: Gauge,
+    watch_events: Family<ResourceLabels, Counter>,
+    watch_errors: Family<ResourceLabels, Counter>,
+    writes: Family<WriteLabels, Counter>,
+    writes_skipped: Counter,
+    http_connections_rejected: Counter,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    pub(crate) fn new(requests: &RequestCounter) -> Self {
+        let mut registry = Registry::with_prefix("topodra_controller");
+        let m = Self {
+            gpus: Family::default(),
+            nodes: Gauge::default(),
+            nodes_fitting: Family::default(),
+            stranded: Family::default(),
+            leader: Gauge::default(),
+            pending_pods: Gauge::default(),
+            watch_events: Family::default(),
+            watch_errors: Family::default(),
+            writes: Family::default(),
+            writes_skipped: Counter::default(),
+            http_connections_rejected: Counter::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "gpus",
+            "Whole GPUs of the cluster by state (total, allocated, unhealthy, free)",
+            m.gpus.clone(),
+        );
+        registry.register(
+            "nodes",
+            "Nodes with a complete pool of our GPUs",
+            m.nodes.clone(),
+        );
+        registry.register(
+            "nodes_fitting",
+            "Nodes that can take a set of `size` free GPUs now, aligned at `level` (node: anywhere on the node)",
+            m.nodes_fitting.clone(),
+        );
+        registry.register(
+            "stranded_gpus",
+            "Free GPUs that cannot join an aligned set of `size` at `level`",
+            m.stranded.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader Lease and writes",
+            m.leader.clone(),
+        );
+        registry.register(
+            "pending_pods",
+            "Unschedulable pods waiting on our GPUs",
+            m.pending_pods.clone(),
+        );
+        registry.register(
+            "watch_events",
+            "Watch events received, by resource",
+            m.watch_events.clone(),
+        );
+        registry.register(
+            "watch_errors",
+            "Watch errors (the watch resumes with backoff), by resource",
+            m.watch_errors.clone(),
+        );
+        registry.register(
+            "writes",
+            "Writes to the API server by operation and outcome",
+            m.writes.clone(),
+        );
+        registry.register(
+            "writes_skipped",
+            "NodeResourceTopology writes skipped because the object already held the content",
+            m.writes_skipped.clone(),
+        );
+        registry.register(
+            "http_connections_rejected",
+            "Connections to this endpoint closed unserved because --http-max-connections were open",
+            m.http_connections_rejected.clone(),
+        );
+        // `topodra_controller_api_requests_total{verb, resource}`: every request sent.
+        registry.register_collector(Box::new(requests.clone()));
+        Self { registry, ..m }
+    }
+
+    /// Sets the capacity gauges from the model.
+    pub(crate) fn observe_cluster(&self, cluster: &Cluster) {
+        let t = cluster.totals();
+        for (state, n) in [
+            ("total", t.total),
+            ("allocated", t.allocated),
+            ("unhealthy", t.unhealthy),
+            ("free", t.free),
+        ] {
+            self.gpus
+                .get_or_create(&StateLabels { state })
+                .set(i64::from(n));
+        }
+        self.nodes.set(cluster.nodes().count() as i64);
+        let levels = std::iter::once(None).chain(Level::ALL.map(Some));
+        for level in levels {
+            let name = level.map_or("node", Level::as_str);
+            for size in SET_SIZES {
+                let n = cluster.nodes_fitting(size, level);
+                self.nodes_fitting
+                    .get_or_create(&FitLabels { size, level: name })
+                    .set(n as i64);
+            }
+            if let Some(level) = level {
+                for (size, n) in cluster.stranded(level) {
+                    self.stranded
+                        .get_or_create(&FitLabels { size, level: name })
+                        .set(i64::from(n));
+                }
+            }
+        }
+    }
+
+    pub(crate) fn set_leader(&self, leader: bool) {
+        self.leader.set(i64::from(leader));
+    }
+
+    pub(crate) fn set_pending_pods(&self, n: usize) {
+        self.pending_pods.set(n as i64);
+    }
+
+    pub(crate) fn watch_event(&self, resource: &'static str) {
+        self.watch_events
+            .get_or_create(&ResourceLabels { resource })
+            .inc();
+    }
+
+    pub(crate) fn watch_error(&self, resource: &'static str) {
+        self.watch_errors
+            .get_or_create(&ResourceLabels { resource })
+            .inc();
+    }
+
+    pub(crate) fn write(&self, operation: &'static str, ok: bool) {
+        let outcome = if ok { "ok" } else { "error" };
+        self.writes
+            .get_or_create(&WriteLabels { operation, outcome })
+            .inc();
+    }
+
+    pub(crate) fn write_skipped(&self) {
+        self.writes_skipped.inc();
+    }
+
+    pub(crate) fn connection_rejected(&self) {
+        self.http_connections_rejected.inc();
+    }
+
+    pub(crate) fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

@@ -1,0 +1,213 @@
+//! NodeResourceTopology objects (`topology.node.k8s.io/v1alpha2`, the CRD that the
+//! NFD topology updater writes): one per node, one zone per NUMA node with the GPUs
+//! there, so schedulers and platforms that read them keep working with no agent on
+//! the nodes.
+
+use serde_json::{Value, json};
+use topodra_driver::capacity::{Level, NodeSummary};
+
+pub const GROUP: &str = "topology.node.k8s.io";
+pub const VERSION: &str = "v1alpha2";
+pub const KIND: &str = "NodeResourceTopology";
+pub const PLURAL: &str = "noderesourcetopologies";
+
+/// How the objects are written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NrtOptions {
+    /// The resource name in each zone (`nvidia.com/gpu`): what pods of the old stack
+    /// request and what the topology-aware scheduler matches against.
+    pub resource_name: String,
+    /// The kubelet Topology Manager policy and scope the objects announce
+    /// (`single-numa-node`, `pod`): consumers read them to decide how strictly to
+    /// align. With DRA the kubelet does not align GPUs; these say what the scheduler
+    /// should assume.
+    pub policy: String,
+    pub scope: String,
+}
+
+impl NrtOptions {
+    /// The deprecated `topologyPolicies` value of the same policy and scope, for
+    /// consumers that still read it.
+    fn legacy_policy(&self) -> &'static str {
+        let pod = self.scope == "pod";
+        match (self.policy.as_str(), pod) {
+            ("single-numa-node", true) => "SingleNUMANodePodLevel",
+            ("single-numa-node", false) => "SingleNUMANodeContainerLevel",
+            ("restricted", true) => "RestrictedPodLevel",
+            ("restricted", false) => "RestrictedContainerLevel",
+            ("best-effort", true) => "BestEffortPodLevel",
+            ("best-effort", false) => "BestEffortContainerLevel",
+            _ => "None",
+        }
+    }
+}
+
+/// The fields we own in a node's object, as sent by server-side apply. Zones are the
+/// node's NUMA nodes that have GPUs, named `node-<id>` as the kubelet and the NFD
+/// updater name them (consumers parse the id from it): capacity is every GPU there,
+/// allocatable the ones not unhealthy or tainted, available the free ones.
+/// `None` when the node's GPUs carry no NUMA node: no zone can be said.
+pub fn desired(summary: &NodeSummary, node_uid: &str, opts: &NrtOptions) -> Option<Value> {
+    let groups = summary.groups(Level::NumaNode);
+    if groups.is_empty() {
+        return None;
+    }
+    let zones: Vec<Value> = groups
+        .iter()
+        .map(|g| {
+            let c = g.counts;
+            json!({
+                "name": format!("node-{}", g.key),
+                "type": "Node",
+                "resources": [{
+                    "name": opts.resource_name,
+                    "capacity": c.total.to_string(),
+                    "allocatable": (c.total - c.unhealthy).to_string(),
+                    "available": c.free.to_string(),
+                }],
+            })
+        })
+        .collect();
+    Some(json!({
+        "apiVersion": format!("{GROUP}/{VERSION}"),
+        "kind": KIND,
+        "metadata": {
+            "name": summary.node,
+            "labels": {
+                topodra_driver::slice::MANAGED_BY_LABEL: topodra_driver::slice::MANAGED_BY,
+            },
+            // Owned by the Node: the garbage collector deletes it with the node.
+            "ownerReferences": [{
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": summary.node,
+                "uid": node_uid,
+            }],
+        },
+        "topologyPolicies": [opts.legacy_policy()],
+        "attributes": [
+            {"name": "topologyManagerPolicy", "value": opts.policy},
+            {"name": "topologyManagerScope", "value": opts.scope},
+        ],
+        "zones": zones,
+    }))
+}
+
+/// Whether `existing` (as read from the API server) already holds everything
+/// `desired` sets: then there is nothing to write. Fields others set are ignored.
+pub fn up_to_date(existing: &Value, desired: &Value) -> bool {
+    contains(existing, desired)
+}
+
+/// `want` is a subset of `have`: every key of an object, every element of an array in
+/// order and of the same length; scalars equal. Quantities are compared as the
+/// server returns them, which for whole numbers is the same string.
+fn contains(have: &Value, want: &Value) -> bool {
+    match (have, want) {
+        (Value::Object(h), Value::Object(w)) => w
+            .iter()
+            .all(|(k, wv)| h.get(k).is_some_and(|hv| contains(hv, wv))),
+        (Value::Array(h), Value::Array(w)) => {
+            h.len() == w.len() && h.iter().zip(w).all(|(hv, wv)| contains(hv, wv))
+        }
+        (h, w) => h == w,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use k8s_openapi::api::resource::v1::ResourceSlice;
+    use topodra_driver::capacity::Cluster;
+
+    use super::*;
+
+    fn opts() -> NrtOptions {
+        NrtOptions {
+            resource_name: "nvidia.com/gpu".into(),
+            policy: "single-numa-node".into(),
+            scope: "pod".into(),
+        }
+    }
+
+    /// A node with GPUs 0-3 on NUMA 0 and 4-7 on NUMA 1, gpu-0 allocated and gpu-5
+    /// tainted.
+    fn summary() -> NodeSummary {
+        let devices: Vec<Value> = (0..8)
+            .map(|i| {
+                let mut d = json!({"name": format!("gpu-{i}"), "attributes": {
+                    "type": {"string": "gpu"},
+                    "resource.kubernetes.io/numaNode": {"int": i / 4},
+                }});
+                if i == 5 {
+                    d["taints"] = json!([{"key": "k", "effect": "NoSchedule"}]);
+                }
+                d
+            })
+            .collect();
+        let slice: ResourceSlice = serde_json::from_value(json!({
+            "metadata": {"name": "n-gpu"},
+            "spec": {"driver": "gpu.topodra.dev", "nodeName": "node-a",
+                     "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1},
+                     "devices": devices}
+        }))
+        .unwrap();
+        let claim = serde_json::from_value(json!({
+            "metadata": {"name": "c", "namespace": "default"},
+            "status": {"allocation": {"devices": {"results": [
+                {"driver": "gpu.topodra.dev", "pool": "node-a", "device": "gpu-0", "request": "r"}
+            ]}}}
+        }))
+        .unwrap();
+        let mut c = Cluster::new("gpu.topodra.dev");
+        c.apply_slice(&slice);
+        c.apply_claim(&claim);
+        c.node("node-a").unwrap().clone()
+    }
+
+    #[test]
+    fn one_zone_per_numa_node_with_the_gpus_there() {
+        let v = desired(&summary(), "uid-1", &opts()).unwrap();
+        assert_eq!(
+            v["zones"],
+            json!([
+                {"name": "node-0", "type": "Node", "resources": [
+                    {"name": "nvidia.com/gpu", "capacity": "4", "allocatable": "4", "available": "3"}]},
+                {"name": "node-1", "type": "Node", "resources": [
+                    {"name": "nvidia.com/gpu", "capacity": "4", "allocatable": "3", "available": "3"}]},
+            ])
+        );
+        assert_eq!(v["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+        assert_eq!(v["topologyPolicies"], json!(["SingleNUMANodePodLevel"]));
+        assert_eq!(
+            v["attributes"][0],
+            json!({"name": "topologyManagerPolicy", "value": "single-numa-node"})
+        );
+    }
+
+    #[test]
+    fn what_the_server_returns_for_our_apply_is_up_to_date() {
+        let want = desired(&summary(), "uid-1", &opts()).unwrap();
+        let mut have = want.clone();
+        have["metadata"]["resourceVersion"] = json!("42");
+        have["metadata"]["managedFields"] = json!([{"manager": "topodra-controller"}]);
+        have["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] = json!(false);
+        assert!(up_to_date(&have, &want));
+        have["zones"][1]["resources"][0]["available"] = json!("2");
+        assert!(!up_to_date(&have, &want));
+        // A zone more on the server (say, written by an old updater) is a difference.
+        let mut extra = want.clone();
+        extra["zones"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "node-2", "type": "Node"}));
+        assert!(!up_to_date(&extra, &want));
+    }
+
+    #[test]
+    fn gpus_without_a_numa_node_give_no_object() {
+        let mut s = summary();
+        s.levels.clear();
+        assert!(desired(&s, "u", &opts()).is_none());
+    }
+}

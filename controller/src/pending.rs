@@ -1,0 +1,378 @@
+//! Why a pod waits for GPUs: its claims' demands, judged against the capacity model.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use topodra_driver::capacity::{Cluster, Demand, Explanation, explain};
+
+use crate::classes::OurClasses;
+
+/// The reason of the Event that explains a waiting pod.
+pub const EVENT_REASON: &str = "WaitingForGPUs";
+
+/// Whether the scheduler has tried the pod and found no place for it: not bound, and
+/// its `PodScheduled` condition is False with reason `Unschedulable`.
+pub fn is_unschedulable(pod: &Pod) -> bool {
+    let bound = pod
+        .spec
+        .as_ref()
+        .is_some_and(|s| s.node_name.as_deref().is_some_and(|n| !n.is_empty()));
+    !bound
+        && pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                c.type_ == "PodScheduled"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("Unschedulable")
+            })
+}
+
+/// The names of the ResourceClaim objects a pod uses: named directly, or generated
+/// from a template (known once the pod's status says so).
+pub fn claim_names(pod: &Pod) -> Vec<String> {
+    let generated: BTreeMap<&str, &str> = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.resource_claim_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|s| Some((s.name.as_str(), s.resource_claim_name.as_deref()?)))
+        .collect();
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.resource_claims.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|c| {
+            c.resource_claim_name
+                .clone()
+                .or_else(|| generated.get(c.name.as_str()).map(|n| (*n).to_owned()))
+        })
+        .collect()
+}
+
+/// One thing a pod waits for: a claim, or extended resources that a class of ours
+/// serves through DRA.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    Claim(String),
+    ExtendedResource(String),
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Claim(name) => write!(f, "claim {name}"),
+            Source::ExtendedResource(r) => write!(f, "{r}"),
+        }
+    }
+}
+
+/// The demands of a pod on our GPUs that are not allocated yet.
+pub fn demands(
+    pod: &Pod,
+    claim: impl Fn(&str) -> Option<ResourceClaim>,
+    classes: &OurClasses,
+    driver: &str,
+) -> Vec<(Source, Demand)> {
+    let mut out = Vec::new();
+    for name in claim_names(pod) {
+        let Some(c) = claim(&name) else { continue };
+        let allocated = c.status.as_ref().is_some_and(|s| s.allocation.is_some());
+        if allocated {
+            continue;
+        }
+        let Some(spec) = c.spec.as_ref() else {
+            continue;
+        };
+        if let Some(d) = Demand::of_claim(spec, driver, |class| classes.contains(class)) {
+            out.push((Source::Claim(name), d));
+        }
+    }
+    let extended_claimed = pod
+        .status
+        .as_ref()
+        .is_some_and(|s| s.extended_resource_claim_status.is_some());
+    if !extended_claimed {
+        for (resource, count) in extended_requests(pod, classes) {
+            let demand = Demand {
+                count,
+                level: None,
+                requests: Vec::new(),
+                unjudged: Vec::new(),
+            };
+            out.push((Source::ExtendedResource(resource), demand));
+        }
+    }
+    out
+}
+
+/// Extended resources of ours the pod asks for, as the scheduler counts them: the sum
+/// over its containers, or the largest init container if that is more.
+fn extended_requests(pod: &Pod, classes: &OurClasses) -> BTreeMap<String, u32> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return BTreeMap::new();
+    };
+    let of = |c: &k8s_openapi::api::core::v1::Container| -> BTreeMap<String, u32> {
+        let res = c.resources.as_ref();
+        let amounts = res
+            .and_then(|r| r.limits.as_ref())
+            .into_iter()
+            .chain(res.and_then(|r| r.requests.as_ref()));
+        let mut m = BTreeMap::new();
+        for map in amounts {
+            for (name, q) in map {
+                if let Some(n) = whole(q).filter(|_| classes.serves_extended(name)) {
+                    m.insert(name.clone(), n);
+                }
+            }
+        }
+        m
+    };
+    let mut sum: BTreeMap<String, u32> = BTreeMap::new();
+    for c in &spec.containers {
+        for (k, v) in of(c) {
+            *sum.entry(k).or_default() += v;
+        }
+    }
+    for c in spec.init_containers.iter().flatten() {
+        for (k, v) in of(c) {
+            let e = sum.entry(k).or_default();
+            *e = (*e).max(v);
+        }
+    }
+    sum.retain(|_, v| *v > 0);
+    sum
+}
+
+/// Extended resources are whole numbers.
+fn whole(q: &Quantity) -> Option<u32> {
+    q.0.trim().parse().ok()
+}
+
+/// A pod's demands and the model's answer for each.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    pub parts: Vec<(Source, Demand, Explanation)>,
+    /// What the Event says: one part per demand, "claim NAME: ..." when there are
+    /// several, the explanation alone when there is one claim.
+    pub message: String,
+}
+
+/// The verdict for a pod that waits on our GPUs; `None` when it waits for none.
+pub fn verdict(
+    cluster: &Cluster,
+    pod: &Pod,
+    claim: impl Fn(&str) -> Option<ResourceClaim>,
+    classes: &OurClasses,
+) -> Option<Verdict> {
+    let demands = demands(pod, claim, classes, cluster.driver());
+    if demands.is_empty() {
+        return None;
+    }
+    let parts: Vec<(Source, Demand, Explanation)> = demands
+        .into_iter()
+        .map(|(source, demand)| {
+            let e = explain(cluster, &demand);
+            (source, demand, e)
+        })
+        .collect();
+    let message = match parts.as_slice() {
+        [(Source::Claim(_), _, e)] => e.message.clone(),
+        _ => parts
+            .iter()
+            .map(|(s, _, e)| format!("{s}: {}", e.message))
+            .collect::<Vec<_>>()
+            .join(" | "),
+    };
+    Some(Verdict {
+        parts,
+        message: limit(message),
+    })
+}
+
+/// The API server refuses Event messages over 1 KiB (events.k8s.io/v1 `note`).
+const MAX_MESSAGE: usize = 1024;
+
+fn limit(mut message: String) -> String {
+    if message.len() > MAX_MESSAGE {
+        let mut cut = MAX_MESSAGE - 3;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+        message.push_str("...");
+    }
+    message
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use k8s_openapi::api::core::v1::{
+        Container, PodCondition, PodResourceClaim, PodResourceClaimStatus, PodSpec, PodStatus,
+        ResourceRequirements,
+    };
+    use serde_json::json;
+
+    use super::*;
+
+    fn pod(value: serde_json::Value) -> Pod {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn unschedulable() -> PodStatus {
+        PodStatus {
+            conditions: Some(vec![PodCondition {
+                type_: "PodScheduled".into(),
+                status: "False".into(),
+                reason: Some("Unschedulable".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_pods_the_scheduler_gave_up_on_are_unschedulable() {
+        let mut p = Pod {
+            status: Some(unschedulable()),
+            ..Default::default()
+        };
+        assert!(is_unschedulable(&p));
+        p.spec = Some(PodSpec {
+            node_name: Some("n".into()),
+            ..Default::default()
+        });
+        assert!(!is_unschedulable(&p), "bound");
+        assert!(!is_unschedulable(&Pod::default()), "not tried yet");
+    }
+
+    #[test]
+    fn claims_come_from_names_and_generated_templates() {
+        let p = Pod {
+            spec: Some(PodSpec {
+                resource_claims: Some(vec![
+                    PodResourceClaim {
+                        name: "a".into(),
+                        resource_claim_name: Some("shared".into()),
+                        ..Default::default()
+                    },
+                    PodResourceClaim {
+                        name: "b".into(),
+                        resource_claim_template_name: Some("t".into()),
+                        ..Default::default()
+                    },
+                    PodResourceClaim {
+                        name: "c".into(),
+                        resource_claim_template_name: Some("t".into()),
+                        ..Default::default()
+                    },
+                ]),
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                resource_claim_statuses: Some(vec![PodResourceClaimStatus {
+                    name: "b".into(),
+                    resource_claim_name: Some("p-b-x7k2".into()),
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(claim_names(&p), ["shared", "p-b-x7k2"]);
+    }
+
+    #[test]
+    fn extended_resources_of_our_classes_are_demands() {
+        let classes: Vec<k8s_openapi::api::resource::v1::DeviceClass> =
+            vec![serde_json::from_value(json!({
+            "metadata": {"name": "gpu.topodra.dev"},
+            "spec": {"selectors": [{"cel": {"expression": "device.driver == \"gpu.topodra.dev\""}}],
+                     "extendedResourceName": "nvidia.com/gpu"}
+        })).unwrap()];
+        let ours = OurClasses::from_classes(&classes, "gpu.topodra.dev", &[]);
+        let limits = |n: &str| ResourceRequirements {
+            limits: Some(BTreeMap::from([(
+                "nvidia.com/gpu".to_owned(),
+                Quantity(n.to_owned()),
+            )])),
+            ..Default::default()
+        };
+        let p = Pod {
+            spec: Some(PodSpec {
+                containers: vec![
+                    Container {
+                        name: "a".into(),
+                        resources: Some(limits("2")),
+                        ..Default::default()
+                    },
+                    Container {
+                        name: "b".into(),
+                        resources: Some(limits("1")),
+                        ..Default::default()
+                    },
+                ],
+                init_containers: Some(vec![Container {
+                    name: "i".into(),
+                    resources: Some(limits("4")),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            status: Some(unschedulable()),
+            ..Default::default()
+        };
+        let d = demands(&p, |_| None, &ours, "gpu.topodra.dev");
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].0, Source::ExtendedResource("nvidia.com/gpu".into()));
+        assert_eq!((d[0].1.count, d[0].1.level), (4, None));
+    }
+
+    #[test]
+    fn a_waiting_claim_gets_the_models_message() {
+        let ours = OurClasses::from_classes([], "gpu.topodra.dev", &["gpu.topodra.dev".to_owned()]);
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": "four", "namespace": "default"},
+            "spec": {"devices": {
+                "requests": [{"name": "gpus", "exactly": {"deviceClassName": "gpu.topodra.dev", "count": 4}}],
+                "constraints": [{"matchAttribute": "resource.kubernetes.io/numaNode"}]
+            }}
+        }))
+        .unwrap();
+        let p = pod(json!({
+            "metadata": {"name": "p", "namespace": "default"},
+            "spec": {"containers": [], "resourceClaims": [{"name": "gpus", "resourceClaimName": "four"}]},
+        }));
+        let cluster = Cluster::new("gpu.topodra.dev");
+        let v = verdict(
+            &cluster,
+            &p,
+            |n| (n == "four").then(|| claim.clone()),
+            &ours,
+        )
+        .unwrap();
+        assert_eq!(
+            v.message,
+            "needs 4 GPUs on one NUMA node; no node has 4 free GPUs; no GPU is free"
+        );
+        // Once allocated, the claim waits for nothing of ours.
+        let mut allocated = claim.clone();
+        allocated.status =
+            serde_json::from_value(json!({"allocation": {"devices": {"results": []}}})).unwrap();
+        assert!(verdict(&cluster, &p, |_| Some(allocated.clone()), &ours).is_none());
+    }
+
+    #[test]
+    fn long_messages_are_cut_to_what_the_api_server_takes() {
+        let m = limit("é".repeat(1000));
+        assert!(m.len() <= MAX_MESSAGE);
+        assert!(m.ends_with("..."));
+    }
+}

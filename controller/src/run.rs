@@ -1,0 +1,352 @@
+//! Wiring: the API client, the endpoint, leadership, the watches, and the loop that
+//! feeds the state and hands its planned writes to the writer.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use futures::stream::{BoxStream, SelectAll};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
+use kube::api::{Api, PartialObjectMeta};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, watcher};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use topodra_controller::nrt::{self, NrtOptions};
+use topodra_ops::http::{Endpoints, HttpLimits};
+use topodra_ops::requests::{RequestCounter, counted_client};
+use tracing::{info, warn};
+
+use crate::Cli;
+use crate::leader::{Leadership, LeaseConfig};
+use crate::metrics::Metrics;
+use crate::state::{Input, State};
+use crate::writer::{self, Command};
+
+type Inputs = SelectAll<BoxStream<'static, Result<Input, (&'static str, watcher::Error)>>>;
+
+pub(crate) async fn run(cli: Cli) -> Result<()> {
+    let requests = RequestCounter::new();
+    let config = kube::Config::infer()
+        .await
+        .context("finding the API server (kubeconfig or in-cluster)")?;
+    let client = counted_client(config, &requests).context("building the API client")?;
+    let metrics = Arc::new(Metrics::new(&requests));
+
+    // Readiness: every watch has delivered its initial state.
+    let unsynced: Arc<Mutex<Vec<&'static str>>> = Arc::new(Mutex::new(vec!["starting"]));
+    let listener = tokio::net::TcpListener::bind(cli.http_addr())
+        .await
+        .with_context(|| format!("binding the HTTP endpoint to {}", cli.http_addr()))?;
+    let endpoints = Endpoints {
+        metrics: {
+            let m = metrics.clone();
+            Arc::new(move || m.encode())
+        },
+        live: topodra_ops::http::always_ok(),
+        ready: {
+            let unsynced = unsynced.clone();
+            Arc::new(move || {
+                let waiting = unsynced
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+                Box::pin(async move {
+                    if waiting.is_empty() {
+                        Ok(())
+                    } else {
+                        Err(format!(
+                            "waiting for the initial state of: {}",
+                            waiting.join(", ")
+                        ))
+                    }
+                })
+            })
+        },
+        rejected: {
+            let m = metrics.clone();
+            Arc::new(move || m.connection_rejected())
+        },
+    };
+    let limits = HttpLimits {
+        header_read_timeout: Duration::from_secs(cli.http_header_read_timeout_seconds),
+        max_connections: cli.http_max_connections as usize,
+    };
+    let (http_stop, http_stop_rx) = watch::channel(false);
+    let http = tokio::spawn(topodra_ops::http::serve(
+        listener,
+        endpoints,
+        limits,
+        async move {
+            let mut rx = http_stop_rx;
+            let _ = rx.wait_for(|s| *s).await;
+        },
+    ));
+
+    // What the server serves decides what to watch: DeviceTaintRules and the
+    // NodeResourceTopology CRD are optional.
+    let taint_rules = served(&client, "resource.k8s.io/v1", "devicetaintrules").await;
+    if !taint_rules {
+        warn!(
+            "resource.k8s.io/v1 DeviceTaintRules are not served; GPUs are judged by their slices' taints only"
+        );
+    }
+    let nrt_enabled = cli.node_resource_topology
+        && served(
+            &client,
+            &format!("{}/{}", nrt::GROUP, nrt::VERSION),
+            nrt::PLURAL,
+        )
+        .await;
+    if cli.node_resource_topology && !nrt_enabled {
+        warn!(
+            "the NodeResourceTopology CRD ({}/{}) is not installed; not publishing NodeResourceTopology objects",
+            nrt::GROUP,
+            nrt::VERSION
+        );
+    }
+
+    let identity = cli
+        .identity
+        .clone()
+        .or_else(hostname)
+        .unwrap_or_else(|| "topodra-controller".into());
+    let mut leadership = if cli.leader_elect {
+        let lease = LeaseConfig {
+            namespace: cli.lease_namespace.clone(),
+            name: cli.lease_name.clone(),
+            identity: identity.clone(),
+            duration_seconds: cli.lease_duration_seconds,
+            grace_seconds: cli.lease_renew_before_seconds,
+        };
+        Leadership::elect(client.clone(), &lease).await?
+    } else {
+        Leadership::sole()
+    };
+
+    let mut watched: BTreeSet<&'static str> = BTreeSet::from([
+        "resourceslices",
+        "resourceclaims",
+        "deviceclasses",
+        "nodes",
+        "pods",
+    ]);
+    let mut inputs = inputs(&client, &cli.driver_name);
+    if taint_rules {
+        watched.insert("devicetaintrules");
+        inputs.push(stream(
+            Api::<DeviceTaintRule>::all(client.clone()),
+            watcher::Config::default(),
+            Input::TaintRule,
+            "devicetaintrules",
+        ));
+    }
+    if nrt_enabled {
+        watched.insert("noderesourcetopologies");
+        let selector = format!(
+            "{}={}",
+            topodra_driver::slice::MANAGED_BY_LABEL,
+            topodra_driver::slice::MANAGED_BY
+        );
+        inputs.push(stream(
+            writer::nrt_api(client.clone()),
+            watcher::Config::default().labels(&selector),
+            Input::Nrt,
+            "noderesourcetopologies",
+        ));
+    }
+
+    let (commands, commands_rx) = mpsc::channel(64);
+    let writer = tokio::spawn(writer::run(
+        client.clone(),
+        identity,
+        metrics.clone(),
+        commands_rx,
+    ));
+
+    let opts = NrtOptions {
+        resource_name: cli.nrt_resource_name.clone(),
+        policy: cli.nrt_topology_manager_policy.clone(),
+        scope: cli.nrt_topology_manager_scope.clone(),
+    };
+    let mut state = State::new(&cli.driver_name, cli.device_classes.clone());
+    let delay = Duration::from_millis(cli.write_delay_milliseconds);
+    let min_interval = Duration::from_secs(cli.pending_event_min_interval_seconds);
+    let mut leader = *leadership.is_leader.borrow_and_update();
+    metrics.set_leader(leader);
+    let mut flush_at: Option<Instant> = Some(Instant::now() + delay);
+    let mut synced = false;
+    let shutdown = crate::run::shutdown();
+    tokio::pin!(shutdown);
+    info!(driver = %cli.driver_name, node_resource_topology = nrt_enabled, leader, "controller started");
+
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            next = inputs.next() => match next {
+                Some(Ok(input)) => {
+                    metrics.watch_event(input.resource());
+                    state.apply(input);
+                    if flush_at.is_none() {
+                        flush_at = Some(Instant::now() + delay);
+                    }
+                }
+                Some(Err((resource, e))) => {
+                    metrics.watch_error(resource);
+                    warn!(resource, error = %e, "watch failed; resuming with backoff");
+                }
+                None => anyhow::bail!("the watches ended"),
+            },
+            changed = leadership.is_leader.changed() => {
+                if changed.is_err() {
+                    anyhow::bail!("leader election stopped");
+                }
+                let now = *leadership.is_leader.borrow_and_update();
+                if now != leader {
+                    leader = now;
+                    metrics.set_leader(leader);
+                    if leader {
+                        info!("became the leader: writing from now on");
+                        state.mark_all_dirty();
+                        flush_at = Some(Instant::now());
+                    } else {
+                        warn!("lost leadership: writing stops");
+                        let _ = commands.send(Command::Drop).await;
+                    }
+                }
+            }
+            () = tokio::time::sleep_until(flush_at.unwrap_or_else(Instant::now)), if flush_at.is_some() => {
+                flush_at = None;
+                let waiting = state.unsynced(&watched);
+                if !synced && waiting.is_empty() {
+                    synced = true;
+                    info!("initial state complete");
+                }
+                *unsynced.lock().unwrap_or_else(PoisonError::into_inner) = waiting;
+                metrics.observe_cluster(&state.cluster);
+                // Writing before every watch is in could delete objects of nodes not seen yet.
+                if !(leader && synced) {
+                    continue;
+                }
+                let mut writes = Vec::new();
+                if nrt_enabled && state.has_dirty_nodes() {
+                    let mut skipped = 0;
+                    writes.extend(state.plan_nrt(&opts, &mut skipped));
+                    for _ in 0..skipped {
+                        metrics.write_skipped();
+                    }
+                }
+                if cli.pending_pod_events && state.pods_dirty() {
+                    writes.extend(state.plan_events(std::time::Instant::now(), min_interval));
+                    if state.pods_dirty() {
+                        // An explanation changed too soon after the last Event: look again.
+                        flush_at = Some(Instant::now() + Duration::from_secs(1).max(delay));
+                    }
+                }
+                metrics.set_pending_pods(state.pending_pods());
+                if !writes.is_empty() && commands.send(Command::Writes(writes)).await.is_err() {
+                    anyhow::bail!("the writer stopped");
+                }
+            }
+        }
+    }
+
+    info!("shutting down");
+    drop(commands);
+    let _ = tokio::time::timeout(Duration::from_secs(10), writer).await;
+    leadership.release().await;
+    let _ = http_stop.send(true);
+    let _ = http.await;
+    Ok(())
+}
+
+/// One streaming watch per resource: the initial state arrives as watch events, with
+/// no LIST, and the watch resumes from its last resource version.
+fn stream<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    wrap: fn(watcher::Event<K>) -> Input,
+    resource: &'static str,
+) -> BoxStream<'static, Result<Input, (&'static str, watcher::Error)>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    watcher(api, config.streaming_lists())
+        .default_backoff()
+        .map_ok(wrap)
+        .map_err(move |e| (resource, e))
+        .boxed()
+}
+
+fn inputs(client: &kube::Client, driver: &str) -> Inputs {
+    let c = client;
+    let mut all = SelectAll::new();
+    all.push(stream(
+        Api::<ResourceSlice>::all(c.clone()),
+        watcher::Config::default().fields(&format!("spec.driver={driver}")),
+        Input::Slice,
+        "resourceslices",
+    ));
+    all.push(stream(
+        Api::<ResourceClaim>::all(c.clone()),
+        watcher::Config::default(),
+        Input::Claim,
+        "resourceclaims",
+    ));
+    all.push(stream(
+        Api::<DeviceClass>::all(c.clone()),
+        watcher::Config::default(),
+        Input::Class,
+        "deviceclasses",
+    ));
+    all.push(stream(
+        Api::<PartialObjectMeta<Node>>::all(c.clone()),
+        watcher::Config::default(),
+        Input::Node,
+        "nodes",
+    ));
+    // Only pods no node has taken yet: the ones that can be waiting for GPUs.
+    all.push(stream(
+        Api::<Pod>::all(c.clone()),
+        watcher::Config::default().fields("spec.nodeName="),
+        Input::Pod,
+        "pods",
+    ));
+    all
+}
+
+/// Whether the API server serves `resource` in `group_version` (one discovery GET).
+async fn served(client: &kube::Client, group_version: &str, resource: &str) -> bool {
+    match client.list_api_group_resources(group_version).await {
+        Ok(list) => list.resources.iter().any(|r| r.name == resource),
+        Err(e) => {
+            tracing::debug!(group_version, error = %e, "API group not served");
+            false
+        }
+    }
+}
+
+fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub(crate) async fn shutdown() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for SIGTERM");
+            return std::future::pending().await;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => info!("SIGINT: shutting down"),
+    }
+}
