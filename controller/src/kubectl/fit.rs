@@ -1,0 +1,169 @@
+//! `kubectl topodra fit`: where a claim for some GPUs, aligned at a level or anywhere
+//! on a node, would fit now.
+
+use serde::Serialize;
+use topodra_driver::capacity::{Cluster, Demand, Explanation, Level, explain};
+
+use crate::nodes::header;
+use crate::table::Table;
+
+/// One place with enough free GPUs: a node, and for an aligned demand one group.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub(crate) struct Place {
+    pub(crate) node: String,
+    /// The group's attribute value (`"1"` for NUMA node 1); `None` when not aligned.
+    pub(crate) group: Option<String>,
+    pub(crate) free: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub(crate) struct Fit {
+    pub(crate) count: u32,
+    pub(crate) align: Option<Level>,
+    /// Every place that fits, most free first, then by node and group.
+    pub(crate) fits: Vec<Place>,
+    pub(crate) nodes: usize,
+    /// The model's answer, as the Events word it.
+    pub(crate) explanation: Explanation,
+}
+
+pub(crate) fn demand(count: u32, align: Option<Level>) -> Demand {
+    Demand {
+        count,
+        level: align,
+        requests: Vec::new(),
+        unjudged: Vec::new(),
+    }
+}
+
+pub(crate) fn fit(cluster: &Cluster, count: u32, align: Option<Level>) -> Fit {
+    let mut fits: Vec<Place> = cluster
+        .nodes()
+        .flat_map(|s| -> Vec<Place> {
+            match align {
+                Some(l) => s
+                    .groups(l)
+                    .iter()
+                    .filter(|g| g.counts.free >= count)
+                    .map(|g| Place {
+                        node: s.node.clone(),
+                        group: Some(g.key.clone()),
+                        free: g.counts.free,
+                    })
+                    .collect(),
+                None => (s.gpus.free >= count)
+                    .then(|| Place {
+                        node: s.node.clone(),
+                        group: None,
+                        free: s.gpus.free,
+                    })
+                    .into_iter()
+                    .collect(),
+            }
+        })
+        .collect();
+    // Stable: equal places stay in node and group order.
+    fits.sort_by_key(|p| std::cmp::Reverse(p.free));
+    Fit {
+        count,
+        align,
+        fits,
+        nodes: cluster.nodes().count(),
+        explanation: explain(cluster, &demand(count, align)),
+    }
+}
+
+pub(crate) fn text(f: &Fit) -> String {
+    let what = demand(f.count, f.align).describe();
+    if f.fits.is_empty() {
+        return format!("Fits nowhere now: {}\n", f.explanation.message);
+    }
+    let mut nodes: Vec<&str> = f.fits.iter().map(|p| p.node.as_str()).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    let verb = if f.count == 1 { "fits" } else { "fit" };
+    let mut out = format!(
+        "{what} {verb} now on {} of {} node{}:\n",
+        nodes.len(),
+        f.nodes,
+        if f.nodes == 1 { "" } else { "s" }
+    );
+    let mut t = match f.align {
+        Some(l) => Table::new(["NODE", header(l), "FREE"]),
+        None => Table::new(["NODE", "FREE"]),
+    };
+    for p in &f.fits {
+        let mut row = vec![p.node.clone()];
+        row.extend(p.group.clone());
+        row.push(p.free.to_string());
+        t.row(row);
+    }
+    out.push_str(&t.render());
+    out
+}
+
+pub(crate) fn json(f: &Fit) -> String {
+    let mut text = serde_json::to_string_pretty(f).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{golden, two_dgx};
+
+    #[test]
+    fn aligned_sets_are_listed_by_group() {
+        let f = fit(&two_dgx(), 2, Some(Level::NumaNode));
+        assert_eq!(
+            text(&f),
+            "\
+2 GPUs on one NUMA node fit now on 2 of 2 nodes:
+NODE         NUMA   FREE
+dgx-h100-b   1      3
+dgx-h100-a   1      2
+dgx-h100-b   0      2
+"
+        );
+    }
+
+    #[test]
+    fn without_alignment_nodes_are_listed() {
+        let f = fit(&two_dgx(), 4, None);
+        assert_eq!(
+            text(&f),
+            "\
+4 GPUs fit now on 1 of 2 nodes:
+NODE         FREE
+dgx-h100-b   5
+"
+        );
+    }
+
+    #[test]
+    fn nowhere_gives_the_models_reason() {
+        let f = fit(&two_dgx(), 8, Some(Level::NumaNode));
+        assert_eq!(
+            text(&f),
+            "Fits nowhere now: needs 8 GPUs on one NUMA node; no node has 8 free GPUs; \
+             largest aligned free set: 3 (dgx-h100-b, NUMA 1); 1 GPU unhealthy or tainted\n"
+        );
+        let f = fit(&two_dgx(), 4, Some(Level::PcieRoot));
+        assert_eq!(
+            text(&f),
+            "Fits nowhere now: needs 4 GPUs on one PCIe root; 1 node has 4 free GPUs, none on \
+             one PCIe root; largest aligned free set: 1 (dgx-h100-a, PCIe root pci0000:5a); \
+             1 GPU unhealthy or tainted\n"
+        );
+    }
+
+    #[test]
+    fn the_json_document_has_places_and_the_explanation() {
+        golden(
+            "fit.json",
+            &json(&fit(&two_dgx(), 2, Some(Level::NumaNode))),
+        );
+    }
+}

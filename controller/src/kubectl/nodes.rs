@@ -1,0 +1,270 @@
+//! `kubectl topodra nodes`: every node's GPUs by state and NUMA node, and the largest
+//! free sets that one `matchAttribute` constraint could still take.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use topodra_driver::capacity::{Cluster, Counts, Level, NodeSummary, SET_SIZES};
+
+use crate::table::Table;
+
+/// How a level is named in column headers.
+pub(crate) fn header(level: Level) -> &'static str {
+    match level {
+        Level::NumaNode => "NUMA",
+        Level::Socket => "SOCKET",
+        Level::PcieRoot => "PCIE ROOT",
+        Level::PcieSwitch => "PCIE SWITCH",
+        Level::NvlinkDomain => "NVLINK",
+    }
+}
+
+/// The set sizes stranding is reported for: those of [`SET_SIZES`] beyond 1.
+fn stranding_sizes() -> impl Iterator<Item = u32> {
+    SET_SIZES.into_iter().filter(|k| *k > 1)
+}
+
+/// The table: a row per node, a row per NUMA node of it, and a `TOTAL` row. `align`
+/// is the level of the `LARGEST` column (and of stranding, when `wide`); `wide` adds
+/// the largest sets at the other levels, stranding and MIG devices.
+pub(crate) fn table(cluster: &Cluster, align: Level, wide: bool) -> String {
+    let others: Vec<Level> = Level::ALL.into_iter().filter(|l| *l != align).collect();
+    let mut head: Vec<String> = ["NODE", "NUMA", "TOTAL", "ALLOCATED", "UNHEALTHY", "FREE"]
+        .map(String::from)
+        .to_vec();
+    head.push(format!("LARGEST {}", header(align)));
+    if wide {
+        head.extend(others.iter().map(|l| format!("LARGEST {}", header(*l))));
+        let sizes: Vec<String> = stranding_sizes().map(|k| k.to_string()).collect();
+        head.push(format!("STRANDED {}", sizes.join("/")));
+        head.push("MIG FREE/TOTAL".to_owned());
+    }
+    let mut t = Table::new(head);
+    let counts = |c: &Counts| [c.total, c.allocated, c.unhealthy, c.free].map(|n| n.to_string());
+    for s in cluster.nodes() {
+        let mut row = vec![s.node.clone(), "all".to_owned()];
+        row.extend(counts(&s.gpus));
+        row.push(largest(s, align));
+        if wide {
+            row.extend(others.iter().map(|l| largest(s, *l)));
+            row.push(slashed(stranding_sizes().map(|k| s.stranded(k, align))));
+            row.push(mig(&s.mig_devices));
+        }
+        t.row(row);
+        for g in s.groups(Level::NumaNode) {
+            let mut row = vec![s.node.clone(), g.key.clone()];
+            row.extend(counts(&g.counts));
+            row.push("-".to_owned());
+            if wide {
+                row.extend(others.iter().map(|_| "-".to_owned()));
+                row.extend(["-".to_owned(), "-".to_owned()]);
+            }
+            t.row(row);
+        }
+    }
+    let mut row = vec!["TOTAL".to_owned(), "all".to_owned()];
+    row.extend(counts(&cluster.totals()));
+    row.push(cluster_largest(cluster, align));
+    if wide {
+        row.extend(others.iter().map(|l| cluster_largest(cluster, *l)));
+        row.push(slashed(cluster.stranded(align).into_values()));
+        row.push(mig(&mig_totals(cluster)));
+    }
+    t.row(row);
+    t.render()
+}
+
+/// The free GPUs of the node's largest group at `level`; `-` when no GPU of the node
+/// carries the level's attribute, so no constraint on it can be met there at all.
+fn largest(s: &NodeSummary, level: Level) -> String {
+    if s.groups(level).is_empty() {
+        "-".to_owned()
+    } else {
+        s.largest_free(Some(level)).to_string()
+    }
+}
+
+fn cluster_largest(cluster: &Cluster, level: Level) -> String {
+    cluster
+        .nodes()
+        .filter(|s| !s.groups(level).is_empty())
+        .map(|s| s.largest_free(Some(level)))
+        .max()
+        .map_or_else(|| "-".to_owned(), |n| n.to_string())
+}
+
+fn slashed(values: impl Iterator<Item = u32>) -> String {
+    values.map(|v| v.to_string()).collect::<Vec<_>>().join("/")
+}
+
+fn mig(c: &Counts) -> String {
+    if c.total == 0 {
+        "-".to_owned()
+    } else {
+        format!("{}/{}", c.free, c.total)
+    }
+}
+
+fn mig_totals(cluster: &Cluster) -> Counts {
+    cluster.nodes().fold(Counts::default(), |mut sum, s| {
+        let m = &s.mig_devices;
+        sum.total += m.total;
+        sum.allocated += m.allocated;
+        sum.unhealthy += m.unhealthy;
+        sum.free += m.free;
+        sum
+    })
+}
+
+/// The largest free set of one level on a node.
+#[derive(Debug, Serialize)]
+struct Largest<'a> {
+    key: &'a str,
+    free: u32,
+}
+
+/// Free GPUs stranded at each level, by set size.
+type Stranded = BTreeMap<Level, BTreeMap<u32, u32>>;
+
+#[derive(Debug, Serialize)]
+struct NodeDoc<'a> {
+    #[serde(flatten)]
+    summary: &'a NodeSummary,
+    /// At every level; `null` when no group of the level has a free GPU.
+    largest: BTreeMap<Level, Option<Largest<'a>>>,
+    stranded: Stranded,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct TotalDoc {
+    nodes: usize,
+    gpus: Counts,
+    mig_devices: Counts,
+    stranded: Stranded,
+}
+
+#[derive(Debug, Serialize)]
+struct NodesDoc<'a> {
+    driver: &'a str,
+    nodes: Vec<NodeDoc<'a>>,
+    total: TotalDoc,
+}
+
+/// The JSON document: every node's summary (counts, groups at every level), its
+/// largest free set and stranding at every level, and the cluster's totals. It does
+/// not depend on `--align`.
+pub(crate) fn json(cluster: &Cluster) -> String {
+    let stranded = |f: &dyn Fn(u32, Level) -> u32| -> Stranded {
+        Level::ALL
+            .into_iter()
+            .map(|l| (l, stranding_sizes().map(|k| (k, f(k, l))).collect()))
+            .collect()
+    };
+    let nodes = cluster
+        .nodes()
+        .map(|s| NodeDoc {
+            summary: s,
+            largest: Level::ALL
+                .into_iter()
+                .map(|l| {
+                    let g = s.largest_aligned(l).map(|g| Largest {
+                        key: &g.key,
+                        free: g.counts.free,
+                    });
+                    (l, g)
+                })
+                .collect(),
+            stranded: stranded(&|k, l| s.stranded(k, l)),
+        })
+        .collect();
+    let doc = NodesDoc {
+        driver: cluster.driver(),
+        nodes,
+        total: TotalDoc {
+            nodes: cluster.nodes().count(),
+            gpus: cluster.totals(),
+            mig_devices: mig_totals(cluster),
+            stranded: Level::ALL
+                .into_iter()
+                .map(|l| (l, cluster.stranded(l)))
+                .collect(),
+        },
+    };
+    let mut text = serde_json::to_string_pretty(&doc).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{DRIVER, add_node, dgx_h100_mig, golden, two_dgx};
+
+    #[test]
+    fn the_table_shows_nodes_numa_nodes_and_the_total() {
+        assert_eq!(
+            table(&two_dgx(), Level::NumaNode, false),
+            "\
+NODE         NUMA   TOTAL   ALLOCATED   UNHEALTHY   FREE   LARGEST NUMA
+dgx-h100-a   all    8       4           1           3      2
+dgx-h100-a   0      4       3           0           1      -
+dgx-h100-a   1      4       1           1           2      -
+dgx-h100-b   all    8       3           0           5      3
+dgx-h100-b   0      4       2           0           2      -
+dgx-h100-b   1      4       1           0           3      -
+TOTAL        all    16      7           1           8      3
+"
+        );
+    }
+
+    #[test]
+    fn wide_adds_the_other_levels_stranding_and_mig() {
+        let mut c = two_dgx();
+        add_node(&mut c, "dgx-h100-c", &dgx_h100_mig(), &[]);
+        assert_eq!(
+            table(&c, Level::NumaNode, true),
+            "\
+NODE         NUMA   TOTAL   ALLOCATED   UNHEALTHY   FREE   LARGEST NUMA   LARGEST SOCKET   LARGEST PCIE ROOT   LARGEST PCIE SWITCH   LARGEST NVLINK   STRANDED 2/4/8   MIG FREE/TOTAL
+dgx-h100-a   all    8       4           1           3      2              2                1                   -                     3                1/3/3            -
+dgx-h100-a   0      4       3           0           1      -              -                -                   -                     -                -                -
+dgx-h100-a   1      4       1           1           2      -              -                -                   -                     -                -                -
+dgx-h100-b   all    8       3           0           5      3              3                1                   -                     5                0/5/5            -
+dgx-h100-b   0      4       2           0           2      -              -                -                   -                     -                -                -
+dgx-h100-b   1      4       1           0           3      -              -                -                   -                     -                -                -
+dgx-h100-c   all    7       0           0           7      4              4                1                   -                     7                0/3/7            7/7
+dgx-h100-c   0      4       0           0           4      -              -                -                   -                     -                -                -
+dgx-h100-c   1      3       0           0           3      -              -                -                   -                     -                -                -
+TOTAL        all    23      7           1           15     4              4                1                   -                     7                1/11/15          7/7
+"
+        );
+    }
+
+    #[test]
+    fn align_chooses_the_level_of_the_largest_column() {
+        let t = table(&two_dgx(), Level::PcieRoot, false);
+        assert_eq!(
+            t.lines().next().unwrap(),
+            "NODE         NUMA   TOTAL   ALLOCATED   UNHEALTHY   FREE   LARGEST PCIE ROOT"
+        );
+        assert!(t.lines().nth(1).unwrap().ends_with("   1"), "{t}");
+    }
+
+    #[test]
+    fn an_empty_cluster_has_only_the_total() {
+        let c = Cluster::new(DRIVER);
+        assert_eq!(
+            table(&c, Level::NumaNode, false),
+            "\
+NODE    NUMA   TOTAL   ALLOCATED   UNHEALTHY   FREE   LARGEST NUMA
+TOTAL   all    0       0           0           0      -
+"
+        );
+    }
+
+    #[test]
+    fn the_json_document_is_stable() {
+        golden("nodes.json", &json(&two_dgx()));
+    }
+}
