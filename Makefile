@@ -41,7 +41,7 @@ test-e2e:
 ## real kube-scheduler and controller-manager. E2E_RUN=<regexp> selects tests.
 E2E_RUN ?= .
 e2e:
-	$(CARGO) build -p topodra-fake-nvml -p topodra-kubelet-plugin
+	$(CARGO) build -p topodra-fake-nvml -p topodra-kubelet-plugin -p topodra-controller
 	@bash tests/tools/build.sh kube etcd helm
 	eval "$$(bash tests/tools/build.sh --env kube etcd helm)" && cd tests/e2e && \
 		TOPODRA_REQUIRE_TOOLS=1 CGO_ENABLED=0 go test -trimpath -count=1 -timeout 30m -v -run '$(E2E_RUN)' ./...

@@ -78,6 +78,8 @@ type envOptions struct {
 	profile    string
 	node       string
 	pluginArgs []string
+	// apiServerArgs are extra kube-apiserver flags (an audit log, say).
+	apiServerArgs []string
 }
 
 // manifestsOnlyEnv is a cluster with the objects of deploy/manifests applied and no
@@ -101,7 +103,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 	if o.node == "" {
 		o.node = "gpu-node-a"
 	}
-	c := cluster.StartT(t, cluster.Options{})
+	c := cluster.StartT(t, cluster.Options{ExtraArgs: map[string][]string{cluster.APIServer: o.apiServerArgs}})
 	admin, err := c.Client()
 	if err != nil {
 		t.Fatal(err)
@@ -228,9 +230,9 @@ func (p *pluginProc) stop(t testing.TB) {
 	}
 }
 
-// applyManifests applies deploy/manifests without the DaemonSet (the harness
-// starts the plugin process itself): namespace, ServiceAccount, RBAC, DeviceClass,
-// APF objects and the ResourceSlice admission policy.
+// applyManifests applies deploy/manifests without the DaemonSet and the controller's
+// Deployment (the tests start those processes themselves): namespace,
+// ServiceAccounts, RBAC, DeviceClasses, APF objects and admission policies.
 func (e *env) applyManifests() {
 	dir := filepath.Join(repoRoot(e.t), "deploy", "manifests")
 	ns, err := os.ReadFile(filepath.Join(dir, "00-namespace.yaml"))
@@ -238,7 +240,7 @@ func (e *env) applyManifests() {
 		e.t.Fatal(err)
 	}
 	e.kubectlApply(string(ns))
-	e.kubectlApply(manifestDocs(e.t, filepath.Join(dir, "topodra.yaml"), func(kind string) bool { return kind != "DaemonSet" }))
+	e.kubectlApply(manifestDocs(e.t, filepath.Join(dir, "topodra.yaml"), func(kind string) bool { return kind != "DaemonSet" && kind != "Deployment" }))
 }
 
 func (e *env) kubectlApply(yaml string) {

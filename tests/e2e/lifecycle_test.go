@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -65,8 +66,11 @@ spec:
             selectors:
               - cel:
                   expression: device.attributes["resource.kubernetes.io"].numaNode == 1
----
-apiVersion: resource.k8s.io/v1
+`
+
+// badConfigTemplate has an opaque config the plugin refuses at prepare time; the
+// chart's admission policy refuses it already at creation.
+const badConfigTemplate = `apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
 metadata:
   name: bad-config
@@ -153,6 +157,18 @@ func TestDGXH100Lifecycle(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.waitPodGone(ns, "one-0", time.Minute)
+		// With the chart's opaque config policy the template cannot even be created;
+		// without it (a cluster that left configPolicy off, or a template from before
+		// the policy) the plugin refuses the config at prepare time.
+		err := e.kubectlApplyErr(badConfigTemplate)
+		if err == nil || !strings.Contains(err.Error(), "spec.spec.devices.config[0].opaque.parameters.numa.requireAlignedd: unknown field") {
+			t.Fatalf("creating the bad-config template: %v, want refused by the opaque config policy", err)
+		}
+		t.Logf("bad-config template refused at creation: %v", err)
+		if err := e.admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(ctx, configPolicy, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, time.Minute, func() error { return e.kubectlApplyErr(badConfigTemplate) })
 		e.createPod(ns, "bad", "bad-config")
 		msg := e.waitEvent(ns, "bad", "FailedPrepareDynamicResources", regexp.MustCompile(`requireAlignedd`), 2*time.Minute)
 		t.Logf("event: %s", msg)

@@ -44,6 +44,8 @@
 //!
 #![doc = include_str!("examples.md")]
 
+#[cfg(test)]
+mod corpus_tests;
 mod effective;
 mod error;
 mod quantity;

@@ -59,10 +59,30 @@ func PluginIdentity(ctx context.Context, admin kubernetes.Interface, server stri
 	if err != nil {
 		return fmt.Errorf("token for %s/%s: %w", PluginNamespace, PluginServiceAccount, err)
 	}
+	return writeTokenKubeconfig(server, caPEM, tr.Status.Token, path)
+}
+
+// ControllerServiceAccount is the controller's ServiceAccount in deploy/manifests.
+const ControllerServiceAccount = "topodra-controller"
+
+// ControllerIdentity writes a kubeconfig at path with a token of the controller's
+// ServiceAccount (deploy/manifests must be applied), so a controller process runs
+// under the RBAC the chart gives it.
+func ControllerIdentity(ctx context.Context, admin kubernetes.Interface, server string, caPEM []byte, path string, ttl time.Duration) error {
+	tr, err := admin.CoreV1().ServiceAccounts(PluginNamespace).CreateToken(ctx, ControllerServiceAccount, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(ttl / time.Second))},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("token for %s/%s: %w", PluginNamespace, ControllerServiceAccount, err)
+	}
+	return writeTokenKubeconfig(server, caPEM, tr.Status.Token, path)
+}
+
+func writeTokenKubeconfig(server string, caPEM []byte, token, path string) error {
 	const cn = "topodra"
 	cfg := clientcmdapi.NewConfig()
 	cfg.Clusters[cn] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: caPEM}
-	cfg.AuthInfos[cn] = &clientcmdapi.AuthInfo{Token: tr.Status.Token}
+	cfg.AuthInfos[cn] = &clientcmdapi.AuthInfo{Token: token}
 	cfg.Contexts[cn] = &clientcmdapi.Context{Cluster: cn, AuthInfo: cn}
 	cfg.CurrentContext = cn
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {

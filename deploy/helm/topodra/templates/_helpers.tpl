@@ -80,6 +80,19 @@ The user name the API server sees for the plugin's ServiceAccount token.
 {{- end }}
 
 {{/*
+Name of the aligned DeviceClass: alignedClass.name, or the driver name with "-aligned"
+after its first label (gpu.topodra.dev: gpu-aligned.topodra.dev).
+*/}}
+{{- define "topodra.alignedClassName" -}}
+{{- if .Values.alignedClass.name }}
+{{- .Values.alignedClass.name }}
+{{- else }}
+{{- $parts := splitn "." 2 .Values.driverName }}
+{{- printf "%s-aligned.%s" $parts._0 $parts._1 }}
+{{- end }}
+{{- end }}
+
+{{/*
 The image reference: repository@digest, or repository:tag (tag defaults to appVersion).
 */}}
 {{- define "topodra.image" -}}
@@ -127,6 +140,18 @@ Checks of values that would otherwise fail at run time on every node.
 {{- if not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$" .Values.driverName) }}
 {{- fail (printf "driverName must be a DNS subdomain with at least one dot (like gpu.topodra.dev), not %q" .Values.driverName) }}
 {{- end }}
+{{- if .Values.alignedClass.enabled }}
+{{- $aligned := include "topodra.alignedClassName" . }}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)+$" $aligned) }}
+{{- fail (printf "the aligned DeviceClass name must be a DNS subdomain of labels of at most 63 characters, not %q (set alignedClass.name)" $aligned) }}
+{{- end }}
+{{- if eq $aligned .Values.driverName }}
+{{- fail "alignedClass.name must differ from driverName, the default class" }}
+{{- end }}
+{{- if semverCompare "<1.36.0-0" .Capabilities.KubeVersion.Version }}
+{{- fail "alignedClass.enabled needs Kubernetes 1.36 or later (MutatingAdmissionPolicy v1); set it to false on older clusters" }}
+{{- end }}
+{{- end }}
 {{- if not (hasPrefix "/" (toString .Values.kubeletPlugin.driverRoot)) }}
 {{- fail "kubeletPlugin.driverRoot must be an absolute host path" }}
 {{- end }}
@@ -135,5 +160,53 @@ Checks of values that would otherwise fail at run time on every node.
 {{- if or (lt (int64 $v) 1) (ne (float64 $v) (float64 (int64 $v))) }}
 {{- fail (printf "kubeletPlugin.%s must be a whole number of at least 1, not %v" $key $v) }}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Name of the controller's objects.
+*/}}
+{{- define "topodra.controller.fullname" -}}
+{{- printf "%s-controller" (include "topodra.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Selector labels of the controller pods. Immutable in a Deployment: never change.
+*/}}
+{{- define "topodra.controller.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "topodra.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: controller
+{{- end }}
+
+{{/*
+All labels of the controller's objects.
+*/}}
+{{- define "topodra.controller.labels" -}}
+{{ include "topodra.labels" . }}
+app.kubernetes.io/component: controller
+{{- end }}
+
+{{/*
+The controller's ServiceAccount name.
+*/}}
+{{- define "topodra.controller.serviceAccountName" -}}
+{{- if .Values.controller.serviceAccount.create }}
+{{- default (include "topodra.controller.fullname" .) .Values.controller.serviceAccount.name }}
+{{- else }}
+{{- required "controller.serviceAccount.name is required when controller.serviceAccount.create is false" .Values.controller.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+The controller image: repository with a digest if one is set, else with the tag
+(default: the chart's appVersion).
+*/}}
+{{- define "topodra.controller.image" -}}
+{{- $i := .Values.controller.image }}
+{{- if $i.digest }}
+{{- printf "%s@%s" $i.repository $i.digest }}
+{{- else }}
+{{- printf "%s:%s" $i.repository (default .Chart.AppVersion $i.tag) }}
 {{- end }}
 {{- end }}
