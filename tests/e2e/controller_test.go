@@ -14,7 +14,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -28,48 +27,17 @@ import (
 	"topodra.dev/tests/e2e/harness"
 )
 
-// controllerProc is one topodra-controller process with the chart's identity.
-type controllerProc struct {
-	name string
-	cmd  *exec.Cmd
-	log  string
-	http string
-	done chan struct{}
-}
-
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // startController runs a controller replica named name (its pod name, hence its
 // identity in the leader Lease) under the controller ServiceAccount's kubeconfig.
-func (e *env) startController(name, kubeconfig string, args ...string) *controllerProc {
+func (e *env) startController(name, kubeconfig string, args ...string) *proc {
 	t := e.t
 	t.Helper()
 	addr := freeAddr(t)
 	host, port, _ := net.SplitHostPort(addr)
 	logPath := filepath.Join(e.c.LogsDir, fmt.Sprintf("controller-%s-%d.log", name, time.Now().UnixNano()))
-	lf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
 	argv := append([]string{"--http-bind-address=" + host, "--http-port=" + port, "--log-format=text"}, args...)
-	cmd := exec.Command(binary(t, "TOPODRA_CONTROLLER_BIN", "topodra-controller"), argv...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig, "POD_NAME="+name,
-		"POD_NAMESPACE="+harness.PluginNamespace, "TOPODRA_LOG=info")
-	cmd.Stdout, cmd.Stderr = lf, lf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &controllerProc{name: name, cmd: cmd, log: logPath, http: addr, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); lf.Close(); close(p.done) }()
+	env := []string{"KUBECONFIG=" + kubeconfig, "POD_NAME=" + name, "POD_NAMESPACE=" + harness.PluginNamespace, "TOPODRA_LOG=info"}
+	p := startProc(t, name, binary(t, "TOPODRA_CONTROLLER_BIN", "topodra-controller"), argv, env, logPath, addr)
 	t.Cleanup(func() {
 		p.stop(t)
 		if t.Failed() {
@@ -79,25 +47,9 @@ func (e *env) startController(name, kubeconfig string, args ...string) *controll
 	return p
 }
 
-func (p *controllerProc) stop(t testing.TB) {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(20 * time.Second):
-		t.Errorf("controller %s ignored SIGTERM for 20s; killing it", p.name)
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
-
 // metrics returns the controller's samples by their full name with labels, e.g.
 // `topodra_controller_gpus{state="free"}`.
-func (p *controllerProc) metrics() (map[string]float64, error) {
+func (p *proc) metrics() (map[string]float64, error) {
 	resp, err := http.Get("http://" + p.http + "/metrics")
 	if err != nil {
 		return nil, err
@@ -120,7 +72,7 @@ func (p *controllerProc) metrics() (map[string]float64, error) {
 	return out, sc.Err()
 }
 
-func (p *controllerProc) metric(name string) float64 {
+func (p *proc) metric(name string) float64 {
 	m, err := p.metrics()
 	if err != nil {
 		return -1
@@ -128,7 +80,7 @@ func (p *controllerProc) metric(name string) float64 {
 	return m[name]
 }
 
-func (p *controllerProc) ready() error {
+func (p *proc) ready() error {
 	resp, err := http.Get("http://" + p.http + "/readyz")
 	if err != nil {
 		return err
@@ -136,7 +88,7 @@ func (p *controllerProc) ready() error {
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("controller %s not ready: %s", p.name, strings.TrimSpace(string(body)))
+		return fmt.Errorf("controller %s not ready: %s", p.what, strings.TrimSpace(string(body)))
 	}
 	return nil
 }
@@ -326,18 +278,18 @@ func TestController(t *testing.T) {
 		t.Fatal(err)
 	}
 	user := "system:serviceaccount:" + harness.PluginNamespace + ":" + harness.ControllerServiceAccount
-	replicas := map[string]*controllerProc{}
+	replicas := map[string]*proc{}
 	for _, name := range []string{"ctrl-a", "ctrl-b"} {
 		replicas[name] = e.startController(name, kubeconfig)
 	}
-	leader := func() *controllerProc {
-		var l *controllerProc
+	leader := func() *proc {
+		var l *proc
 		eventually(t, time.Minute, func() error {
 			l = nil
 			for _, p := range replicas {
 				if p.metric("topodra_controller_leader") == 1 {
 					if l != nil {
-						return fmt.Errorf("two leaders: %s and %s", l.name, p.name)
+						return fmt.Errorf("two leaders: %s and %s", l.what, p.what)
 					}
 					l = p
 				}
@@ -357,7 +309,7 @@ func TestController(t *testing.T) {
 	}
 	eventually(t, time.Minute, func() error { return e.nrtMatches(ctx, dyn, devices) })
 	first := leader()
-	t.Logf("leader: %s", first.name)
+	t.Logf("leader: %s", first.what)
 
 	const ns = "numa"
 	e.createNamespace(ns)
@@ -386,7 +338,7 @@ func TestController(t *testing.T) {
 					`topodra_controller_nodes_fitting{size="4",level="numaNode"}`: 0,
 				} {
 					if m[k] != want {
-						return fmt.Errorf("%s: %s = %v, want %v", p.name, k, m[k], want)
+						return fmt.Errorf("%s: %s = %v, want %v", p.what, k, m[k], want)
 					}
 				}
 				return nil
@@ -438,7 +390,7 @@ func TestController(t *testing.T) {
 		e.t = t
 		old := leader()
 		old.stop(t)
-		delete(replicas, old.name)
+		delete(replicas, old.what)
 		next := leader()
 		if next == old {
 			t.Fatal("the stopped replica is still the leader")
@@ -450,18 +402,18 @@ func TestController(t *testing.T) {
 		e.waitPodGone(ns, "four-b", 2*time.Minute)
 		eventually(t, time.Minute, func() error { return e.nrtMatches(ctx, dyn, devices) })
 		if w := next.metric(`topodra_controller_writes_total{operation="apply",outcome="ok"}`); w <= writesBefore {
-			t.Errorf("new leader %s: apply writes %v, before %v: it did not write the change", next.name, w, writesBefore)
+			t.Errorf("new leader %s: apply writes %v, before %v: it did not write the change", next.what, w, writesBefore)
 		}
 		// The stopped replica comes back as the standby, with the same view.
-		replicas[old.name] = e.startController(old.name, kubeconfig)
-		eventually(t, time.Minute, replicas[old.name].ready)
+		replicas[old.what] = e.startController(old.what, kubeconfig)
+		eventually(t, time.Minute, replicas[old.what].ready)
 		if l := leader(); l != next {
-			t.Errorf("leadership moved to %s on a standby's restart", l.name)
+			t.Errorf("leadership moved to %s on a standby's restart", l.what)
 		}
 		eventually(t, 30*time.Second, func() error {
 			for _, p := range replicas {
 				if a := p.metric(`topodra_controller_gpus{state="allocated"}`); a != 4 {
-					return fmt.Errorf("%s: %v GPUs allocated, want 4", p.name, a)
+					return fmt.Errorf("%s: %v GPUs allocated, want 4", p.what, a)
 				}
 			}
 			return nil

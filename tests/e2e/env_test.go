@@ -67,7 +67,7 @@ type env struct {
 	node    string
 	dir     string // node directory: sim/, registry/, plugins/, cdi/, kubelet/
 	h       *harness.Harness
-	plugin  *pluginProc
+	plugin  *proc
 	profile string
 	args    []string // extra plugin flags
 
@@ -174,26 +174,50 @@ func newEnv(t *testing.T, o envOptions) *env {
 	return e
 }
 
-type pluginProc struct {
+// proc is a binary under test, run as a child process with its output in a log
+// file, killed if the test process dies.
+type proc struct {
+	what string
 	cmd  *exec.Cmd
 	log  string
-	http string
+	http string // its HTTP endpoint, host:port
 	done chan struct{}
 }
 
-func (e *env) startPlugin(kubeconfig string) *pluginProc {
-	t := e.t
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	logPath := filepath.Join(e.c.LogsDir, fmt.Sprintf("plugin-%s-%d.log", e.node, time.Now().UnixNano()))
+// startProc starts bin with args and extra environment, logging to logPath.
+func startProc(t testing.TB, what, bin string, args, env []string, logPath, httpAddr string) *proc {
+	t.Helper()
 	lf, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{what: what, cmd: cmd, log: logPath, http: httpAddr, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); lf.Close(); close(p.done) }()
+	return p
+}
+
+// freeAddr is a loopback address with a port nothing listens on now.
+func freeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func (e *env) startPlugin(kubeconfig string) *proc {
+	t := e.t
+	addr := freeAddr(t)
+	logPath := filepath.Join(e.c.LogsDir, fmt.Sprintf("plugin-%s-%d.log", e.node, time.Now().UnixNano()))
 	args := append([]string{"serve",
 		"--node-name=" + e.node,
 		"--kubelet-registry-dir=" + filepath.Join(e.dir, "registry"),
@@ -202,19 +226,12 @@ func (e *env) startPlugin(kubeconfig string) *pluginProc {
 		"--http-addr=" + addr,
 		"--boot-id-file=" + filepath.Join(e.dir, "boot_id"),
 	}, e.args...)
-	cmd := exec.Command(binary(t, "TOPODRA_PLUGIN_BIN", "topodra-kubelet-plugin"), args...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig, "TOPODRA_LOG=info")
-	cmd.Stdout, cmd.Stderr = lf, lf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &pluginProc{cmd: cmd, log: logPath, http: addr, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); lf.Close(); close(p.done) }()
-	return p
+	bin := binary(t, "TOPODRA_PLUGIN_BIN", "topodra-kubelet-plugin")
+	return startProc(t, "plugin", bin, args, []string{"KUBECONFIG=" + kubeconfig, "TOPODRA_LOG=info"}, logPath, addr)
 }
 
-func (p *pluginProc) stop(t testing.TB) {
+// stop sends SIGTERM and waits; a process that ignores it for 20 s fails the test.
+func (p *proc) stop(t testing.TB) {
 	select {
 	case <-p.done:
 		return
@@ -224,7 +241,7 @@ func (p *pluginProc) stop(t testing.TB) {
 	select {
 	case <-p.done:
 	case <-time.After(20 * time.Second):
-		t.Errorf("plugin ignored SIGTERM for 20s; killing it")
+		t.Errorf("%s ignored SIGTERM for 20s; killing it", p.what)
 		_ = p.cmd.Process.Kill()
 		<-p.done
 	}
