@@ -26,6 +26,9 @@ use crate::metrics::Metrics;
 use crate::state::{Input, State};
 use crate::writer::{self, Command};
 
+/// How the API server's audit log and metrics name this program.
+const USER_AGENT: &str = concat!("topodra-controller/", env!("CARGO_PKG_VERSION"));
+
 type Inputs = SelectAll<BoxStream<'static, Result<Input, (&'static str, watcher::Error)>>>;
 
 pub(crate) async fn run(cli: Cli) -> Result<()> {
@@ -33,7 +36,8 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
     let config = kube::Config::infer()
         .await
         .context("finding the API server (kubeconfig or in-cluster)")?;
-    let client = counted_client(config, &requests).context("building the API client")?;
+    let client =
+        counted_client(config, &requests, USER_AGENT).context("building the API client")?;
     let metrics = Arc::new(Metrics::new(&requests));
 
     // Readiness: every watch has delivered its initial state.

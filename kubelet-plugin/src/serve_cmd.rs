@@ -398,6 +398,9 @@ enum Stop {
 }
 
 /// The name this instance gives itself in takeover requests and the lock file.
+/// How the API server's audit log and metrics name this program.
+const USER_AGENT: &str = concat!("topodra-kubelet-plugin/", env!("CARGO_PKG_VERSION"));
+
 fn instance_name(args: &ServeArgs) -> String {
     match &args.pod_uid {
         Some(uid) => format!("pod {uid}"),
@@ -435,7 +438,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
     let kube_config = kube::Config::infer()
         .await
         .context("finding the API server (kubeconfig or in-cluster)")?;
-    let client = topodra_ops::requests::counted_client(kube_config, &counter)
+    let client = topodra_ops::requests::counted_client(kube_config, &counter, USER_AGENT)
         .context("building the API client")?;
     let metrics = Arc::new(Metrics::new(&counter));
     metrics.set_devices(devices);

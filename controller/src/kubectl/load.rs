@@ -75,6 +75,10 @@ pub(crate) async fn connect(target: &Target) -> Result<Connection> {
     }
     let server = config.cluster_url.to_string();
     let namespace = config.default_namespace.clone();
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(concat!("kubectl-topodra/", env!("CARGO_PKG_VERSION"))),
+    ));
     let client = Client::try_from(config)
         .map_err(|e| anyhow!("cannot make a client for {server}: {}", describe(&e)))?;
     Ok(Connection {
