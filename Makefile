@@ -5,7 +5,7 @@ CARGO ?= cargo
 SIM_PROFILE ?= dgx-h100
 PROFILES := tests/fake-nvml/profiles
 
-.PHONY: all setup build release demo test test-unit test-e2e e2e tools-cdi chart-check lint fmt fmt-check clippy bench clean
+.PHONY: all setup build release demo test test-unit test-e2e e2e tools-cdi chart-check lint fmt fmt-check clippy bench bench-prepare bench-scale clean
 
 all: build
 
@@ -67,10 +67,26 @@ clippy:
 ## bench: prepare/unprepare latency of the release plugin over its real sockets, as
 ## ratios to references measured in the same run; writes target/bench/prepare.json.
 ## See docs/benchmarks.md. TOPODRA_BENCH_ITERS / TOPODRA_BENCH_WARMUP override 1000 / 100.
-bench: setup
+## bench: both benchmarks: prepare latency over the real sockets, then the scale run.
+bench: bench-prepare bench-scale
+
+bench-prepare: setup
 	@echo "== cargo bench (release build: the first one takes several minutes on 2 cores)"
 	$(CARGO) build -p topodra-fake-nvml
 	$(CARGO) bench -p topodra-kubelet-plugin --bench prepare
+
+## bench-scale: the talk's experiment on SCALE_NODES kwok nodes (default 100): the DRA
+## stack against the legacy topology stack, each on its own control plane; results in
+## target/bench-scale (docs/benchmarks.md). SCALE_ARGS passes more flags, e.g.
+## SCALE_ARGS="-waves 5 -idle 10m".
+SCALE_NODES ?= 100
+SCALE_ARGS ?=
+bench-scale: setup
+	@echo "== release builds of the plugin, the fake NVML and the controller"
+	$(CARGO) build --release -p topodra-fake-nvml -p topodra-kubelet-plugin -p topodra-controller
+	@bash tests/tools/build.sh kube etcd kwok helm topo-sched
+	eval "$$(bash tests/tools/build.sh --env kube etcd kwok helm topo-sched)" && cd tests/scale && \
+		CGO_ENABLED=0 go run -trimpath . -nodes $(SCALE_NODES) -out target/bench-scale $(SCALE_ARGS)
 
 clean:
 	$(CARGO) clean

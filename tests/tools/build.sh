@@ -12,6 +12,8 @@
 #
 # Usage: tests/tools/build.sh [options] [tool...]      (tools: kube etcd kwok helm;
 #                                                       default: all of them)
+#   Built only when named: topo-sched (the scale benchmark's legacy baseline:
+#   scheduler-plugins' kube-scheduler as `topology-aware-scheduler`).
 #   --print-path   print the bin dirs as a PATH fragment (dir:dir:...)
 #   --env          print `export TOPODRA_TOOLS_BIN=...` and `export PATH=...`
 #   --check        build nothing; exit 1 (listing what is missing) unless all built
@@ -25,6 +27,8 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache_root="${TOPODRA_TOOLS_CACHE:-${HOME:-/root}/.cache/topodra/tools}"
 all_tools=(kube etcd kwok helm)
+# Known tools that the default list (and so `make test`) leaves out.
+named_only_tools=(topo-sched)
 # Bump when the recipe below changes in a way go.mod/go.sum do not show.
 recipe_rev=1
 
@@ -41,9 +45,9 @@ while (($#)); do
 	-h | --help) usage; exit 0 ;;
 	-*) echo "build.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
 	*)
-		case " ${all_tools[*]} " in
+		case " ${all_tools[*]} ${named_only_tools[*]} " in
 		*" $1 "*) tools+=("$1") ;;
-		*) echo "build.sh: unknown tool $1 (known: ${all_tools[*]})" >&2; exit 2 ;;
+		*) echo "build.sh: unknown tool $1 (known: ${all_tools[*]} ${named_only_tools[*]})" >&2; exit 2 ;;
 		esac
 		;;
 	esac
@@ -60,6 +64,7 @@ main_module() {
 	etcd) echo go.etcd.io/etcd/server/v3 ;;
 	kwok) echo sigs.k8s.io/kwok ;;
 	helm) echo helm.sh/helm/v3 ;;
+	topo-sched) echo sigs.k8s.io/scheduler-plugins ;;
 	esac
 }
 packages() {
@@ -69,6 +74,13 @@ packages() {
 	etcd) echo . ;;
 	kwok) echo sigs.k8s.io/kwok/cmd/kwok ./kwok-stages ;;
 	helm) echo helm.sh/helm/v3/cmd/helm ;;
+	topo-sched) echo sigs.k8s.io/scheduler-plugins/cmd/scheduler ;;
+	esac
+}
+# Binaries that go build names after their package directory, renamed: FROM:TO.
+renames() {
+	case "$1" in
+	topo-sched) echo scheduler:topology-aware-scheduler ;;
 	esac
 }
 binaries() {
@@ -77,16 +89,16 @@ binaries() {
 	etcd) echo etcd ;;
 	kwok) echo kwok kwok-stages ;;
 	helm) echo helm ;;
+	topo-sched) echo topology-aware-scheduler ;;
 	esac
 }
 
 # The version the wrapper's go.mod requires, read without touching the network.
-module_version() {
-	local dir="$here/$1" mod
-	mod="$(main_module "$1")"
-	awk -v m="$mod" '
+module_version() { required_version "$1" "$(main_module "$1")"; }
+required_version() {
+	awk -v m="$2" '
 		$1 == "require" && $2 == m { print $3; exit }
-		$1 == m && $2 ~ /^v/ { print $2; exit }' "$dir/go.mod"
+		$1 == m && $2 ~ /^v/ { print $2; exit }' "$here/$1/go.mod"
 }
 
 # ldflags TOOL VERSION [BUILD_DATE]: the date only labels the binary and is left
@@ -108,6 +120,22 @@ ldflags() {
 	etcd) flags+=" -X go.etcd.io/etcd/api/v3/version.GitSHA=$version" ;;
 	kwok) flags+=" -X sigs.k8s.io/kwok/pkg/consts.Version=${version#v}" ;;
 	helm) flags+=" -X helm.sh/helm/v3/internal/version.version=$version -X helm.sh/helm/v3/internal/version.gitTreeState=clean" ;;
+	topo-sched)
+		# cmd/scheduler is k8s.io/kubernetes' kube-scheduler with plugins added.
+		# Stamped like scheduler-plugins' Makefile does (gitVersion=v0.33.5 only),
+		# it takes 0.33 as its binary version and refuses to start: "emulation
+		# version 0.33 is not between [1.31, 0.33.0]". Stamp the Kubernetes
+		# release it is built on, with the scheduler-plugins release as semver
+		# build metadata: v1.33.5+scheduler-plugins.v0.33.5.
+		local kver major minor
+		kver="$(required_version "$tool" k8s.io/kubernetes)"
+		major="${kver#v}"; major="${major%%.*}"
+		minor="${kver#v*.}"; minor="${minor%%.*}"
+		for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+			flags+=" -X $pkg.gitVersion=$kver+scheduler-plugins.$version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+			flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date"
+		done
+		;;
 	esac
 	echo "$flags"
 }
@@ -160,7 +188,12 @@ build_one() {
 			return 0
 		fi
 	fi
-	log "$tool $version: building $(binaries "$tool")$([[ $tool == kube ]] && echo " (cold: about 15-30 minutes on 2 cores)")"
+	local hint=""
+	case "$tool" in
+	kube) hint=" (cold: about 15-30 minutes on 2 cores)" ;;
+	topo-sched) hint=" (cold: about 10-20 minutes on 2 cores)" ;;
+	esac
+	log "$tool $version: building $(binaries "$tool")$hint"
 	start=$SECONDS
 	tmp="$(mktemp -d "$dir/.bin.XXXXXX")"
 	# Heartbeat so a long cold build is visibly alive.
@@ -173,6 +206,11 @@ build_one() {
 		CGO_ENABLED=0 GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=readonly" \
 			go build -trimpath -ldflags="$(ldflags "$tool" "$version" "$(module_time "$tool")")" -o "$tmp/" $(packages "$tool")
 	) || rc=$?
+	local r
+	for r in $(renames "$tool"); do
+		((rc == 0)) || break
+		mv "$tmp/${r%%:*}" "$tmp/${r#*:}" || rc=$?
+	done
 	kill "$beat" 2>/dev/null || true
 	wait "$beat" 2>/dev/null || true
 	if ((rc != 0)); then

@@ -1,0 +1,401 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"topodra.dev/tests/cluster"
+)
+
+// kindResult is one claim size and kind over its waves.
+type kindResult struct {
+	Size        int          `json:"size"`
+	Kind        string       `json:"kind"`
+	Attribute   string       `json:"attribute,omitempty"`
+	Waves       []waveResult `json:"waves"`
+	PodsPerSec  float64      `json:"podsPerSec"` // medians over the waves
+	P50Ms       float64      `json:"p50Ms"`
+	P99Ms       float64      `json:"p99Ms"`
+	Unscheduled float64      `json:"unscheduled"`
+	Misaligned  float64      `json:"misaligned,omitempty"`
+}
+
+func summarize(k kindResult) kindResult {
+	k.PodsPerSec = median(k.Waves, func(r waveResult) float64 { return r.PodsPerSec })
+	k.P50Ms = median(k.Waves, func(r waveResult) float64 { return r.P50Ms })
+	k.P99Ms = median(k.Waves, func(r waveResult) float64 { return r.P99Ms })
+	k.Unscheduled = median(k.Waves, func(r waveResult) float64 { return float64(r.TimedOutPod) })
+	k.Misaligned = median(k.Waves, func(r waveResult) float64 { return float64(r.Misaligned) })
+	return k
+}
+
+// stackResult is everything measured on one stack's control plane.
+type stackResult struct {
+	Kinds             []kindResult              `json:"kinds"`
+	MemoryPeak        map[string]int64          `json:"memoryPeakBytes"` // RSS during the waves
+	MemoryIdle        map[string]int64          `json:"memoryIdleBytes"` // RSS at the end of the idle period
+	GoHeap            map[string]float64        `json:"goHeapBytes"`     // go_memstats_heap_inuse_bytes at the end of the waves
+	Requests          map[string]float64        `json:"requests"`        // apiserver_request_total during the waves, by verb and resource
+	RequestsByClient  map[string]map[string]int `json:"requestsByClient"`
+	IdleByClient      map[string]map[string]int `json:"idleRequestsByClient"`
+	IdleSeconds       float64                   `json:"idleSeconds"`
+	SliceBytesPerGPU  float64                   `json:"sliceBytesPerGPU,omitempty"`
+	NvidiaBytesPerGPU float64                   `json:"nvidiaSliceBytesPerGPU,omitempty"`
+	ControllerMetrics map[string]float64        `json:"controllerMetrics,omitempty"`
+	Notes             []string                  `json:"notes,omitempty"`
+}
+
+func startCluster(ctx context.Context, name string) (*cluster.Cluster, string, error) {
+	dir, err := os.MkdirTemp("", "topodra-scale-"+name+"-")
+	if err != nil {
+		return nil, "", err
+	}
+	policy := filepath.Join(dir, "audit-policy.yaml")
+	if err := os.WriteFile(policy, []byte(auditPolicy), 0o644); err != nil {
+		return nil, "", err
+	}
+	auditLog := filepath.Join(dir, "audit.log")
+	progress("%s: starting the control plane and kwok in %s", name, dir)
+	cl, err := cluster.Start(ctx, cluster.Options{
+		Dir:  filepath.Join(dir, "cluster"),
+		Kwok: true,
+		ExtraArgs: map[string][]string{cluster.APIServer: {
+			"--audit-policy-file=" + policy, "--audit-log-path=" + auditLog, "--audit-log-format=json",
+			"--audit-log-maxsize=0",
+		}},
+		Verbosity: 1,
+	})
+	return cl, auditLog, err
+}
+
+func clusterPids(cl *cluster.Cluster) map[string]int {
+	out := map[string]int{}
+	for name, pids := range cl.Pids() {
+		if len(pids) > 0 {
+			out[name] = pids[len(pids)-1]
+		}
+	}
+	return out
+}
+
+func runDRA(ctx context.Context, c config) (stackResult, error) {
+	var res stackResult
+	if c.bins.plugin == "" || c.bins.simNode == "" {
+		return res, fmt.Errorf("topodra-kubelet-plugin and topodra-sim-node must be built (cargo build --release -p topodra-kubelet-plugin -p topodra-fake-nvml)")
+	}
+	cl, auditLog, err := startCluster(ctx, "dra")
+	if err != nil {
+		return res, err
+	}
+	defer func() { _ = cl.Stop() }()
+	cs, err := cl.Client()
+	if err != nil {
+		return res, err
+	}
+	if _, err := cs.ResourceV1().DeviceClasses().Create(ctx, &resourcev1.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: driverName},
+		Spec: resourcev1.DeviceClassSpec{Selectors: []resourcev1.DeviceSelector{{
+			CEL: &resourcev1.CELDeviceSelector{Expression: `device.driver == "` + driverName + `"`},
+		}}},
+	}, metav1.CreateOptions{}); err != nil {
+		return res, err
+	}
+
+	simDir, err := os.MkdirTemp("", "topodra-scale-sim-")
+	if err != nil {
+		return res, err
+	}
+	defer os.RemoveAll(simDir)
+	flags, err := simFlags(c.bins.simNode, "dgx-h100", simDir)
+	if err != nil {
+		return res, err
+	}
+	progress("dra: building %d nodes' ResourceSlices with topodra's slice builder", c.nodes)
+	ordered, err := simulatedSlices(c.bins.plugin, flags, c.nodes, "int")
+	if err != nil {
+		return res, err
+	}
+	res.SliceBytesPerGPU = sliceBytesPerGPU(ordered[0])
+	var nv []resourcev1.ResourceSlice
+	for _, s := range ordered[0] {
+		nv = append(nv, nvidiaEquivalent(s))
+	}
+	res.NvidiaBytesPerGPU = sliceBytesPerGPU(nv)
+
+	if err := createNodes(ctx, cs, c.nodes, false); err != nil {
+		return res, err
+	}
+	if err := publishSlices(ctx, cs, ordered); err != nil {
+		return res, err
+	}
+	progress("dra: %d nodes and their slices are in", c.nodes)
+
+	sampler := newMemSampler(clusterPids(cl))
+	defer sampler.close()
+	var ctrl *controllerProc
+	if c.bins.controller != "" {
+		if ctrl, err = startController(ctx, cl, c); err != nil {
+			res.Notes = append(res.Notes, "controller not run: "+err.Error())
+		} else {
+			defer ctrl.stop()
+			sampler.add("topodra-controller", ctrl.cmd.Process.Pid)
+		}
+	} else {
+		res.Notes = append(res.Notes, "controller not built: no controller figures")
+	}
+
+	const ns = "scale"
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		return res, err
+	}
+	if err := waitServiceAccount(ctx, cs, ns); err != nil {
+		return res, err
+	}
+	sampler.reset()
+	before, err := apiserverMetrics(ctx, cs, "apiserver_request_total")
+	if err != nil {
+		return res, err
+	}
+	from := time.Now()
+	for _, k := range c.sizes {
+		for _, kind := range []string{"aligned", "any"} {
+			kr, err := draKind(ctx, cs, c, ns, k, kind, "")
+			if err != nil {
+				return res, err
+			}
+			res.Kinds = append(res.Kinds, kr)
+		}
+	}
+	to := time.Now()
+	res.MemoryPeak, _ = sampler.snapshot()
+	after, err := apiserverMetrics(ctx, cs, "apiserver_request_total", "go_memstats_heap_inuse_bytes")
+	if err != nil {
+		return res, err
+	}
+	res.Requests = requestsByVerbResource(diff(after, before))
+	res.GoHeap = map[string]float64{"kube-apiserver": after["go_memstats_heap_inuse_bytes"]}
+	if res.RequestsByClient, err = auditCounts(auditLog, from, to); err != nil {
+		return res, err
+	}
+
+	if c.variants {
+		variantSizes := []int{}
+		for _, k := range c.sizes {
+			if k <= 4 {
+				variantSizes = append(variantSizes, k)
+			}
+		}
+		progress("dra: the same slices with their devices shuffled")
+		if err := republish(ctx, cs, shuffled(ordered, 42)); err != nil {
+			return res, err
+		}
+		for _, k := range variantSizes {
+			kr, err := draKind(ctx, cs, c, ns, k, "aligned", "shuffled")
+			if err != nil {
+				return res, err
+			}
+			res.Kinds = append(res.Kinds, kr)
+		}
+		progress("dra: numaNode in its list form")
+		list, err := simulatedSlices(c.bins.plugin, flags, c.nodes, "list")
+		if err != nil {
+			return res, err
+		}
+		if err := republish(ctx, cs, list); err != nil {
+			return res, err
+		}
+		for _, k := range variantSizes {
+			kr, err := draKind(ctx, cs, c, ns, k, "aligned", "list")
+			if err != nil {
+				return res, err
+			}
+			res.Kinds = append(res.Kinds, kr)
+		}
+	}
+
+	progress("dra: idle for %s, counting every client's requests", c.idle)
+	sampler.reset()
+	idleFrom := time.Now()
+	select {
+	case <-time.After(c.idle):
+	case <-ctx.Done():
+		return res, ctx.Err()
+	}
+	idleTo := time.Now()
+	res.IdleSeconds = idleTo.Sub(idleFrom).Seconds()
+	_, res.MemoryIdle = sampler.snapshot()
+	if res.IdleByClient, err = auditCounts(auditLog, idleFrom, idleTo); err != nil {
+		return res, err
+	}
+	if ctrl != nil {
+		res.ControllerMetrics = ctrl.metrics()
+	}
+	return res, nil
+}
+
+// draKind runs the waves of one claim size and kind; variant names the slices'
+// form ("", "shuffled", "list").
+func draKind(ctx context.Context, cs kubernetes.Interface, c config, ns string, k int, kind, variant string) (kindResult, error) {
+	attribute := ""
+	if kind == "aligned" {
+		// Four GPUs share a NUMA node on this layout; eight share only the NVLink domain.
+		attribute = "resource.kubernetes.io/numaNode"
+		if k > 4 {
+			attribute = driverName + "/nvlinkDomain"
+		}
+	}
+	name := fmt.Sprintf("gpu-%d-%s", k, kind)
+	if err := ensureTemplate(ctx, cs, claimTemplate(ns, name, k, attribute)); err != nil {
+		return kindResult{}, err
+	}
+	label := kind
+	if variant != "" {
+		label = kind + "-" + variant
+	}
+	kr := kindResult{Size: k, Kind: label, Attribute: attribute}
+	pods := int(float64(c.nodes*gpusPerNode) * c.fill / float64(k))
+	for w := 0; w < c.waves; w++ {
+		wave := fmt.Sprintf("w%d-%s-%d", w, label, k)
+		r, _, err := runWave(ctx, cs, ns, wave, pods, draPod(ns, wave, name), c.stall)
+		if err != nil {
+			return kr, fmt.Errorf("wave %s: %w", wave, err)
+		}
+		progress("dra %-16s %d GPUs, wave %d: %d/%d bound in %.1fs, %.1f pods/s, p50 %.0f ms, p99 %.0f ms",
+			label, k, w+1, r.Bound, r.Pods, r.Seconds, r.PodsPerSec, r.P50Ms, r.P99Ms)
+		kr.Waves = append(kr.Waves, r)
+		if err := clearWave(ctx, cs, ns, wave); err != nil {
+			return kr, err
+		}
+	}
+	return summarize(kr), nil
+}
+
+// republish replaces every slice of our driver.
+func republish(ctx context.Context, cs kubernetes.Interface, slices [][]resourcev1.ResourceSlice) error {
+	sel := metav1.ListOptions{FieldSelector: "spec.driver=" + driverName}
+	if err := cs.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{}, sel); err != nil {
+		return err
+	}
+	for {
+		l, err := cs.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: sel.FieldSelector, Limit: 1})
+		if err != nil {
+			return err
+		}
+		if len(l.Items) == 0 {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return publishSlices(ctx, cs, slices)
+}
+
+func waitServiceAccount(ctx context.Context, cs kubernetes.Interface, ns string) error {
+	for i := 0; i < 120; i++ {
+		if _, err := cs.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{}); err == nil {
+			return nil
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	return fmt.Errorf("no default ServiceAccount in %s", ns)
+}
+
+// controllerProc is topodra-controller, run with the admin kubeconfig against the
+// DRA fleet.
+type controllerProc struct {
+	cmd  *exec.Cmd
+	addr string
+	done chan struct{}
+}
+
+func startController(ctx context.Context, cl *cluster.Cluster, c config) (*controllerProc, error) {
+	if err := installNRTCRD(ctx, cl, c.repo); err != nil {
+		return nil, err
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := l.Addr().String()
+	l.Close()
+	host, port, _ := net.SplitHostPort(addr)
+	logf, err := os.Create(filepath.Join(cl.LogsDir, "topodra-controller.log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(c.bins.controller, "--leader-elect=false", "--http-bind-address="+host, "--http-port="+port, "--log-format=json")
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+cl.Kubeconfig)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &controllerProc{cmd: cmd, addr: addr, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); logf.Close(); close(p.done) }()
+	for i := 0; i < 240; i++ {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				progress("dra: topodra-controller ready")
+				return p, nil
+			}
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	p.stop()
+	return nil, fmt.Errorf("topodra-controller not ready within a minute (log: %s)", logf.Name())
+}
+
+func (p *controllerProc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(15 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// metrics are the controller's own samples (topodra_controller_*).
+func (p *controllerProc) metrics() map[string]float64 {
+	resp, err := http.Get("http://" + p.addr + "/metrics")
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	return parseMetrics(resp.Body, "topodra_controller_")
+}
+
+// installNRTCRD applies the NodeResourceTopology CRD as the chart renders it.
+func installNRTCRD(ctx context.Context, cl *cluster.Cluster, repo string) error {
+	helm, err := cluster.FindTool(os.Getenv(cluster.ToolsEnv), "helm")
+	if err != nil {
+		return err
+	}
+	out, err := exec.CommandContext(ctx, helm, "template", "topodra", filepath.Join(repo, "deploy", "helm", "topodra"),
+		"--kube-version", "1.37.0", "--set", "nodeResourceTopology.installCRD=true", "--show-only", "templates/nrt-crd.yaml").Output()
+	if err != nil {
+		return fmt.Errorf("helm template: %w", err)
+	}
+	f := filepath.Join(cl.Dir, "nrt-crd.yaml")
+	if err := os.WriteFile(f, out, 0o644); err != nil {
+		return err
+	}
+	if out, err := cl.Kubectl(ctx, "apply", "-f", f); err != nil {
+		return fmt.Errorf("%w: %s", err, out)
+	}
+	_, err = cl.Kubectl(ctx, "wait", "--for=condition=Established", "crd/noderesourcetopologies.topology.node.k8s.io", "--timeout=60s")
+	return err
+}

@@ -1,0 +1,429 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/k8stopologyawareschedwg/podfingerprint"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"topodra.dev/tests/cluster"
+)
+
+const topoScheduler = "topology-aware-scheduler"
+
+var nrtGVR = schema.GroupVersionResource{Group: "topology.node.k8s.io", Version: "v1alpha2", Resource: "noderesourcetopologies"}
+
+// numaZones is the DGX H100 layout the updater reports: two NUMA nodes, each with
+// 4 GPUs, 112 CPUs and 1 TiB.
+const numaZones, gpusPerZone = 2, 4
+
+// updater plays the NFD topology updater of every legacy node: it learns where
+// each pod's GPUs went as the kubelet's Topology Manager (single-numa-node, pod
+// scope) would place them, first fitting NUMA zone, and publishes each node's
+// NodeResourceTopology at its interval. A pod bound where no zone has room is what
+// the kubelet refuses (TopologyAffinityError): counted as misaligned, holding no GPU.
+type updater struct {
+	dyn      dynamic.Interface
+	mu       sync.Mutex
+	free     map[string]*[numaZones]int
+	pods     map[string]map[string]bool // node -> namespace/name of its pods
+	placed   map[types.UID]placement
+	dirty    map[string]bool
+	misalign int
+	writes   int
+}
+
+type placement struct {
+	node string
+	zone int
+	k    int
+}
+
+func newUpdater(dyn dynamic.Interface, nodes int) *updater {
+	u := &updater{dyn: dyn, free: map[string]*[numaZones]int{}, pods: map[string]map[string]bool{},
+		placed: map[types.UID]placement{}, dirty: map[string]bool{}}
+	for i := 0; i < nodes; i++ {
+		u.free[nodeName(i)] = &[numaZones]int{gpusPerZone, gpusPerZone}
+		u.pods[nodeName(i)] = map[string]bool{}
+		u.dirty[nodeName(i)] = true
+	}
+	return u
+}
+
+func gpusOf(p *corev1.Pod) int {
+	n := 0
+	for _, c := range p.Spec.Containers {
+		if q, ok := c.Resources.Limits["nvidia.com/gpu"]; ok {
+			n += int(q.Value())
+		}
+	}
+	return n
+}
+
+func (u *updater) bound(p *corev1.Pod) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if _, done := u.placed[p.UID]; done {
+		return
+	}
+	k := gpusOf(p)
+	zones := u.free[p.Spec.NodeName]
+	if zones == nil || k == 0 {
+		return
+	}
+	u.pods[p.Spec.NodeName][p.Namespace+"/"+p.Name] = true
+	u.dirty[p.Spec.NodeName] = true
+	for z := range zones {
+		if zones[z] >= k {
+			zones[z] -= k
+			u.placed[p.UID] = placement{p.Spec.NodeName, z, k}
+			u.dirty[p.Spec.NodeName] = true
+			return
+		}
+	}
+	u.placed[p.UID] = placement{p.Spec.NodeName, -1, k}
+	u.misalign++
+}
+
+func (u *updater) gone(p *corev1.Pod) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	pl, ok := u.placed[p.UID]
+	if !ok {
+		return
+	}
+	delete(u.placed, p.UID)
+	delete(u.pods[pl.node], p.Namespace+"/"+p.Name)
+	u.dirty[pl.node] = true
+	if pl.zone >= 0 {
+		u.free[pl.node][pl.zone] += pl.k
+		u.dirty[pl.node] = true
+	}
+}
+
+// takeMisaligned returns the misaligned count since the last call.
+func (u *updater) takeMisaligned() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	n := u.misalign
+	u.misalign = 0
+	return n
+}
+
+// watchPods follows the legacy pods until ctx ends.
+func (u *updater) watchPods(ctx context.Context, cs kubernetes.Interface, ns string) {
+	for ctx.Err() == nil {
+		w, err := cs.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{})
+		if err != nil {
+			time.Sleep(time.Second)
+			continue
+		}
+		for ev := range w.ResultChan() {
+			p, ok := ev.Object.(*corev1.Pod)
+			if !ok {
+				continue
+			}
+			switch {
+			case ev.Type == watch.Deleted:
+				u.gone(p)
+			case p.Spec.NodeName != "":
+				u.bound(p)
+			}
+		}
+	}
+}
+
+// publish writes the objects of the nodes that changed since the last publish.
+func (u *updater) publish(ctx context.Context) error {
+	u.mu.Lock()
+	type obj struct {
+		node        string
+		free        [numaZones]int
+		fingerprint string
+	}
+	var todo []obj
+	for n := range u.dirty {
+		fp := podfingerprint.NewFingerprint(len(u.pods[n]))
+		for key := range u.pods[n] {
+			ns, name, _ := strings.Cut(key, "/")
+			_ = fp.Add(ns, name)
+		}
+		todo = append(todo, obj{n, *u.free[n], fp.Sign()})
+	}
+	u.dirty = map[string]bool{}
+	u.mu.Unlock()
+	return parallel(len(todo), 8, func(i int) error {
+		return u.write(ctx, todo[i].node, todo[i].free, todo[i].fingerprint)
+	})
+}
+
+// write publishes one node's object with the fingerprint of the pods it accounts
+// for, as the NFD updater does: the topology-aware scheduler's cache trusts an
+// object only when that fingerprint matches the pods it sees on the node.
+func (u *updater) write(ctx context.Context, node string, free [numaZones]int, fingerprint string) error {
+	var zones []any
+	for z := 0; z < numaZones; z++ {
+		zones = append(zones, map[string]any{
+			"name": fmt.Sprintf("node-%d", z), "type": "Node",
+			"resources": []any{
+				map[string]any{"name": "nvidia.com/gpu", "capacity": fmt.Sprint(gpusPerZone), "allocatable": fmt.Sprint(gpusPerZone), "available": fmt.Sprint(free[z])},
+				map[string]any{"name": "cpu", "capacity": "112", "allocatable": "112", "available": "112"},
+				map[string]any{"name": "memory", "capacity": "1Ti", "allocatable": "1Ti", "available": "1Ti"},
+			},
+		})
+	}
+	o := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "topology.node.k8s.io/v1alpha2", "kind": "NodeResourceTopology",
+		"metadata":         map[string]any{"name": node},
+		"topologyPolicies": []any{"SingleNUMANodePodLevel"},
+		"attributes": []any{
+			map[string]any{"name": "topologyManagerPolicy", "value": "single-numa-node"},
+			map[string]any{"name": "topologyManagerScope", "value": "pod"},
+			map[string]any{"name": podfingerprint.Attribute, "value": fingerprint},
+		},
+		"zones": zones,
+	}}
+	api := u.dyn.Resource(nrtGVR)
+	cur, err := api.Get(ctx, node, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = api.Create(ctx, o, metav1.CreateOptions{})
+	case err == nil:
+		o.SetResourceVersion(cur.GetResourceVersion())
+		_, err = api.Update(ctx, o, metav1.UpdateOptions{})
+	}
+	if err == nil {
+		u.mu.Lock()
+		u.writes++
+		u.mu.Unlock()
+	}
+	return err
+}
+
+// runLegacy measures the legacy stack on its own control plane. It returns why it
+// was skipped when the topology-aware scheduler is not built.
+func runLegacy(ctx context.Context, c config) (*stackResult, string) {
+	bin := c.bins.topoSched
+	if bin == "" {
+		var err error
+		if bin, err = cluster.FindTool(os.Getenv(cluster.ToolsEnv), topoScheduler); err != nil {
+			return nil, "the topology-aware scheduler is not built (bash tests/tools/build.sh topo-sched): " + err.Error()
+		}
+	}
+	res, err := legacy(ctx, c, bin)
+	if err != nil {
+		return nil, "the legacy run failed: " + err.Error()
+	}
+	return res, ""
+}
+
+func legacy(ctx context.Context, c config, bin string) (*stackResult, error) {
+	res := &stackResult{}
+	cl, auditLog, err := startCluster(ctx, "legacy")
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = cl.Stop() }()
+	cs, err := cl.Client()
+	if err != nil {
+		return nil, err
+	}
+	rest, err := cl.RESTConfig()
+	if err != nil {
+		return nil, err
+	}
+	dyn, err := dynamic.NewForConfig(rest)
+	if err != nil {
+		return nil, err
+	}
+	if err := installNRTCRD(ctx, cl, c.repo); err != nil {
+		return nil, err
+	}
+	if err := createNodes(ctx, cs, c.nodes, true); err != nil {
+		return nil, err
+	}
+	up := newUpdater(dyn, c.nodes)
+	if err := up.publish(ctx); err != nil {
+		return nil, fmt.Errorf("first NodeResourceTopology objects: %w", err)
+	}
+	progress("legacy: %d nodes with nvidia.com/gpu capacity and NodeResourceTopology objects", c.nodes)
+
+	sched, err := startTopoScheduler(ctx, cl, c.repo, bin)
+	if err != nil {
+		return nil, err
+	}
+	defer sched.stop()
+
+	const ns = "scale"
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		return nil, err
+	}
+	if err := waitServiceAccount(ctx, cs, ns); err != nil {
+		return nil, err
+	}
+	uctx, stopUpdater := context.WithCancel(ctx)
+	defer stopUpdater()
+	go up.watchPods(uctx, cs, ns)
+	go func() {
+		t := time.NewTicker(c.updaterInt)
+		defer t.Stop()
+		for {
+			select {
+			case <-uctx.Done():
+				return
+			case <-t.C:
+				if err := up.publish(uctx); err != nil && uctx.Err() == nil {
+					progress("legacy: updater: %v", err)
+				}
+			}
+		}
+	}()
+
+	pids := clusterPids(cl)
+	pids[topoScheduler] = sched.cmd.Process.Pid
+	sampler := newMemSampler(pids)
+	defer sampler.close()
+	before, err := apiserverMetrics(ctx, cs, "apiserver_request_total")
+	if err != nil {
+		return nil, err
+	}
+	from := time.Now()
+	for _, k := range c.sizes {
+		if k > gpusPerZone {
+			res.Notes = append(res.Notes, fmt.Sprintf("legacy: %d-GPU pods skipped: under the single-numa-node policy no NUMA zone of this layout has %d GPUs", k, k))
+			continue
+		}
+		kr := kindResult{Size: k, Kind: "single-numa-node"}
+		pods := int(float64(c.nodes*gpusPerNode) * c.fill / float64(k))
+		for w := 0; w < c.waves; w++ {
+			wave := fmt.Sprintf("w%d-legacy-%d", w, k)
+			up.takeMisaligned()
+			r, _, err := runWave(ctx, cs, ns, wave, pods, legacyPod(ns, wave, topoScheduler, k), c.stall)
+			if err != nil {
+				return nil, fmt.Errorf("wave %s: %w", wave, err)
+			}
+			time.Sleep(time.Second) // the updater's watch sees the last binds
+			r.Misaligned = up.takeMisaligned()
+			progress("legacy %-16s %d GPUs, wave %d: %d/%d bound in %.1fs, %.1f pods/s, p50 %.0f ms, p99 %.0f ms, %d misaligned",
+				"single-numa-node", k, w+1, r.Bound, r.Pods, r.Seconds, r.PodsPerSec, r.P50Ms, r.P99Ms, r.Misaligned)
+			kr.Waves = append(kr.Waves, r)
+			if err := clearWave(ctx, cs, ns, wave); err != nil {
+				return nil, err
+			}
+			// A wave starts on a fleet whose objects are current, as after an idle minute.
+			time.Sleep(time.Second)
+			if err := up.publish(ctx); err != nil {
+				return nil, err
+			}
+		}
+		res.Kinds = append(res.Kinds, summarize(kr))
+	}
+	to := time.Now()
+	res.MemoryPeak, _ = sampler.snapshot()
+	after, err := apiserverMetrics(ctx, cs, "apiserver_request_total", "go_memstats_heap_inuse_bytes")
+	if err != nil {
+		return nil, err
+	}
+	res.Requests = requestsByVerbResource(diff(after, before))
+	res.GoHeap = map[string]float64{"kube-apiserver": after["go_memstats_heap_inuse_bytes"]}
+	if res.RequestsByClient, err = auditCounts(auditLog, from, to); err != nil {
+		return nil, err
+	}
+	progress("legacy: idle for %s", c.idle)
+	sampler.reset()
+	idleFrom := time.Now()
+	select {
+	case <-time.After(c.idle):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	idleTo := time.Now()
+	res.IdleSeconds = idleTo.Sub(idleFrom).Seconds()
+	_, res.MemoryIdle = sampler.snapshot()
+	if res.IdleByClient, err = auditCounts(auditLog, idleFrom, idleTo); err != nil {
+		return nil, err
+	}
+	res.Notes = append(res.Notes, fmt.Sprintf("legacy: the simulated topology updater wrote %d NodeResourceTopology objects (interval %s, only changed nodes)", up.writes, c.updaterInt))
+	return res, nil
+}
+
+type schedProc struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// startTopoScheduler runs scheduler-plugins' kube-scheduler as a second scheduler
+// with the configuration of tests/tools/topo-sched (over-reserve cache).
+func startTopoScheduler(ctx context.Context, cl *cluster.Cluster, repo, bin string) (*schedProc, error) {
+	tmpl, err := os.ReadFile(filepath.Join(repo, "tests", "tools", "topo-sched", "scheduler-config.yaml.in"))
+	if err != nil {
+		return nil, err
+	}
+	cfg := strings.NewReplacer("@KUBECONFIG@", cl.Kubeconfig, "@CACHE_RESYNC_PERIOD_SECONDS@", "5", "@DISCARD_RESERVED_NODES@", "false").Replace(string(tmpl))
+	cfgPath := filepath.Join(cl.Dir, "topology-aware-scheduler.yaml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		return nil, err
+	}
+	logf, err := os.Create(filepath.Join(cl.LogsDir, topoScheduler+".log"))
+	if err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, "--config="+cfgPath, "--authentication-kubeconfig="+cl.Kubeconfig,
+		"--authorization-kubeconfig="+cl.Kubeconfig, "--bind-address=127.0.0.1", "--secure-port="+port,
+		"--cert-dir="+filepath.Join(cl.Dir, "topology-aware-scheduler-certs"), "--profiling=false", "--v=1")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &schedProc{cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); logf.Close(); close(p.done) }()
+	select {
+	case <-p.done:
+		return nil, fmt.Errorf("%s exited at once (log %s)", topoScheduler, logf.Name())
+	case <-time.After(3 * time.Second):
+	}
+	progress("legacy: %s running", topoScheduler)
+	return p, nil
+}
+
+func freePort() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	_, port, err := net.SplitHostPort(l.Addr().String())
+	return port, err
+}
+
+func (p *schedProc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}

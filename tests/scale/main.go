@@ -1,0 +1,157 @@
+// topodra-scale runs the talk's experiment on this machine: N kwok nodes of the
+// DGX H100 layout, waves of pods asking for 1, 2, 4 and 8 GPUs, scheduled once by
+// the DRA stack (topodra's ResourceSlices, the stock kube-scheduler, topodra's
+// controller) and once by the legacy stack (nvidia.com/gpu capacity,
+// NodeResourceTopology objects kept by a simulated topology updater, the
+// topology-aware scheduler of scheduler-plugins), each on its own control plane
+// started for it, one after the other. It prints progress, writes results.json and
+// report.md, and stops every process it started.
+//
+//	go run . -nodes 100 -out ../../target/bench-scale
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+type config struct {
+	nodes      int
+	waves      int
+	fill       float64
+	sizes      []int
+	out        string
+	idle       time.Duration
+	stall      time.Duration
+	variants   bool
+	legacy     bool
+	updaterInt time.Duration
+	bins       bins
+	repo       string
+}
+
+type bins struct {
+	plugin, simNode, controller, topoSched string
+}
+
+func progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "[scale %s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}
+
+func main() {
+	var c config
+	var sizes string
+	flag.IntVar(&c.nodes, "nodes", 100, "kwok nodes of the DGX H100 layout (8 GPUs, 2 NUMA nodes)")
+	flag.IntVar(&c.waves, "waves", 3, "waves per claim size and kind; figures are medians over them")
+	flag.Float64Var(&c.fill, "fill", 0.5, "share of the fleet's GPUs one wave asks for")
+	flag.StringVar(&sizes, "sizes", "1,2,4,8", "GPUs per pod")
+	flag.StringVar(&c.out, "out", "target/bench-scale", "directory for results.json and report.md")
+	flag.DurationVar(&c.idle, "idle", 2*time.Minute, "idle period in which topodra's requests are counted")
+	flag.DurationVar(&c.stall, "stall", 30*time.Second, "a wave gives up when no pod was bound for this long")
+	flag.BoolVar(&c.variants, "variants", true, "also run shuffled device order and list-form numaNode (aligned waves)")
+	flag.BoolVar(&c.legacy, "legacy", true, "run the legacy stack too (skipped, with the reason, when its scheduler is not built)")
+	flag.DurationVar(&c.updaterInt, "updater-interval", 60*time.Second, "the simulated topology updater's interval (the NFD updater's default)")
+	flag.StringVar(&c.bins.plugin, "plugin", "", "topodra-kubelet-plugin binary (default: target/release, else target/debug)")
+	flag.StringVar(&c.bins.simNode, "sim-node", "", "topodra-sim-node binary")
+	flag.StringVar(&c.bins.controller, "controller", "", "topodra-controller binary")
+	flag.StringVar(&c.bins.topoSched, "topology-aware-scheduler", "", "the scheduler-plugins kube-scheduler (default: from TOPODRA_TOOLS_BIN)")
+	flag.StringVar(&c.repo, "repo", "../..", "the repository root")
+	flag.Parse()
+	for _, s := range strings.Split(sizes, ",") {
+		k, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || k < 1 || k > gpusPerNode {
+			fmt.Fprintf(os.Stderr, "bad -sizes entry %q\n", s)
+			os.Exit(2)
+		}
+		c.sizes = append(c.sizes, k)
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	if err := run(ctx, c); err != nil {
+		fmt.Fprintf(os.Stderr, "topodra-scale: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, c config) error {
+	var err error
+	if c.repo, err = filepath.Abs(c.repo); err != nil {
+		return err
+	}
+	if !filepath.IsAbs(c.out) {
+		c.out = filepath.Join(c.repo, c.out)
+	}
+	if err := os.MkdirAll(c.out, 0o755); err != nil {
+		return err
+	}
+	c.bins.plugin = findBin(c.repo, c.bins.plugin, "topodra-kubelet-plugin")
+	c.bins.simNode = findBin(c.repo, c.bins.simNode, "topodra-sim-node")
+	c.bins.controller = findBin(c.repo, c.bins.controller, "topodra-controller")
+	res := results{Nodes: c.nodes, GPUs: c.nodes * gpusPerNode, Waves: c.waves, Fill: c.fill, Started: time.Now().UTC()}
+	res.Machine = machine()
+
+	started := time.Now()
+	dra, err := runDRA(ctx, c)
+	if err != nil {
+		return fmt.Errorf("DRA stack: %w", err)
+	}
+	res.DRA = dra
+	if c.legacy {
+		legacy, why := runLegacy(ctx, c)
+		res.Legacy = legacy
+		res.LegacySkipped = why
+	} else {
+		res.LegacySkipped = "-legacy=false"
+	}
+	res.Seconds = time.Since(started).Seconds()
+	raw, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(c.out, "results.json"), raw, 0o644); err != nil {
+		return err
+	}
+	report := res.markdown()
+	if err := os.WriteFile(filepath.Join(c.out, "report.md"), []byte(report), 0o644); err != nil {
+		return err
+	}
+	fmt.Println(report)
+	progress("done in %s; results in %s", time.Since(started).Round(time.Second), c.out)
+	return nil
+}
+
+// findBin is the flag's value, else the release build, else the debug build.
+func findBin(repo, flagValue, name string) string {
+	if flagValue != "" {
+		return flagValue
+	}
+	for _, profile := range []string{"release", "debug"} {
+		p := filepath.Join(repo, "target", profile, name)
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+func machine() string {
+	cpus := 0
+	if raw, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		cpus = strings.Count(string(raw), "processor\t:")
+	}
+	mem := ""
+	if raw, err := os.ReadFile("/proc/meminfo"); err == nil {
+		line, _, _ := strings.Cut(string(raw), "\n")
+		mem = strings.TrimSpace(strings.TrimPrefix(line, "MemTotal:"))
+	}
+	return fmt.Sprintf("%d CPUs, %s memory", cpus, mem)
+}

@@ -1,0 +1,160 @@
+package main
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+type results struct {
+	Nodes         int          `json:"nodes"`
+	GPUs          int          `json:"gpus"`
+	Waves         int          `json:"waves"`
+	Fill          float64      `json:"fill"`
+	Machine       string       `json:"machine"`
+	Started       time.Time    `json:"started"`
+	Seconds       float64      `json:"seconds"`
+	DRA           stackResult  `json:"dra"`
+	Legacy        *stackResult `json:"legacy,omitempty"`
+	LegacySkipped string       `json:"legacySkipped,omitempty"`
+}
+
+func (s stackResult) kind(size int, kind string) (kindResult, bool) {
+	for _, k := range s.Kinds {
+		if k.Size == size && k.Kind == kind {
+			return k, true
+		}
+	}
+	return kindResult{}, false
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
+
+func ratio(a, b float64) string {
+	if b == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", a/b)
+}
+
+// markdown is the report: the DRA stack's waves, the variants, the legacy stack and
+// the ratios, memory, requests, and idle requests.
+func (r results) markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Scale run: %d nodes, %d GPUs\n\n", r.Nodes, r.GPUs)
+	fmt.Fprintf(&b, "%s; %d waves per row (medians), each asking for %.0f%% of the GPUs; %s in all.\n\n",
+		r.Machine, r.Waves, r.Fill*100, time.Duration(r.Seconds*float64(time.Second)).Round(time.Second))
+
+	b.WriteString("## Scheduling, DRA stack (kube-scheduler, topodra slices)\n\n")
+	b.WriteString("| GPUs | kind | constraint | pods/s | p50 ms | p99 ms | unscheduled |\n|---|---|---|---|---|---|---|\n")
+	for _, k := range r.DRA.Kinds {
+		fmt.Fprintf(&b, "| %d | %s | %s | %.1f | %.0f | %.0f | %.0f |\n", k.Size, k.Kind, orDash(k.Attribute), k.PodsPerSec, k.P50Ms, k.P99Ms, k.Unscheduled)
+	}
+	b.WriteString("\n| ratio | GPUs | value |\n|---|---|---|\n")
+	for _, k := range r.DRA.Kinds {
+		if k.Kind != "aligned" {
+			continue
+		}
+		if any, ok := r.DRA.kind(k.Size, "any"); ok {
+			fmt.Fprintf(&b, "| aligned / unconstrained throughput | %d | %s |\n", k.Size, ratio(k.PodsPerSec, any.PodsPerSec))
+		}
+		if sh, ok := r.DRA.kind(k.Size, "aligned-shuffled"); ok {
+			fmt.Fprintf(&b, "| topodra order / shuffled throughput | %d | %s |\n", k.Size, ratio(k.PodsPerSec, sh.PodsPerSec))
+		}
+		if l, ok := r.DRA.kind(k.Size, "aligned-list"); ok {
+			fmt.Fprintf(&b, "| int / list numaNode throughput | %d | %s |\n", k.Size, ratio(k.PodsPerSec, l.PodsPerSec))
+		}
+	}
+	fmt.Fprintf(&b, "\nResourceSlice bytes per GPU: topodra %.0f, NVIDIA's attribute set for the same GPUs %.0f (ratio %s).\n\n",
+		r.DRA.SliceBytesPerGPU, r.DRA.NvidiaBytesPerGPU, ratio(r.DRA.SliceBytesPerGPU, r.DRA.NvidiaBytesPerGPU))
+
+	if r.Legacy != nil {
+		b.WriteString("## Scheduling, legacy stack (topology-aware scheduler, NodeResourceTopology)\n\n")
+		b.WriteString("| GPUs | pods/s | p50 ms | p99 ms | unscheduled | misaligned |\n|---|---|---|---|---|---|\n")
+		for _, k := range r.Legacy.Kinds {
+			fmt.Fprintf(&b, "| %d | %.1f | %.0f | %.0f | %.0f | %.0f |\n", k.Size, k.PodsPerSec, k.P50Ms, k.P99Ms, k.Unscheduled, k.Misaligned)
+		}
+		b.WriteString("\n## The talk's figures: DRA against legacy, same run\n\n")
+		b.WriteString("| figure | GPUs | DRA | legacy | DRA / legacy |\n|---|---|---|---|---|\n")
+		for _, lk := range r.Legacy.Kinds {
+			dk, ok := r.DRA.kind(lk.Size, "aligned")
+			if !ok {
+				continue
+			}
+			fmt.Fprintf(&b, "| throughput, pods/s | %d | %.1f | %.1f | %s |\n", lk.Size, dk.PodsPerSec, lk.PodsPerSec, ratio(dk.PodsPerSec, lk.PodsPerSec))
+			fmt.Fprintf(&b, "| latency p50, ms | %d | %.0f | %.0f | %s |\n", lk.Size, dk.P50Ms, lk.P50Ms, ratio(dk.P50Ms, lk.P50Ms))
+			fmt.Fprintf(&b, "| latency p99, ms | %d | %.0f | %.0f | %s |\n", lk.Size, dk.P99Ms, lk.P99Ms, ratio(dk.P99Ms, lk.P99Ms))
+		}
+		ds, ls := r.DRA.MemoryPeak["kube-scheduler"], r.Legacy.MemoryPeak["topology-aware-scheduler"]
+		fmt.Fprintf(&b, "| scheduler memory (peak RSS) | | %s | %s | %s |\n", mib(ds), mib(ls), ratio(float64(ds), float64(ls)))
+		da, la := r.DRA.MemoryPeak["kube-apiserver"], r.Legacy.MemoryPeak["kube-apiserver"]
+		fmt.Fprintf(&b, "| API server memory (peak RSS) | | %s | %s | %s |\n", mib(da), mib(la), ratio(float64(da), float64(la)))
+		de, le := r.DRA.MemoryPeak["etcd"], r.Legacy.MemoryPeak["etcd"]
+		fmt.Fprintf(&b, "| etcd memory (peak RSS) | | %s | %s | %s |\n\n", mib(de), mib(le), ratio(float64(de), float64(le)))
+	} else {
+		fmt.Fprintf(&b, "## Legacy stack\n\nNot run: %s.\n\n", r.LegacySkipped)
+	}
+
+	b.WriteString("## Memory (peak RSS during the waves; at the end of the idle period)\n\n| stack | component | peak | idle |\n|---|---|---|---|\n")
+	for _, st := range []struct {
+		name string
+		s    *stackResult
+	}{{"DRA", &r.DRA}, {"legacy", r.Legacy}} {
+		if st.s == nil {
+			continue
+		}
+		for _, name := range sortedKeys(st.s.MemoryPeak) {
+			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", st.name, name, mib(st.s.MemoryPeak[name]), mib(st.s.MemoryIdle[name]))
+		}
+	}
+
+	b.WriteString("\n## Requests during the DRA waves, by client (API server audit log)\n\n| client | verb resource | count |\n|---|---|---|\n")
+	for _, c := range sortedKeys(r.DRA.RequestsByClient) {
+		for _, vr := range sortedKeys(r.DRA.RequestsByClient[c]) {
+			fmt.Fprintf(&b, "| %s | %s | %d |\n", c, vr, r.DRA.RequestsByClient[c][vr])
+		}
+	}
+	fmt.Fprintf(&b, "\n## Idle for %.0f s: requests by client\n\n| stack | client | writes (not Leases) | Lease writes | LISTs | all |\n|---|---|---|---|---|---|\n", r.DRA.IdleSeconds)
+	for _, st := range []struct {
+		name string
+		s    *stackResult
+	}{{"DRA", &r.DRA}, {"legacy", r.Legacy}} {
+		if st.s == nil {
+			continue
+		}
+		for _, c := range sortedKeys(st.s.IdleByClient) {
+			w, lw, l := writesAndLists(st.s.IdleByClient[c])
+			all := 0
+			for _, n := range st.s.IdleByClient[c] {
+				all += n
+			}
+			fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d |\n", st.name, c, w, lw, l, all)
+		}
+	}
+	for _, st := range []*stackResult{&r.DRA, r.Legacy} {
+		if st == nil {
+			continue
+		}
+		for _, n := range st.Notes {
+			fmt.Fprintf(&b, "\nNote: %s\n", n)
+		}
+	}
+	return b.String()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

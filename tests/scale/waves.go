@@ -1,0 +1,234 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+)
+
+// waveResult is one wave: P pods created as fast as the client allows, each timed
+// from its create call to the moment the watch shows it bound to a node.
+type waveResult struct {
+	Pods        int     `json:"pods"`
+	Bound       int     `json:"bound"`
+	Seconds     float64 `json:"seconds"`    // first create to last bind
+	PodsPerSec  float64 `json:"podsPerSec"` // bound / seconds
+	P50Ms       float64 `json:"p50Ms"`      // creation to bound
+	P99Ms       float64 `json:"p99Ms"`
+	Misaligned  int     `json:"misaligned"`  // bound where the node had no single NUMA zone with room (legacy: the kubelet would refuse it)
+	TimedOutPod int     `json:"unscheduled"` // not bound when the wave gave up
+}
+
+// podFactory makes pod i of a wave.
+type podFactory func(i int) *corev1.Pod
+
+const waveLabel = "topodra.dev/wave"
+
+// runWave creates pods in ns and waits until each is bound, or until nothing has
+// been bound for `stall`.
+func runWave(ctx context.Context, cs kubernetes.Interface, ns, wave string, pods int, newPod podFactory, stall time.Duration) (waveResult, []*corev1.Pod, error) {
+	w, err := cs.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{LabelSelector: waveLabel + "=" + wave})
+	if err != nil {
+		return waveResult{}, nil, err
+	}
+	defer w.Stop()
+
+	var mu sync.Mutex
+	created := map[string]time.Time{}
+	bound := map[string]time.Time{}
+	var boundPods []*corev1.Pod // in the order they were seen bound
+	start := time.Now()
+	createErr := make(chan error, 1)
+	go func() {
+		createErr <- parallel(pods, 16, func(i int) error {
+			p := newPod(i)
+			p.Labels = map[string]string{waveLabel: wave}
+			t := time.Now()
+			if _, err := cs.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+				return err
+			}
+			mu.Lock()
+			created[p.Name] = t
+			mu.Unlock()
+			return nil
+		})
+	}()
+
+	lastProgress := time.Now()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for len(bound) < pods {
+		select {
+		case err := <-createErr:
+			if err != nil {
+				return waveResult{}, nil, fmt.Errorf("creating pods: %w", err)
+			}
+			createErr = nil
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return waveResult{}, nil, fmt.Errorf("pod watch closed")
+			}
+			if ev.Type == watch.Error {
+				return waveResult{}, nil, fmt.Errorf("pod watch: %v", ev.Object)
+			}
+			p, isPod := ev.Object.(*corev1.Pod)
+			if !isPod || p.Spec.NodeName == "" {
+				continue
+			}
+			if _, seen := bound[p.Name]; !seen {
+				bound[p.Name] = time.Now()
+				boundPods = append(boundPods, p)
+				lastProgress = time.Now()
+			}
+		case <-tick.C:
+			if time.Since(lastProgress) > stall {
+				goto done
+			}
+		case <-ctx.Done():
+			return waveResult{}, nil, ctx.Err()
+		}
+	}
+done:
+	mu.Lock()
+	defer mu.Unlock()
+	var lat []float64
+	var last time.Time
+	for name, t := range bound {
+		if c, ok := created[name]; ok {
+			lat = append(lat, float64(t.Sub(c).Microseconds())/1000)
+		}
+		if t.After(last) {
+			last = t
+		}
+	}
+	sort.Float64s(lat)
+	r := waveResult{Pods: pods, Bound: len(bound), TimedOutPod: pods - len(bound)}
+	if len(bound) > 0 {
+		r.Seconds = last.Sub(start).Seconds()
+		r.PodsPerSec = float64(len(bound)) / r.Seconds
+		r.P50Ms = percentile(lat, 0.50)
+		r.P99Ms = percentile(lat, 0.99)
+	}
+	return r, boundPods, nil
+}
+
+func percentile(sorted []float64, q float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(q*float64(len(sorted)-1) + 0.5)
+	return sorted[i]
+}
+
+// clearWave deletes a wave's pods at once and waits for them and their generated
+// claims to be gone, so the next wave starts on an empty fleet.
+func clearWave(ctx context.Context, cs kubernetes.Interface, ns, wave string) error {
+	sel := metav1.ListOptions{LabelSelector: waveLabel + "=" + wave}
+	if err := cs.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, sel); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(5 * time.Minute)
+	for time.Now().Before(deadline) {
+		pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: sel.LabelSelector, Limit: 1})
+		if err != nil {
+			return err
+		}
+		claims, err := cs.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{Limit: 1})
+		if err != nil {
+			return err
+		}
+		if len(pods.Items) == 0 && len(claims.Items) == 0 {
+			return nil
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	return fmt.Errorf("wave %s: pods or claims still there after 5 minutes", wave)
+}
+
+// claimTemplate asks for k GPUs, aligned on attribute when it is not empty.
+func claimTemplate(ns, name string, k int, attribute string) *resourcev1.ResourceClaimTemplate {
+	t := &resourcev1.ResourceClaimTemplate{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: resourcev1.ResourceClaimTemplateSpec{Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{
+			Requests: []resourcev1.DeviceRequest{{Name: "gpus", Exactly: &resourcev1.ExactDeviceRequest{
+				DeviceClassName: driverName, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: int64(k),
+			}}},
+		}}},
+	}
+	if attribute != "" {
+		t.Spec.Spec.Devices.Constraints = []resourcev1.DeviceConstraint{{
+			Requests: []string{"gpus"}, MatchAttribute: ptr.To(resourcev1.FullyQualifiedName(attribute)),
+		}}
+	}
+	return t
+}
+
+func ensureTemplate(ctx context.Context, cs kubernetes.Interface, t *resourcev1.ResourceClaimTemplate) error {
+	_, err := cs.ResourceV1().ResourceClaimTemplates(t.Namespace).Create(ctx, t, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	return err
+}
+
+// draPod uses a claim from the template.
+func draPod(ns, wave, template string) podFactory {
+	return func(i int) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("%s-%04d", wave, i)},
+			Spec: corev1.PodSpec{
+				ResourceClaims: []corev1.PodResourceClaim{{Name: "gpus", ResourceClaimTemplateName: ptr.To(template)}},
+				Containers: []corev1.Container{{Name: "main", Image: "busybox",
+					Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpus"}}}}},
+				Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+			},
+		}
+	}
+}
+
+// legacyPod asks the topology-aware scheduler for k nvidia.com/gpu.
+func legacyPod(ns, wave, scheduler string, k int) podFactory {
+	q := *resource.NewQuantity(int64(k), resource.DecimalSI)
+	return func(i int) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("%s-%04d", wave, i)},
+			Spec: corev1.PodSpec{
+				SchedulerName: scheduler,
+				Containers: []corev1.Container{{Name: "main", Image: "busybox",
+					Resources: corev1.ResourceRequirements{
+						Limits:   corev1.ResourceList{"nvidia.com/gpu": q},
+						Requests: corev1.ResourceList{"nvidia.com/gpu": q},
+					}}},
+				Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+			},
+		}
+	}
+}
+
+// median of the waves' figure.
+func median(rs []waveResult, f func(waveResult) float64) float64 {
+	v := make([]float64, 0, len(rs))
+	for _, r := range rs {
+		v = append(v, f(r))
+	}
+	slices.Sort(v)
+	if len(v) == 0 {
+		return 0
+	}
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+}
