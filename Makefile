@@ -35,6 +35,7 @@ test-unit: tools-cdi
 test-e2e:
 	@bash tests/tools/build.sh kube etcd kwok
 	eval "$$(bash tests/tools/build.sh --env)" && cd tests/cluster && TOPODRA_REQUIRE_TOOLS=1 go test -count=1 ./...
+	cd tests/scale && CGO_ENABLED=0 go vet ./... && CGO_ENABLED=0 go test -trimpath -count=1 ./...
 
 ## e2e: the end-to-end tests of tests/e2e: the plugin binary on simulated nodes, the
 ## kubelet's own plugin-manager and DRA-manager code (tests/e2e/harness) as its peer, the

@@ -93,6 +93,10 @@ type Options struct {
 	// Kwok also runs kwok (as system:masters), managing the nodes annotated
 	// KwokNodeAnnotation=fake: fake nodes for the scale suite.
 	Kwok bool
+	// ClientQPS, when set, raises the API client rate of kube-scheduler and
+	// kube-controller-manager (QPS, and twice that as burst) above their defaults
+	// (50 and 20): the scale suite's waves would otherwise measure those limits.
+	ClientQPS int
 	// Verbosity is klog's -v for the Kubernetes components (default 2).
 	Verbosity int
 	// StartTimeout bounds each readiness wait (default 3 minutes: a cold
@@ -390,7 +394,7 @@ func (c *Cluster) start(ctx context.Context, bins map[string]string) error {
 				if port, err = freePort(); err != nil {
 					return nil, err
 				}
-				return []string{
+				return append([]string{
 					"--kubeconfig=" + kcmKubeconfig,
 					"--authentication-kubeconfig=" + kcmKubeconfig,
 					"--authorization-kubeconfig=" + kcmKubeconfig,
@@ -411,7 +415,7 @@ func (c *Cluster) start(ctx context.Context, bins map[string]string) error {
 					"--profiling=false",
 					"--feature-gates=" + c.FeatureGatesFlag(),
 					"--v=" + strconv.Itoa(c.opts.Verbosity),
-				}, nil
+				}, c.clientQPSArgs()...), nil
 			}, bins[ControllerManager], func(ctx context.Context) error {
 				return waitHTTP(ctx, insecureClient(), fmt.Sprintf("https://127.0.0.1:%d/healthz", port), "ok")
 			})
@@ -428,10 +432,10 @@ func (c *Cluster) start(ctx context.Context, bins map[string]string) error {
 			errs[1] = os.WriteFile(cfg, []byte(fmt.Sprintf(`apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
 clientConnection:
-  kubeconfig: %q
+  kubeconfig: %q%s
 leaderElection:
   leaderElect: false
-`, schedKubeconfig)), 0o644)
+`, schedKubeconfig, c.clientQPSConfig())), 0o644)
 			if errs[1] != nil {
 				return
 			}
@@ -590,6 +594,22 @@ func (c *Cluster) fail(err error) {
 		c.mu.Unlock()
 		close(c.done)
 	})
+}
+
+// clientQPSArgs are kube-controller-manager's flags for Options.ClientQPS.
+func (c *Cluster) clientQPSArgs() []string {
+	if c.opts.ClientQPS <= 0 {
+		return nil
+	}
+	return []string{fmt.Sprintf("--kube-api-qps=%d", c.opts.ClientQPS), fmt.Sprintf("--kube-api-burst=%d", 2*c.opts.ClientQPS)}
+}
+
+// clientQPSConfig is the same for kube-scheduler's clientConnection.
+func (c *Cluster) clientQPSConfig() string {
+	if c.opts.ClientQPS <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("\n  qps: %d\n  burst: %d", c.opts.ClientQPS, 2*c.opts.ClientQPS)
 }
 
 // Done is closed when a component exits on its own (not through Stop); Err

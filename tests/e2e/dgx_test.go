@@ -220,7 +220,7 @@ func checkAttributes(t *testing.T, devices map[string]resourceapi.Device) {
 			{"resource.kubernetes.io/numaNode", "int"},
 			{"resource.kubernetes.io/pcieRoot", "string"},
 			{"resource.kubernetes.io/pciBusID", "string"},
-			{"type", "string"}, {"uuid", "string"}, {"index", "int"}, {"minor", "int"},
+			{"type", "string"}, {"uuid", "string"}, {"minor", "int"},
 			{"productName", "string"}, {"brand", "string"}, {"architecture", "string"},
 			{"cudaComputeCapability", "version"}, {"driverVersion", "version"}, {"cudaDriverVersion", "version"},
 			{"socket", "int"}, {"nvlinkDomain", "string"},
@@ -234,6 +234,9 @@ func checkAttributes(t *testing.T, devices map[string]resourceapi.Device) {
 			if !okKind {
 				t.Errorf("%s: attribute %s = %+v, want a %s", name, a.name, v, a.kind)
 			}
+		}
+		if _, ok := attr(d, "index"); ok {
+			t.Errorf("%s: publishes index, which NVML does not keep stable", name)
 		}
 		if v, _ := attr(d, "type"); v.StringValue == nil || *v.StringValue != "gpu" {
 			t.Errorf("%s: type %+v", name, v)

@@ -15,6 +15,7 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 
 	"topodra.dev/tests/cluster"
 )
@@ -44,18 +45,26 @@ func summarize(k kindResult) kindResult {
 // stackResult is everything measured on one stack's control plane.
 type stackResult struct {
 	Kinds             []kindResult              `json:"kinds"`
-	MemoryPeak        map[string]int64          `json:"memoryPeakBytes"` // RSS during the waves
-	MemoryIdle        map[string]int64          `json:"memoryIdleBytes"` // RSS at the end of the idle period
-	GoHeap            map[string]float64        `json:"goHeapBytes"`     // go_memstats_heap_inuse_bytes at the end of the waves
-	Requests          map[string]float64        `json:"requests"`        // apiserver_request_total during the waves, by verb and resource
+	MemoryPeak        map[string]int64          `json:"memoryPeakBytes"`      // RSS during the waves
+	MemoryIdleStart   map[string]int64          `json:"memoryIdleStartBytes"` // RSS when the idle period starts
+	MemoryIdle        map[string]int64          `json:"memoryIdleBytes"`      // RSS at its end
+	GoHeap            map[string]float64        `json:"goHeapBytes"`          // go_memstats_heap_inuse_bytes at the end of the waves
+	Requests          map[string]float64        `json:"requests"`             // apiserver_request_total during the waves, by verb and resource
 	RequestsByClient  map[string]map[string]int `json:"requestsByClient"`
 	IdleByClient      map[string]map[string]int `json:"idleRequestsByClient"`
 	IdleSeconds       float64                   `json:"idleSeconds"`
 	SliceBytesPerGPU  float64                   `json:"sliceBytesPerGPU,omitempty"`
 	NvidiaBytesPerGPU float64                   `json:"nvidiaSliceBytesPerGPU,omitempty"`
 	ControllerMetrics map[string]float64        `json:"controllerMetrics,omitempty"`
+	Plugins           *pluginFigures            `json:"plugins,omitempty"`
 	Notes             []string                  `json:"notes,omitempty"`
 }
+
+// clientQPS is the API client rate of every scheduler and the controller-manager
+// in both stacks: their defaults (50, 20) would make the waves measure those limits
+// (the DRA path has the controller-manager create each pod's claim). Large
+// clusters raise them the same way.
+const clientQPS = 200
 
 func startCluster(ctx context.Context, name string) (*cluster.Cluster, string, error) {
 	dir, err := os.MkdirTemp("", "topodra-scale-"+name+"-")
@@ -76,6 +85,7 @@ func startCluster(ctx context.Context, name string) (*cluster.Cluster, string, e
 			"--audit-log-maxsize=0",
 		}},
 		Verbosity: 1,
+		ClientQPS: clientQPS,
 	})
 	return cl, auditLog, err
 }
@@ -118,7 +128,7 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 		return res, err
 	}
 	defer os.RemoveAll(simDir)
-	flags, err := simFlags(c.bins.simNode, "dgx-h100", simDir)
+	flags, serveFlags, err := simFlags(c.bins.simNode, "dgx-h100", simDir)
 	if err != nil {
 		return res, err
 	}
@@ -178,6 +188,15 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 			res.Kinds = append(res.Kinds, kr)
 		}
 	}
+	// The same aligned claims created beforehand: the waves then time the
+	// scheduler alone, without the controller-manager making each pod's claim.
+	for _, k := range c.sizes {
+		kr, err := draPrecreated(ctx, cs, c, ns, k)
+		if err != nil {
+			return res, err
+		}
+		res.Kinds = append(res.Kinds, kr)
+	}
 	to := time.Now()
 	res.MemoryPeak, _ = sampler.snapshot()
 	after, err := apiserverMetrics(ctx, cs, "apiserver_request_total", "go_memstats_heap_inuse_bytes")
@@ -225,8 +244,34 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 		}
 	}
 
+	var plugins *pluginFleet
+	if k := min(c.plugins, c.nodes); k > 0 {
+		progress("dra: replacing the slices by %d real topodra-kubelet-plugin processes", k)
+		if err := republish(ctx, cs, nil); err != nil {
+			return res, err
+		}
+		startFrom := time.Now()
+		fleet, err := startPlugins(ctx, cl, c, serveFlags, k)
+		if fleet != nil {
+			defer fleet.stop()
+		}
+		if err != nil {
+			return res, err
+		}
+		if err := waitSlices(ctx, cs, k, len(ordered[0]), 5*time.Minute); err != nil {
+			return res, err
+		}
+		startTo := time.Now()
+		startup, err := auditCounts(auditLog, startFrom, startTo)
+		if err != nil {
+			return res, err
+		}
+		res.Plugins = &pluginFigures{Count: k, StartSeconds: startTo.Sub(startFrom).Seconds(), Startup: startup["topodra-kubelet-plugin"]}
+		plugins = fleet
+	}
 	progress("dra: idle for %s, counting every client's requests", c.idle)
 	sampler.reset()
+	_, res.MemoryIdleStart = sampler.snapshot()
 	idleFrom := time.Now()
 	select {
 	case <-time.After(c.idle):
@@ -242,7 +287,19 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 	if ctrl != nil {
 		res.ControllerMetrics = ctrl.metrics()
 	}
+	if plugins != nil {
+		res.Plugins.RSSTotal, res.Plugins.RSSLargest = plugins.rss()
+	}
 	return res, nil
+}
+
+// pluginFigures are the real plugins' start and idle.
+type pluginFigures struct {
+	Count        int            `json:"count"`
+	StartSeconds float64        `json:"startSeconds"` // all started to all slices published
+	Startup      map[string]int `json:"startupRequests"`
+	RSSTotal     int64          `json:"rssTotalBytes"`
+	RSSLargest   int64          `json:"rssLargestBytes"`
 }
 
 // draKind runs the waves of one claim size and kind; variant names the slices'
@@ -275,6 +332,52 @@ func draKind(ctx context.Context, cs kubernetes.Interface, c config, ns string, 
 		progress("dra %-16s %d GPUs, wave %d: %d/%d bound in %.1fs, %.1f pods/s, p50 %.0f ms, p99 %.0f ms",
 			label, k, w+1, r.Bound, r.Pods, r.Seconds, r.PodsPerSec, r.P50Ms, r.P99Ms)
 		kr.Waves = append(kr.Waves, r)
+		if err := clearWave(ctx, cs, ns, wave); err != nil {
+			return kr, err
+		}
+	}
+	return summarize(kr), nil
+}
+
+// draPrecreated runs aligned waves whose claims exist before the pods.
+func draPrecreated(ctx context.Context, cs kubernetes.Interface, c config, ns string, k int) (kindResult, error) {
+	attribute := "resource.kubernetes.io/numaNode"
+	if k > 4 {
+		attribute = driverName + "/nvlinkDomain"
+	}
+	spec := claimTemplate(ns, "unused", k, attribute).Spec.Spec
+	kr := kindResult{Size: k, Kind: "aligned-precreated", Attribute: attribute}
+	pods := int(float64(c.nodes*gpusPerNode) * c.fill / float64(k))
+	for w := 0; w < c.waves; w++ {
+		wave := fmt.Sprintf("w%d-pre-%d", w, k)
+		if err := parallel(pods, 16, func(i int) error {
+			_, err := cs.ResourceV1().ResourceClaims(ns).Create(ctx, &resourcev1.ResourceClaim{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("%s-%04d", wave, i), Labels: map[string]string{waveLabel: wave}},
+				Spec:       spec,
+			}, metav1.CreateOptions{})
+			return err
+		}); err != nil {
+			return kr, err
+		}
+		newPod := func(i int) *corev1.Pod {
+			p := draPod(ns, wave, "")(i)
+			p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpus", ResourceClaimName: ptr.To(fmt.Sprintf("%s-%04d", wave, i))}}
+			return p
+		}
+		r, _, err := runWave(ctx, cs, ns, wave, pods, newPod, c.stall)
+		if err != nil {
+			return kr, fmt.Errorf("wave %s: %w", wave, err)
+		}
+		progress("dra %-18s %d GPUs, wave %d: %d/%d bound in %.1fs, %.1f pods/s, p50 %.0f ms, p99 %.0f ms",
+			"aligned-precreated", k, w+1, r.Bound, r.Pods, r.Seconds, r.PodsPerSec, r.P50Ms, r.P99Ms)
+		kr.Waves = append(kr.Waves, r)
+		sel := metav1.ListOptions{LabelSelector: waveLabel + "=" + wave}
+		if err := cs.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, sel); err != nil {
+			return kr, err
+		}
+		if err := cs.ResourceV1().ResourceClaims(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, sel); err != nil {
+			return kr, err
+		}
 		if err := clearWave(ctx, cs, ns, wave); err != nil {
 			return kr, err
 		}

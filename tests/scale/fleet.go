@@ -73,20 +73,20 @@ func simulatedSlices(plugin string, simFlags []string, n int, numaFormat string)
 	return out, err
 }
 
-// simFlags runs topodra-sim-node for the profile and returns the plugin flags it prints.
-func simFlags(simNode, profile, dir string) ([]string, error) {
+// simFlags runs topodra-sim-node for the profile and returns the plugin flags it
+// prints: those `discover` takes, and all of them for `serve`.
+func simFlags(simNode, profile, dir string) (discover, serve []string, err error) {
 	raw, err := exec.Command(simNode, profile, dir).Output()
 	if err != nil {
-		return nil, fmt.Errorf("topodra-sim-node %s: %w", profile, err)
+		return nil, nil, fmt.Errorf("topodra-sim-node %s: %w", profile, err)
 	}
-	var flags []string
-	for _, f := range strings.Fields(string(raw)) {
-		// Only what discovery reads; serve-only flags are not discover's.
+	serve = strings.Fields(string(raw))
+	for _, f := range serve {
 		if strings.HasPrefix(f, "--nvml-lib=") || strings.HasPrefix(f, "--hwloc-xml=") {
-			flags = append(flags, f)
+			discover = append(discover, f)
 		}
 	}
-	return flags, nil
+	return discover, serve, nil
 }
 
 // shuffled returns the slices with each slice's devices in a random order: what

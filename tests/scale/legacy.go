@@ -191,8 +191,7 @@ func (u *updater) write(ctx context.Context, node string, free [numaZones]int, f
 	}
 	o := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "topology.node.k8s.io/v1alpha2", "kind": "NodeResourceTopology",
-		"metadata":         map[string]any{"name": node},
-		"topologyPolicies": []any{"SingleNUMANodePodLevel"},
+		"metadata": map[string]any{"name": node},
 		"attributes": []any{
 			map[string]any{"name": "topologyManagerPolicy", "value": "single-numa-node"},
 			map[string]any{"name": "topologyManagerScope", "value": "pod"},
@@ -260,6 +259,12 @@ func legacy(ctx context.Context, c config, bin string) (*stackResult, error) {
 		return nil, err
 	}
 	up := newUpdater(dyn, c.nodes)
+	// Every node of that stack runs the updater itself as a DaemonSet pod; its pods
+	// are part of the node's pod set, which the scheduler's cache checks the
+	// objects' fingerprints against.
+	if err := startDaemonPods(ctx, cs, up, c.nodes); err != nil {
+		return nil, err
+	}
 	if err := up.publish(ctx); err != nil {
 		return nil, fmt.Errorf("first NodeResourceTopology objects: %w", err)
 	}
@@ -269,7 +274,7 @@ func legacy(ctx context.Context, c config, bin string) (*stackResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer sched.stop()
+	defer func() { sched.stop() }()
 
 	const ns = "scale"
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
@@ -314,6 +319,18 @@ func legacy(ctx context.Context, c config, bin string) (*stackResult, error) {
 		pods := int(float64(c.nodes*gpusPerNode) * c.fill / float64(k))
 		for w := 0; w < c.waves; w++ {
 			wave := fmt.Sprintf("w%d-legacy-%d", w, k)
+			// Each wave gets a scheduler whose NodeResourceTopology cache starts from
+			// the current objects: a cache left over-reserved by the last wave
+			// recovers only when its resync finds matching fingerprints and the
+			// pods are retried, which measures that recovery rather than
+			// scheduling (the first wave after a change shows it: see the notes).
+			if w > 0 || k != c.sizes[0] {
+				sched.stop()
+				if sched, err = startTopoScheduler(ctx, cl, c.repo, bin); err != nil {
+					return nil, err
+				}
+				sampler.add(topoScheduler, sched.cmd.Process.Pid)
+			}
 			up.takeMisaligned()
 			r, _, err := runWave(ctx, cs, ns, wave, pods, legacyPod(ns, wave, topoScheduler, k), c.stall)
 			if err != nil {
@@ -348,6 +365,7 @@ func legacy(ctx context.Context, c config, bin string) (*stackResult, error) {
 	}
 	progress("legacy: idle for %s", c.idle)
 	sampler.reset()
+	_, res.MemoryIdleStart = sampler.snapshot()
 	idleFrom := time.Now()
 	select {
 	case <-time.After(c.idle):
@@ -364,6 +382,50 @@ func legacy(ctx context.Context, c config, bin string) (*stackResult, error) {
 	return res, nil
 }
 
+const daemonNamespace = "kube-system"
+
+// startDaemonPods runs one topology-updater pod on each node (kwok runs it) and
+// waits for them to be Running.
+func startDaemonPods(ctx context.Context, cs kubernetes.Interface, up *updater, n int) error {
+	err := parallel(n, 8, func(i int) error {
+		name := "topology-updater-" + nodeName(i)
+		_, err := cs.CoreV1().Pods(daemonNamespace).Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: daemonNamespace},
+			Spec: corev1.PodSpec{
+				NodeName:    nodeName(i),
+				Containers:  []corev1.Container{{Name: "updater", Image: "nfd"}},
+				Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+			},
+		}, metav1.CreateOptions{})
+		up.mu.Lock()
+		up.pods[nodeName(i)][daemonNamespace+"/"+name] = true
+		up.mu.Unlock()
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(3 * time.Minute); ; {
+		l, err := cs.CoreV1().Pods(daemonNamespace).List(ctx, metav1.ListOptions{FieldSelector: "status.phase=Running"})
+		if err != nil {
+			return err
+		}
+		running := 0
+		for _, p := range l.Items {
+			if strings.HasPrefix(p.Name, "topology-updater-") {
+				running++
+			}
+		}
+		if running >= n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d topology-updater pods running after 3 minutes", running, n)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
 type schedProc struct {
 	cmd  *exec.Cmd
 	done chan struct{}
@@ -377,6 +439,8 @@ func startTopoScheduler(ctx context.Context, cl *cluster.Cluster, repo, bin stri
 		return nil, err
 	}
 	cfg := strings.NewReplacer("@KUBECONFIG@", cl.Kubeconfig, "@CACHE_RESYNC_PERIOD_SECONDS@", "5", "@DISCARD_RESERVED_NODES@", "false").Replace(string(tmpl))
+	// The same client rate as the DRA stack's scheduler.
+	cfg = strings.Replace(cfg, "clientConnection:\n", fmt.Sprintf("clientConnection:\n  qps: %d\n  burst: %d\n", clientQPS, 2*clientQPS), 1)
 	cfgPath := filepath.Join(cl.Dir, "topology-aware-scheduler.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		return nil, err

@@ -35,6 +35,7 @@ type config struct {
 	variants   bool
 	legacy     bool
 	updaterInt time.Duration
+	plugins    int
 	bins       bins
 	repo       string
 }
@@ -59,6 +60,7 @@ func main() {
 	flag.DurationVar(&c.stall, "stall", 30*time.Second, "a wave gives up when no pod was bound for this long")
 	flag.BoolVar(&c.variants, "variants", true, "also run shuffled device order and list-form numaNode (aligned waves)")
 	flag.BoolVar(&c.legacy, "legacy", true, "run the legacy stack too (skipped, with the reason, when its scheduler is not built)")
+	flag.IntVar(&c.plugins, "plugins", 100, "real plugin processes (on the first nodes) publishing their slices for the idle period")
 	flag.DurationVar(&c.updaterInt, "updater-interval", 60*time.Second, "the simulated topology updater's interval (the NFD updater's default)")
 	flag.StringVar(&c.bins.plugin, "plugin", "", "topodra-kubelet-plugin binary (default: target/release, else target/debug)")
 	flag.StringVar(&c.bins.simNode, "sim-node", "", "topodra-sim-node binary")

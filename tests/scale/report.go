@@ -83,6 +83,9 @@ func (r results) markdown() string {
 				continue
 			}
 			fmt.Fprintf(&b, "| throughput, pods/s | %d | %.1f | %.1f | %s |\n", lk.Size, dk.PodsPerSec, lk.PodsPerSec, ratio(dk.PodsPerSec, lk.PodsPerSec))
+			if pk, ok := r.DRA.kind(lk.Size, "aligned-precreated"); ok {
+				fmt.Fprintf(&b, "| throughput, claims made beforehand | %d | %.1f | %.1f | %s |\n", lk.Size, pk.PodsPerSec, lk.PodsPerSec, ratio(pk.PodsPerSec, lk.PodsPerSec))
+			}
 			fmt.Fprintf(&b, "| latency p50, ms | %d | %.0f | %.0f | %s |\n", lk.Size, dk.P50Ms, lk.P50Ms, ratio(dk.P50Ms, lk.P50Ms))
 			fmt.Fprintf(&b, "| latency p99, ms | %d | %.0f | %.0f | %s |\n", lk.Size, dk.P99Ms, lk.P99Ms, ratio(dk.P99Ms, lk.P99Ms))
 		}
@@ -96,7 +99,7 @@ func (r results) markdown() string {
 		fmt.Fprintf(&b, "## Legacy stack\n\nNot run: %s.\n\n", r.LegacySkipped)
 	}
 
-	b.WriteString("## Memory (peak RSS during the waves; at the end of the idle period)\n\n| stack | component | peak | idle |\n|---|---|---|---|\n")
+	b.WriteString("## Memory (peak RSS during the waves; at the start and the end of the idle period)\n\n| stack | component | peak | idle start | idle end |\n|---|---|---|---|---|\n")
 	for _, st := range []struct {
 		name string
 		s    *stackResult
@@ -105,7 +108,7 @@ func (r results) markdown() string {
 			continue
 		}
 		for _, name := range sortedKeys(st.s.MemoryPeak) {
-			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", st.name, name, mib(st.s.MemoryPeak[name]), mib(st.s.MemoryIdle[name]))
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", st.name, name, mib(st.s.MemoryPeak[name]), mib(st.s.MemoryIdleStart[name]), mib(st.s.MemoryIdle[name]))
 		}
 	}
 
@@ -123,13 +126,38 @@ func (r results) markdown() string {
 		if st.s == nil {
 			continue
 		}
-		for _, c := range sortedKeys(st.s.IdleByClient) {
+		clients := sortedKeys(st.s.IdleByClient)
+		if st.name == "DRA" {
+			// topodra's own components appear even when they sent nothing.
+			for _, ours := range []string{"topodra-controller", "topodra-kubelet-plugin"} {
+				if _, ok := st.s.IdleByClient[ours]; !ok {
+					clients = append(clients, ours)
+				}
+			}
+		}
+		for _, c := range clients {
 			w, lw, l := writesAndLists(st.s.IdleByClient[c])
 			all := 0
 			for _, n := range st.s.IdleByClient[c] {
 				all += n
 			}
 			fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d |\n", st.name, c, w, lw, l, all)
+		}
+	}
+	if p := r.DRA.Plugins; p != nil {
+		fmt.Fprintf(&b, "\n## topodra's kubelet plugins\n\n%d real plugin processes, one per node: all slices published %.1f s after they started; "+
+			"resident memory %s in all, %s the largest, at the end of the idle period.\n\n| startup requests (all plugins) | count |\n|---|---|\n",
+			p.Count, p.StartSeconds, mib(p.RSSTotal), mib(p.RSSLargest))
+		for _, vr := range sortedKeys(p.Startup) {
+			fmt.Fprintf(&b, "| %s | %d |\n", vr, p.Startup[vr])
+		}
+	}
+	if m := r.DRA.ControllerMetrics; m != nil {
+		b.WriteString("\n## topodra's controller\n\n| metric | value |\n|---|---|\n")
+		for _, k := range sortedKeys(m) {
+			if strings.Contains(k, "writes") || strings.Contains(k, "api_requests") || strings.HasPrefix(k, "topodra_controller_nodes ") {
+				fmt.Fprintf(&b, "| `%s` | %.0f |\n", k, m[k])
+			}
 		}
 	}
 	for _, st := range []*stackResult{&r.DRA, r.Legacy} {

@@ -43,7 +43,7 @@ func runWave(ctx context.Context, cs kubernetes.Interface, ns, wave string, pods
 	if err != nil {
 		return waveResult{}, nil, err
 	}
-	defer w.Stop()
+	defer func() { w.Stop() }()
 
 	var mu sync.Mutex
 	created := map[string]time.Time{}
@@ -78,7 +78,24 @@ func runWave(ctx context.Context, cs kubernetes.Interface, ns, wave string, pods
 			createErr = nil
 		case ev, ok := <-w.ResultChan():
 			if !ok {
-				return waveResult{}, nil, fmt.Errorf("pod watch closed")
+				// The server ended the watch: catch up from a list (binds seen
+				// now are timed now) and watch on from there.
+				l, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: waveLabel + "=" + wave})
+				if err != nil {
+					return waveResult{}, nil, err
+				}
+				for i := range l.Items {
+					p := &l.Items[i]
+					if _, seen := bound[p.Name]; p.Spec.NodeName != "" && !seen {
+						bound[p.Name] = time.Now()
+						boundPods = append(boundPods, p)
+						lastProgress = time.Now()
+					}
+				}
+				if w, err = cs.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{LabelSelector: waveLabel + "=" + wave, ResourceVersion: l.ResourceVersion}); err != nil {
+					return waveResult{}, nil, err
+				}
+				continue
 			}
 			if ev.Type == watch.Error {
 				return waveResult{}, nil, fmt.Errorf("pod watch: %v", ev.Object)

@@ -25,7 +25,6 @@ pub const NUMA_NODE: &str = "resource.kubernetes.io/numaNode";
 // driver so that CEL selectors written for it keep working.
 pub const TYPE: &str = "type";
 pub const UUID: &str = "uuid";
-pub const INDEX: &str = "index";
 pub const MINOR: &str = "minor";
 pub const PRODUCT_NAME: &str = "productName";
 pub const BRAND: &str = "brand";
@@ -45,7 +44,6 @@ pub const NVLINK_CLIQUE: &str = "nvlinkClique";
 // driver names them so selectors port.
 pub const PROFILE: &str = "profile";
 pub const PARENT_UUID: &str = "parentUUID";
-pub const PARENT_INDEX: &str = "parentIndex";
 pub const PARENT_MINOR: &str = "parentMinor";
 pub const GPU_INSTANCE: &str = "gpuInstance";
 pub const COMPUTE_INSTANCE: &str = "computeInstance";
@@ -81,7 +79,6 @@ pub fn device_attributes(
 
     a.string(TYPE, Some(TYPE_GPU.to_owned()));
     a.string(UUID, gpu.uuid.clone());
-    a.int(INDEX, gpu.index);
     a.int(MINOR, gpu.minor);
     a.string(PRODUCT_NAME, gpu.product_name.clone());
     a.string(BRAND, gpu.brand.clone());
@@ -112,8 +109,8 @@ pub fn device_attributes(
 
 /// The attributes of one allocatable device: a whole GPU's, or for a MIG device its
 /// parent's topology and identity with the MIG device's own UUID, type and profile.
-/// The parent's index and minor become `parentIndex` and `parentMinor`, so a
-/// selector on `index` never matches a slice of a GPU by mistake.
+/// The parent's minor becomes `parentMinor`, so a selector on `minor` never
+/// matches a slice of a GPU by mistake.
 pub fn allocatable_attributes(
     dev: &AllocatableDevice,
     inv: &Inventory,
@@ -124,15 +121,12 @@ pub fn allocatable_attributes(
     let Some(mig) = &dev.mig else {
         return map;
     };
-    for name in [INDEX, MINOR] {
-        map.remove(name);
-    }
+    map.remove(MINOR);
     let mut a = Attributes::new(gpu);
     a.string(TYPE, Some(TYPE_MIG.to_owned()));
     a.string(UUID, Some(mig.uuid.clone()));
     a.string(PROFILE, mig.profile.clone());
     a.string(PARENT_UUID, gpu.uuid.clone());
-    a.int(PARENT_INDEX, gpu.index);
     a.int(PARENT_MINOR, gpu.minor);
     a.int(GPU_INSTANCE, Some(mig.gpu_instance));
     a.int(COMPUTE_INSTANCE, Some(mig.compute_instance));
@@ -336,7 +330,6 @@ mod tests {
             (NUMA_NODE, int(1)),
             (TYPE, string("gpu")),
             (UUID, string("GPU-7f1c2b3a-0000-4e5f-8a9b-000000000005")),
-            (INDEX, int(5)),
             (MINOR, int(5)),
             (PRODUCT_NAME, string("NVIDIA H100 80GB HBM3")),
             (BRAND, string("Nvidia")),
@@ -491,11 +484,11 @@ mod tests {
         gpu.nvlink_clique = Some(format!("{}.{}", "c".repeat(36), u32::MAX));
         let n = device_attributes(&gpu, &inv, &opts(NumaNodeFormat::List)).len()
             + device_capacity(&gpu).len();
-        assert_eq!(n, 19);
+        assert_eq!(n, 18);
         let mig = mig_of(&gpu);
         let m = allocatable_attributes(&mig, &inv, &opts(NumaNodeFormat::List)).len()
             + allocatable_capacity(&mig).len();
-        assert_eq!(m, 24);
+        assert_eq!(m, 23);
         assert!(n.max(m) <= crate::slice::validate::MAX_ATTRIBUTES);
     }
 
@@ -512,11 +505,10 @@ mod tests {
         );
         assert_eq!(got[PROFILE], string("3g.40gb"));
         assert_eq!(got[PARENT_UUID], whole[UUID]);
-        assert_eq!(got[PARENT_INDEX], whole[INDEX]);
         assert_eq!(got[PARENT_MINOR], whole[MINOR]);
         assert_eq!(got[GPU_INSTANCE].int, Some(1));
         assert_eq!(got[COMPUTE_INSTANCE].int, Some(0));
-        assert!(!got.contains_key(INDEX) && !got.contains_key(MINOR));
+        assert!(!got.contains_key(MINOR));
         for topo in [
             NUMA_NODE,
             PCIE_ROOT,

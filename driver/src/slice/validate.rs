@@ -566,8 +566,8 @@ mod tests {
     #[test]
     fn too_many_attributes_are_refused() {
         let mut s = dgx_slice();
-        // 16 attributes and 1 capacity already; 16 more make 33.
-        for i in 0..16 {
+        // 15 attributes and 1 capacity already; 17 more make 33.
+        for i in 0..17 {
             attr(&mut s, 2, &format!("extra{i}"), version("1.0.0"));
         }
         let err = validate_slice(&s).unwrap_err();

@@ -1,0 +1,125 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8stypes "k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+)
+
+func TestClientNamesTheProgram(t *testing.T) {
+	for ua, want := range map[string]string{
+		"kube-scheduler/v1.37.2 (linux/amd64) kubernetes/abc/scheduler": "kube-scheduler",
+		"topodra-controller/0.1.0":                                      "topodra-controller",
+		"":                                                              "unknown",
+	} {
+		if got := client(ua); got != want {
+			t.Errorf("client(%q) = %q, want %q", ua, got, want)
+		}
+	}
+}
+
+func TestAuditCountsByClientInTheWindow(t *testing.T) {
+	dir := t.TempDir()
+	at := func(s int) string { return time.Unix(1_800_000_000+int64(s), 0).UTC().Format(time.RFC3339Nano) }
+	lines := []string{
+		`{"verb":"patch","userAgent":"topodra-controller/0.1.0","objectRef":{"resource":"noderesourcetopologies"},"requestReceivedTimestamp":"` + at(10) + `"}`,
+		`{"verb":"update","userAgent":"topodra-controller/0.1.0","objectRef":{"resource":"leases"},"requestReceivedTimestamp":"` + at(11) + `"}`,
+		`{"verb":"list","userAgent":"topodra-controller/0.1.0","objectRef":{"resource":"pods"},"requestReceivedTimestamp":"` + at(12) + `"}`,
+		`{"verb":"watch","userAgent":"topodra-controller/0.1.0","objectRef":{"resource":"pods"},"requestReceivedTimestamp":"` + at(99) + `"}`,
+	}
+	path := filepath.Join(dir, "audit.log")
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	counts, err := auditCounts(path, time.Unix(1_800_000_000, 0), time.Unix(1_800_000_050, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, lw, l := writesAndLists(counts["topodra-controller"])
+	if w != 1 || lw != 1 || l != 1 {
+		t.Errorf("writes %d, lease writes %d, lists %d; want 1 each (the watch is outside the window)", w, lw, l)
+	}
+}
+
+func TestPercentilesAndMedians(t *testing.T) {
+	v := []float64{1, 2, 3, 4, 100}
+	if p := percentile(v, 0.5); p != 3 {
+		t.Errorf("p50 = %v", p)
+	}
+	if p := percentile(v, 0.99); p != 100 {
+		t.Errorf("p99 = %v", p)
+	}
+	rs := []waveResult{{PodsPerSec: 10}, {PodsPerSec: 30}, {PodsPerSec: 20}, {PodsPerSec: 40}}
+	if m := median(rs, func(r waveResult) float64 { return r.PodsPerSec }); m != 25 {
+		t.Errorf("median = %v", m)
+	}
+}
+
+func TestNvidiaEquivalentKeepsTheirAttributeSet(t *testing.T) {
+	str := func(s string) resourcev1.DeviceAttribute { return resourcev1.DeviceAttribute{StringValue: ptr.To(s)} }
+	s := resourcev1.ResourceSlice{Spec: resourcev1.ResourceSliceSpec{Devices: []resourcev1.Device{{
+		Name: "gpu-0",
+		Attributes: map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{
+			"type": str("gpu"), "uuid": str("GPU-1"), "socket": {IntValue: ptr.To[int64](0)},
+			"resource.kubernetes.io/pciBusID": str("0000:18:00.0"), "resource.kubernetes.io/numaNode": {IntValue: ptr.To[int64](0)},
+		},
+		Capacity: map[resourcev1.QualifiedName]resourcev1.DeviceCapacity{"memory": {Value: resource.MustParse("80Gi")}, "multiprocessors": {Value: resource.MustParse("132")}},
+	}}}}
+	nv := nvidiaEquivalent(s)
+	d := nv.Spec.Devices[0]
+	for _, gone := range []resourcev1.QualifiedName{"socket", "resource.kubernetes.io/numaNode"} {
+		if _, ok := d.Attributes[gone]; ok {
+			t.Errorf("%s kept", gone)
+		}
+	}
+	if *d.Attributes["pcieBusID"].StringValue != "0000:18:00.0" {
+		t.Errorf("pcieBusID: %v", d.Attributes["pcieBusID"])
+	}
+	if len(d.Capacity) != 1 {
+		t.Errorf("capacity %v", d.Capacity)
+	}
+	if len(s.Spec.Devices[0].Attributes) != 5 {
+		t.Error("the original was changed")
+	}
+	if sliceBytesPerGPU([]resourcev1.ResourceSlice{nv}) >= sliceBytesPerGPU([]resourcev1.ResourceSlice{s}) {
+		t.Error("the NVIDIA form is not smaller")
+	}
+}
+
+func TestUpdaterPlacesLikeTheTopologyManager(t *testing.T) {
+	u := newUpdater(nil, 1)
+	pod := func(name string, k int) *corev1.Pod {
+		q := *resource.NewQuantity(int64(k), resource.DecimalSI)
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "scale", UID: k8stypes.UID("uid-" + name)},
+			Spec: corev1.PodSpec{NodeName: nodeName(0), Containers: []corev1.Container{{
+				Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu": q}}}}},
+		}
+	}
+	u.bound(pod("a", 3))
+	u.bound(pod("b", 3))
+	u.bound(pod("c", 2)) // 1 + 1 free: no zone has 2
+	if got := *u.free[nodeName(0)]; got != [numaZones]int{1, 1} {
+		t.Fatalf("free %v", got)
+	}
+	if m := u.takeMisaligned(); m != 1 {
+		t.Errorf("misaligned %d, want 1", m)
+	}
+	u.gone(pod("a", 3))
+	u.bound(pod("d", 2))
+	if got := *u.free[nodeName(0)]; got != [numaZones]int{2, 1} {
+		t.Errorf("free %v after a leaves and d (2) comes", got)
+	}
+	if len(u.pods[nodeName(0)]) != 3 {
+		t.Errorf("pod set %v: b, c and d are on the node", u.pods[nodeName(0)])
+	}
+}
