@@ -197,15 +197,7 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 		}
 		res.Kinds = append(res.Kinds, kr)
 	}
-	to := time.Now()
-	res.MemoryPeak, _ = sampler.snapshot()
-	after, err := apiserverMetrics(ctx, cs, "apiserver_request_total", "go_memstats_heap_inuse_bytes")
-	if err != nil {
-		return res, err
-	}
-	res.Requests = requestsByVerbResource(diff(after, before))
-	res.GoHeap = map[string]float64{"kube-apiserver": after["go_memstats_heap_inuse_bytes"]}
-	if res.RequestsByClient, err = auditCounts(auditLog, from, to); err != nil {
+	if err := res.wavesDone(ctx, cs, sampler, auditLog, before, from); err != nil {
 		return res, err
 	}
 
@@ -270,18 +262,7 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 		plugins = fleet
 	}
 	progress("dra: idle for %s, counting every client's requests", c.idle)
-	sampler.reset()
-	_, res.MemoryIdleStart = sampler.snapshot()
-	idleFrom := time.Now()
-	select {
-	case <-time.After(c.idle):
-	case <-ctx.Done():
-		return res, ctx.Err()
-	}
-	idleTo := time.Now()
-	res.IdleSeconds = idleTo.Sub(idleFrom).Seconds()
-	_, res.MemoryIdle = sampler.snapshot()
-	if res.IdleByClient, err = auditCounts(auditLog, idleFrom, idleTo); err != nil {
+	if err := res.idle(ctx, c.idle, sampler, auditLog); err != nil {
 		return res, err
 	}
 	if ctrl != nil {
@@ -291,6 +272,40 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 		res.Plugins.RSSTotal, res.Plugins.RSSLargest = plugins.rss()
 	}
 	return res, nil
+}
+
+// wavesDone records what the waves since `from` cost: peak memory, the API
+// server's requests (against `before`) and Go heap, requests by client.
+func (res *stackResult) wavesDone(ctx context.Context, cs kubernetes.Interface, sampler *memSampler, auditLog string, before map[string]float64, from time.Time) error {
+	to := time.Now()
+	res.MemoryPeak, _ = sampler.snapshot()
+	after, err := apiserverMetrics(ctx, cs, "apiserver_request_total", "go_memstats_heap_inuse_bytes")
+	if err != nil {
+		return err
+	}
+	res.Requests = requestsByVerbResource(diff(after, before))
+	res.GoHeap = map[string]float64{"kube-apiserver": after["go_memstats_heap_inuse_bytes"]}
+	res.RequestsByClient, err = auditCounts(auditLog, from, to)
+	return err
+}
+
+// idle waits `d` doing nothing and records memory at both ends and every
+// client's requests in between.
+func (res *stackResult) idle(ctx context.Context, d time.Duration, sampler *memSampler, auditLog string) error {
+	sampler.reset()
+	_, res.MemoryIdleStart = sampler.snapshot()
+	from := time.Now()
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	to := time.Now()
+	res.IdleSeconds = to.Sub(from).Seconds()
+	_, res.MemoryIdle = sampler.snapshot()
+	var err error
+	res.IdleByClient, err = auditCounts(auditLog, from, to)
+	return err
 }
 
 // pluginFigures are the real plugins' start and idle.

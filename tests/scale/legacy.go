@@ -352,30 +352,11 @@ func legacy(ctx context.Context, c config, bin string) (*stackResult, error) {
 		}
 		res.Kinds = append(res.Kinds, summarize(kr))
 	}
-	to := time.Now()
-	res.MemoryPeak, _ = sampler.snapshot()
-	after, err := apiserverMetrics(ctx, cs, "apiserver_request_total", "go_memstats_heap_inuse_bytes")
-	if err != nil {
-		return nil, err
-	}
-	res.Requests = requestsByVerbResource(diff(after, before))
-	res.GoHeap = map[string]float64{"kube-apiserver": after["go_memstats_heap_inuse_bytes"]}
-	if res.RequestsByClient, err = auditCounts(auditLog, from, to); err != nil {
+	if err := res.wavesDone(ctx, cs, sampler, auditLog, before, from); err != nil {
 		return nil, err
 	}
 	progress("legacy: idle for %s", c.idle)
-	sampler.reset()
-	_, res.MemoryIdleStart = sampler.snapshot()
-	idleFrom := time.Now()
-	select {
-	case <-time.After(c.idle):
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	idleTo := time.Now()
-	res.IdleSeconds = idleTo.Sub(idleFrom).Seconds()
-	_, res.MemoryIdle = sampler.snapshot()
-	if res.IdleByClient, err = auditCounts(auditLog, idleFrom, idleTo); err != nil {
+	if err := res.idle(ctx, c.idle, sampler, auditLog); err != nil {
 		return nil, err
 	}
 	res.Notes = append(res.Notes, fmt.Sprintf("legacy: the simulated topology updater wrote %d NodeResourceTopology objects (interval %s, only changed nodes)", up.writes, c.updaterInt))
