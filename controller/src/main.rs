@@ -80,7 +80,11 @@ pub(crate) struct Cli {
     /// node is one write, and no node's object is written more often than this.
     /// (The NFD topology updater writes every 60 s; 500 ms made 500 busy nodes
     /// about four writes per node per scheduling wave.)
-    #[arg(long, env = "TOPODRA_WRITE_DELAY_MILLISECONDS", default_value_t = 10_000)]
+    #[arg(
+        long,
+        env = "TOPODRA_WRITE_DELAY_MILLISECONDS",
+        default_value_t = 10_000
+    )]
     write_delay_milliseconds: u64,
 
     /// Elect a leader among replicas on a Lease; off for a single replica.
