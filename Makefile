@@ -5,7 +5,7 @@ CARGO ?= cargo
 SIM_PROFILE ?= dgx-h100
 PROFILES := tests/fake-nvml/profiles
 
-.PHONY: all setup build release demo test test-unit test-e2e e2e tools-cdi chart-check lint fmt fmt-check clippy bench bench-prepare bench-scale clean
+.PHONY: all setup build release demo test test-unit test-e2e e2e tools-cdi chart-check deps-check deps-audit lint fmt fmt-check clippy bench bench-prepare bench-scale clean image image-check image-test
 
 all: build
 
@@ -15,15 +15,31 @@ setup:
 build: setup
 	$(CARGO) build --workspace
 
-release: setup
-	$(CARGO) build --workspace --release
+## release: target/release-artifacts/<version>/: the image tarballs (docker-loadable and
+## the OCI layout), the chart package, an SPDX SBOM, build.json and SHA256SUMS.
+release: image
+	@bash deploy/image/release.sh
+
+## image: the OCI images of the plugin and of the controller (with kubectl-topodra),
+## assembled without a container daemon from the release binaries and Debian packages:
+## target/image/oci, target/image/*.docker.tar; prints the digests. docs/deployment.md#images
+image: setup
+	@bash deploy/image/build.sh
+
+## image-check: `make image`, then assemble again and fail unless byte-identical.
+image-check: setup
+	@bash deploy/image/build.sh --check
+
+## image-test: the image tool's own tests (reproducibility on small fixture inputs).
+image-test:
+	cd deploy/image && go vet ./... && go test -count=1 ./...
 
 ## demo: a local control plane, the plugin on a simulated DGX H100, aligned GPU pods.
 demo: setup
 	@bash tests/scripts/demo.sh $(SIM_PROFILE)
 
 ## test: everything CI runs: formatting, lints, unit and integration tests.
-test: setup fmt-check clippy chart-check test-unit test-e2e e2e
+test: setup fmt-check clippy chart-check deps-check test-unit test-e2e e2e image-test
 
 test-unit: tools-cdi
 	@echo "== cargo test (first build compiles the dependency tree: a few minutes on 2 cores)"
@@ -41,11 +57,17 @@ test-e2e:
 ## kubelet's own plugin-manager and DRA-manager code (tests/e2e/harness) as its peer, the
 ## real kube-scheduler and controller-manager. E2E_RUN=<regexp> selects tests.
 E2E_RUN ?= .
-e2e:
+## The image tests run the plugin from the root filesystem of `make image`'s OCI layout.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
+IMAGE_ROOTFS := target/image/rootfs/kubelet-plugin
+e2e: image
 	$(CARGO) build -p topodra-fake-nvml -p topodra-kubelet-plugin -p topodra-controller
 	@bash tests/tools/build.sh kube etcd helm
+	rm -rf $(IMAGE_ROOTFS)
+	target/image/bin/topodra-image unpack -ref topodra-kubelet-plugin:$(VERSION) -dest $(IMAGE_ROOTFS)
 	eval "$$(bash tests/tools/build.sh --env kube etcd helm)" && cd tests/e2e && \
-		TOPODRA_REQUIRE_TOOLS=1 CGO_ENABLED=0 go test -trimpath -count=1 -timeout 30m -v -run '$(E2E_RUN)' ./...
+		TOPODRA_IMAGE_ROOTFS=$(CURDIR)/$(IMAGE_ROOTFS) TOPODRA_REQUIRE_TOOLS=1 CGO_ENABLED=0 \
+		go test -trimpath -count=1 -timeout 30m -v -run '$(E2E_RUN)' ./...
 
 ## tools-cdi: the CDI Go library check (what container runtimes run on our specs), and its own tests.
 tools-cdi:
@@ -55,6 +77,20 @@ tools-cdi:
 ## chart-check: helm lint, and deploy/manifests/topodra.yaml is the chart rendered now.
 chart-check:
 	@bash deploy/render.sh --check
+
+## deps-check: the dependency policy in deny.toml (licenses, one version of each crate,
+## no wildcards, crates.io only), offline, with the pinned cargo-deny that
+## tests/tools/cargo-deny.sh builds into the tools cache. cargo-deny reads the manifests
+## of every platform's dependencies; `cargo fetch` gets those a Linux build never
+## downloads (once; a no-op after). Exceptions: docs/design.md, "Dependency policy".
+deps-check:
+	@deny="$$(bash tests/tools/cargo-deny.sh)" && $(CARGO) fetch --locked && \
+		"$$deny" --offline --locked check licenses bans sources
+
+## deps-audit: RustSec advisories for Cargo.lock. Online (it fetches the advisory
+## database), so not part of `make test`.
+deps-audit:
+	@deny="$$(bash tests/tools/cargo-deny.sh)" && "$$deny" --locked check advisories
 
 fmt:
 	$(CARGO) fmt --all

@@ -22,7 +22,7 @@ use topodra_driver::slice::DEFAULT_DRIVER_NAME;
 #[derive(Debug, Parser)]
 #[command(
     name = "topodra-controller",
-    version,
+    version = topodra_ops::version::long(),
     about = "topodra's cluster controller: GPU capacity by topology, NodeResourceTopology without a node agent, why-pending Events"
 )]
 pub(crate) struct Cli {

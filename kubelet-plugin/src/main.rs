@@ -24,7 +24,7 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(
     name = "topodra-kubelet-plugin",
-    version,
+    version = topodra_ops::version::long(),
     about = "topodra DRA kubelet plugin for NVIDIA GPUs"
 )]
 struct Cli {

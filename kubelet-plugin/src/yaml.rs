@@ -1,6 +1,6 @@
 //! YAML output that every YAML parser reads back as the same data.
 //!
-//! serde_yaml writes YAML 1.2, where `0000:07:00.0` is a plain string; YAML 1.1
+//! In YAML 1.2, `0000:07:00.0` written plain is a string; YAML 1.1
 //! parsers (PyYAML, Go's yaml.v2, older kubectl plugins) read such a scalar as a
 //! base-60 number, and `no`, `on` or `y` as booleans. So every string that is not
 //! plainly a word is written double-quoted, in JSON's escaping, which YAML's
@@ -162,7 +162,7 @@ mod tests {
         });
         let text = to_string(&v);
         assert!(text.contains("string: \"0000:07:00.0\""), "{text}");
-        let back: Value = serde_yaml::from_str(&text).unwrap();
+        let back: Value = serde_saphyr::from_str(&text).unwrap();
         assert_eq!(back, v, "{text}");
     }
 }

@@ -13,97 +13,15 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
+use support::cdi::*;
 use support::*;
 use topodra_fake_nvml::Profile;
 use topodra_mock_apiserver::MockApiServer;
 use topodra_proto::dra::v1;
-
-/// Major of `/dev/nvidia<N>` and `/dev/nvidiactl`.
-const NVIDIA_MAJOR: u64 = 195;
-const NVIDIACTL_MINOR: u64 = 255;
-
-/// The `cdi-check` binary, or why there is none (built or looked up once per process).
-fn cdi_check() -> Option<PathBuf> {
-    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let found = BIN.get_or_init(locate_cdi_check);
-    let required = std::env::var("TOPODRA_REQUIRE_TOOLS").is_ok_and(|v| v == "1");
-    match found {
-        Ok(bin) => Some(bin.clone()),
-        Err(why) if required => panic!("cdi-check is required (TOPODRA_REQUIRE_TOOLS=1): {why}"),
-        Err(why) => {
-            eprintln!(
-                "SKIPPED: the CDI runtime check needs cdi-check: {why}\n\
-                 (set TOPODRA_CDI_CHECK to a built binary, or put go on PATH; \
-                 TOPODRA_REQUIRE_TOOLS=1 turns this skip into a failure)"
-            );
-            None
-        }
-    }
-}
-
-fn locate_cdi_check() -> Result<PathBuf, String> {
-    if let Some(path) = std::env::var_os("TOPODRA_CDI_CHECK") {
-        let path = PathBuf::from(path);
-        // A path that was set but is wrong is a mistake, not a reason to skip.
-        assert!(
-            path.is_file(),
-            "TOPODRA_CDI_CHECK={} is not a file",
-            path.display()
-        );
-        return Ok(path);
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/cdi-check/build.sh");
-    let go_found = Command::new("go")
-        .arg("version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !go_found {
-        return Err("TOPODRA_CDI_CHECK is not set and go is not on PATH".into());
-    }
-    let out = Command::new("bash")
-        .arg(&script)
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    eprint!("{stderr}");
-    if !out.status.success() {
-        return Err(format!(
-            "{} failed ({}):\n{stderr}",
-            script.display(),
-            out.status
-        ));
-    }
-    let path = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .trim()
-        .to_owned();
-    if path.is_empty() || !Path::new(&path).is_file() {
-        return Err(format!(
-            "{} printed no binary path (stdout: {:?})",
-            script.display(),
-            String::from_utf8_lossy(&out.stdout)
-        ));
-    }
-    Ok(PathBuf::from(path))
-}
-
-/// Runs `cdi-check` over the node's spec directory.
-fn run_cdi_check(bin: &Path, node: &NodeDirs, args: &[&str]) -> Output {
-    Command::new(bin)
-        .arg("--spec-dir")
-        .arg(node.cdi_dir())
-        .args(args)
-        .output()
-        .unwrap()
-}
 
 /// The injection result of `ids`, which must succeed.
 fn inject(bin: &Path, node: &NodeDirs, ids: &[String]) -> Value {
@@ -122,30 +40,10 @@ fn inject(bin: &Path, node: &NodeDirs, ids: &[String]) -> Value {
     serde_json::from_str(&stdout).unwrap()
 }
 
-fn cdi_ids(ids: &v1::NodePrepareResourceResponse) -> Vec<String> {
-    assert_eq!(ids.error, "", "{ids:?}");
-    ids.devices
-        .iter()
-        .flat_map(|d| d.cdi_device_ids.iter().cloned())
-        .collect()
-}
-
 fn strings(v: &Value) -> Vec<String> {
     v.as_array()
         .map(|a| a.iter().map(|s| s.as_str().unwrap().to_owned()).collect())
         .unwrap_or_default()
-}
-
-/// The major `/proc/devices` of the simulated node gives the driver `name`.
-fn proc_major(node: &NodeDirs, name: &str) -> u64 {
-    std::fs::read_to_string(&node.sim.proc_devices)
-        .unwrap()
-        .lines()
-        .find_map(|l| {
-            let (major, n) = l.trim().split_once(' ')?;
-            (n == name).then(|| major.parse().unwrap())
-        })
-        .unwrap()
 }
 
 /// What a container that gets `minors` (and nothing else of ours) must receive.

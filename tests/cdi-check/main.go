@@ -5,7 +5,7 @@
 //
 // Usage:
 //
-//	cdi-check --spec-dir DIR [--spec-dir DIR2 ...] [--oci-spec in.json] DEVICE_ID...
+//	cdi-check --spec-dir DIR [--spec-dir DIR2 ...] [--oci-spec in.json] [--oci-spec-out out.json] DEVICE_ID...
 //	cdi-check --spec-dir DIR --validate-only [DEVICE_ID...]
 //
 // Any error the cache records for any spec in the directories is fatal (a runtime
@@ -31,6 +31,9 @@
 //
 // With --validate-only nothing is injected; "specs" lists what loaded and each given
 // device id must resolve.
+//
+// With --oci-spec-out the whole edited runtime spec is also written to that file, as
+// the runtime would hand it to runc or crun: a test can run a real container with it.
 package main
 
 import (
@@ -111,8 +114,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.Var(&specDirs, "spec-dir", "CDI spec `directory` (repeatable; later ones take precedence, as in a runtime's cdi_spec_dirs)")
 	ociSpecPath := fs.String("oci-spec", "", "OCI runtime spec (config.json) `file` to inject into (default: a minimal spec)")
 	validateOnly := fs.Bool("validate-only", false, "load and validate the specs, check that the given device ids resolve, inject nothing")
+	ociSpecOut := fs.String("oci-spec-out", "", "also write the whole edited OCI runtime spec to `file`")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: cdi-check --spec-dir DIR [--oci-spec in.json] [--validate-only] DEVICE_ID...\n")
+		fmt.Fprintf(stderr, "usage: cdi-check --spec-dir DIR [--oci-spec in.json] [--oci-spec-out out.json] [--validate-only] DEVICE_ID...\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -129,6 +133,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if len(devices) == 0 && !*validateOnly {
 		fmt.Fprintln(stderr, "cdi-check: no device ids given (use --validate-only to only load the specs)")
+		fs.Usage()
+		return exitUsage
+	}
+	if *validateOnly && *ociSpecOut != "" {
+		fmt.Fprintln(stderr, "cdi-check: --oci-spec-out needs an injection, not --validate-only")
 		fs.Usage()
 		return exitUsage
 	}
@@ -152,10 +161,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 
-	res, err := check(specDirs, *ociSpecPath, *validateOnly, devices)
+	res, spec, err := check(specDirs, *ociSpecPath, *validateOnly, devices)
 	if err != nil {
 		fmt.Fprintf(stderr, "cdi-check: %v\n", err)
 		return exitFail
+	}
+	if *ociSpecOut != "" {
+		if err := writeOCISpec(*ociSpecOut, spec); err != nil {
+			fmt.Fprintf(stderr, "cdi-check: %v\n", err)
+			return exitFail
+		}
 	}
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
@@ -166,19 +181,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-// check builds the cache as a runtime does, fails on any spec error, and injects.
-func check(specDirs []string, ociSpecPath string, validateOnly bool, devices []string) (*Result, error) {
+// check builds the cache as a runtime does, fails on any spec error, and injects. The
+// edited spec is nil with validateOnly.
+func check(specDirs []string, ociSpecPath string, validateOnly bool, devices []string) (*Result, *oci.Spec, error) {
 	// A runtime configures the cache once with its spec dirs and keeps it refreshed
 	// with a watch; a one-shot check refreshes by hand instead.
 	cache, err := cdi.NewCache(cdi.WithSpecDirs(specDirs...), cdi.WithAutoRefresh(false))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := cache.Refresh(); err != nil {
-		return nil, specErrors(cache)
+		return nil, nil, specErrors(cache)
 	}
 	if errs := cache.GetErrors(); len(errs) > 0 {
-		return nil, specErrors(cache)
+		return nil, nil, specErrors(cache)
 	}
 
 	res := &Result{
@@ -196,21 +212,21 @@ func check(specDirs []string, ociSpecPath string, validateOnly bool, devices []s
 			}
 		}
 		if len(unresolved) > 0 {
-			return nil, fmt.Errorf("unresolvable CDI devices %s", strings.Join(unresolved, ", "))
+			return nil, nil, fmt.Errorf("unresolvable CDI devices %s", strings.Join(unresolved, ", "))
 		}
-		return res, nil
+		return res, nil, nil
 	}
 
 	spec, err := loadOCISpec(ociSpecPath)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if _, err := cache.InjectDevices(spec, devices...); err != nil {
 		// The error names the unresolvable devices, or says why applying failed.
-		return nil, err
+		return nil, nil, err
 	}
 	if errs := cache.GetErrors(); len(errs) > 0 {
-		return nil, specErrors(cache)
+		return nil, nil, specErrors(cache)
 	}
 
 	if spec.Linux != nil {
@@ -224,7 +240,7 @@ func check(specDirs []string, ociSpecPath string, validateOnly bool, devices []s
 		res.Process = &Process{Env: nonNil(spec.Process.Env), AdditionalGids: spec.Process.User.AdditionalGids}
 	}
 	res.Hooks = spec.Hooks
-	return res, nil
+	return res, spec, nil
 }
 
 func nonNil[T any](s []T) []T {
@@ -292,6 +308,24 @@ func loadOCISpec(path string) (*oci.Spec, error) {
 		return nil, fmt.Errorf("OCI spec %s: %w", path, err)
 	}
 	return &spec, nil
+}
+
+// writeOCISpec replaces path only once the spec is whole, so a runtime started on it
+// never reads half a config.json.
+func writeOCISpec(path string, spec *oci.Spec) error {
+	data, err := json.MarshalIndent(spec, "", "  ")
+	if err != nil {
+		return fmt.Errorf("OCI spec out: %w", err)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(data, '\n'), 0o644); err != nil {
+		return fmt.Errorf("OCI spec out: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("OCI spec out: %w", err)
+	}
+	return nil
 }
 
 func libraryVersion() string {

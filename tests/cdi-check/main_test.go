@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	oci "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 const (
@@ -131,6 +133,70 @@ func TestInjectsIntoAGivenOCISpec(t *testing.T) {
 	}
 }
 
+func TestWritesTheWholeEditedOCISpec(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "base.json")
+	outPath := filepath.Join(dir, "config.json")
+	config := `{"ociVersion": "1.0.2-dev", "hostname": "box", "root": {"path": "rootfs", "readonly": true},
+		"process": {"cwd": "/", "args": ["sh", "-c", "env"], "env": ["PATH=/bin"]},
+		"mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
+		"linux": {"namespaces": [{"type": "mount"}], "resources": {"devices": [{"allow": false, "access": "rwm"}]}}}`
+	if err := os.WriteFile(in, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := runCLI(t, "--spec-dir", "testdata/valid", "--oci-spec", in, "--oci-spec-out", outPath, gpu0)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	res := decode(t, out)
+	data, err := os.ReadFile(outPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec oci.Spec
+	if err := json.Unmarshal(data, &spec); err != nil {
+		t.Fatalf("written spec is not JSON: %v\n%s", err, data)
+	}
+
+	// What the base spec had is still there, for the runtime to run.
+	if spec.Hostname != "box" || spec.Root == nil || spec.Root.Path != "rootfs" || !spec.Root.Readonly ||
+		!slices.Equal(spec.Process.Args, []string{"sh", "-c", "env"}) || len(spec.Linux.Namespaces) != 1 {
+		t.Errorf("base spec lost: %s", data)
+	}
+	// The deny-all rule stays first, so the CDI allow rules after it decide.
+	rules := spec.Linux.Resources.Devices
+	if len(rules) != 4 || rules[0].Allow || !rules[1].Allow {
+		t.Errorf("cgroup rules: %+v", rules)
+	}
+	// And the edits are those the summary on stdout reports.
+	var paths []string
+	for _, d := range spec.Linux.Devices {
+		paths = append(paths, d.Path)
+	}
+	if !slices.Equal(paths, devicePaths(res)) || !slices.Equal(spec.Process.Env, res.Process.Env) ||
+		len(spec.Mounts) != len(res.Mounts) || len(spec.Hooks.CreateContainer) != 1 {
+		t.Errorf("written spec differs from the result:\n%s\nresult: %s", data, out)
+	}
+	if _, err := os.Stat(outPath + ".tmp"); !os.IsNotExist(err) {
+		t.Errorf("temporary file left behind: %v", err)
+	}
+}
+
+func TestNoOCISpecIsWrittenOnFailure(t *testing.T) {
+	outPath := filepath.Join(t.TempDir(), "config.json")
+	code, _, errOut := runCLI(t, "--spec-dir", "testdata/valid", "--oci-spec-out", outPath, "k8s.gpu.topodra.dev/claim=gone-gpu-3")
+	if code != exitFail {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if _, err := os.Stat(outPath); !os.IsNotExist(err) {
+		t.Errorf("spec written for a failed injection: %v", err)
+	}
+	code, _, errOut = runCLI(t, "--spec-dir", "testdata/valid", "--oci-spec-out", filepath.Join(t.TempDir(), "none", "config.json"), gpu0)
+	if code != exitFail || !strings.Contains(errOut, "OCI spec out: ") {
+		t.Errorf("unwritable path: exit %d: %s", code, errOut)
+	}
+}
+
 func TestAnInvalidSpecInTheDirIsFatalWithTheLibrarysError(t *testing.T) {
 	// gpu0's own spec is fine; another spec in the directory is not.
 	code, out, errOut := runCLI(t, "--spec-dir", "testdata/invalid", gpu0)
@@ -191,9 +257,10 @@ func TestValidateOnlyListsTheSpecs(t *testing.T) {
 
 func TestUsageErrors(t *testing.T) {
 	for name, args := range map[string][]string{
-		"no spec dir":    {gpu0},
-		"no devices":     {"--spec-dir", "testdata/valid"},
-		"unqualified id": {"--spec-dir", "testdata/valid", "c1-gpu-0"},
+		"no spec dir":                 {gpu0},
+		"no devices":                  {"--spec-dir", "testdata/valid"},
+		"unqualified id":              {"--spec-dir", "testdata/valid", "c1-gpu-0"},
+		"validate-only with spec out": {"--spec-dir", "testdata/valid", "--validate-only", "--oci-spec-out", "x.json", gpu0},
 	} {
 		if code, _, _ := runCLI(t, args...); code != exitUsage {
 			t.Errorf("%s: exit %d, want %d", name, code, exitUsage)

@@ -23,13 +23,7 @@ import (
 // deploy/render.sh does, and writes it to a file in dir.
 func helmTemplate(t *testing.T, dir string, args ...string) string {
 	t.Helper()
-	helm, err := cluster.FindTool(os.Getenv(cluster.ToolsEnv), "helm")
-	if err != nil {
-		if cluster.RequireTools() {
-			t.Fatal(err)
-		}
-		t.Skipf("skipping: %v", err)
-	}
+	helm := helmBinary(t)
 	chart := filepath.Join(repoRoot(t), "deploy", "helm", "topodra")
 	argv := append([]string{"template", "topodra", chart, "--namespace", "topodra-system", "--kube-version", "1.37.0"}, args...)
 	out, err := exec.Command(helm, argv...).Output()
@@ -41,6 +35,20 @@ func helmTemplate(t *testing.T, dir string, args ...string) string {
 		t.Fatal(err)
 	}
 	return f
+}
+
+// helmBinary is the pinned helm of the tools cache, or skips (fails with tools
+// required).
+func helmBinary(t *testing.T) string {
+	t.Helper()
+	helm, err := cluster.FindTool(os.Getenv(cluster.ToolsEnv), "helm")
+	if err != nil {
+		if cluster.RequireTools() {
+			t.Fatal(err)
+		}
+		t.Skipf("skipping: %v", err)
+	}
+	return helm
 }
 
 // decode parses one manifest document into its typed object.

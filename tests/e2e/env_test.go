@@ -61,15 +61,17 @@ func binary(t testing.TB, env, name string) string {
 
 // env is one cluster with one harness node running the real plugin.
 type env struct {
-	t       *testing.T
-	c       *cluster.Cluster
-	admin   kubernetes.Interface
-	node    string
-	dir     string // node directory: sim/, registry/, plugins/, cdi/, kubelet/
-	h       *harness.Harness
-	plugin  *proc
-	profile string
-	args    []string // extra plugin flags
+	t     *testing.T
+	c     *cluster.Cluster
+	admin kubernetes.Interface
+	node  string
+	dir   string // node directory: sim/, kubelet-root/, cdi/, kubelet/
+
+	kubeletRoot string // the kubelet root: plugins_registry/ and plugins/
+	h           *harness.Harness
+	plugin      *proc
+	profile     string
+	args        []string // extra plugin flags
 
 	pluginKubeconfig string
 }
@@ -80,13 +82,23 @@ type envOptions struct {
 	pluginArgs []string
 	// apiServerArgs are extra kube-apiserver flags (an audit log, say).
 	apiServerArgs []string
+	// fromChart leaves the deployment to the test: no manifests applied, no plugin
+	// identity made, no plugin started (the test installs the chart with helm and
+	// runs the DaemonSet's container).
+	fromChart bool
 }
 
 // manifestsOnlyEnv is a cluster with the objects of deploy/manifests applied and no
 // node or plugin, for tests of the deployment objects themselves.
 func manifestsOnlyEnv(t *testing.T) *env {
 	t.Helper()
-	c := cluster.StartT(t, cluster.Options{})
+	return manifestsOnlyEnvWith(t)
+}
+
+// manifestsOnlyEnvWith is manifestsOnlyEnv with extra kube-apiserver flags.
+func manifestsOnlyEnvWith(t *testing.T, apiServerArgs ...string) *env {
+	t.Helper()
+	c := cluster.StartT(t, cluster.Options{ExtraArgs: map[string][]string{cluster.APIServer: apiServerArgs}})
 	admin, err := c.Client()
 	if err != nil {
 		t.Fatal(err)
@@ -109,8 +121,20 @@ func newEnv(t *testing.T, o envOptions) *env {
 		t.Fatal(err)
 	}
 	e := &env{t: t, c: c, admin: admin, node: o.node, dir: filepath.Join(c.Dir, "node-"+o.node), profile: o.profile, args: o.pluginArgs}
-	for _, d := range []string{"registry", "plugins", "cdi", "kubelet"} {
-		if err := os.MkdirAll(filepath.Join(e.dir, d), 0o755); err != nil {
+	e.kubeletRoot = filepath.Join(e.dir, "kubelet-root")
+	if o.fromChart {
+		// A pod's sockets carry its UID: under the test's long temporary path they
+		// would pass the 108 bytes a unix socket path may have. A real kubelet root
+		// is /var/lib/kubelet.
+		short, err := os.MkdirTemp("", "kr")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(short) })
+		e.kubeletRoot = short
+	}
+	for _, d := range []string{filepath.Join(e.kubeletRoot, "plugins_registry"), filepath.Join(e.kubeletRoot, "plugins"), filepath.Join(e.dir, "cdi"), filepath.Join(e.dir, "kubelet")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -123,7 +147,9 @@ func newEnv(t *testing.T, o envOptions) *env {
 	}
 	e.args = append(strings.Fields(string(out)), e.args...)
 
-	e.applyManifests()
+	if !o.fromChart {
+		e.applyManifests()
+	}
 
 	nodeKubeconfig, err := c.NodeKubeconfig(o.node)
 	if err != nil {
@@ -137,7 +163,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 	klog.SetLogger(logger) // the kubelet code also logs through the global logger
 	e.h, err = harness.New(harness.Config{
 		Kubeconfig: nodeKubeconfig, NodeName: o.node,
-		RegistryDir: filepath.Join(e.dir, "registry"), CDIDir: filepath.Join(e.dir, "cdi"),
+		RegistryDir: filepath.Join(e.kubeletRoot, "plugins_registry"), CDIDir: filepath.Join(e.dir, "cdi"),
 		StateDir: filepath.Join(e.dir, "kubelet"), FeatureGates: c.Gates, Logger: logger,
 	})
 	if err != nil {
@@ -157,6 +183,9 @@ func newEnv(t *testing.T, o envOptions) *env {
 			t.Logf("--- tail of %s:\n%s", logFile.Name(), tailFile(logFile.Name(), 40))
 		}
 	})
+	if o.fromChart {
+		return e
+	}
 	// The plugin runs as in a deployment: the ServiceAccount of deploy/manifests
 	// with a token bound to a pod on this node, under its RBAC, admission policy
 	// and APF objects.
@@ -187,20 +216,7 @@ type proc struct {
 // startProc starts bin with args and extra environment, logging to logPath.
 func startProc(t testing.TB, what, bin string, args, env []string, logPath, httpAddr string) *proc {
 	t.Helper()
-	lf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stdout, cmd.Stderr = lf, lf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{what: what, cmd: cmd, log: logPath, http: httpAddr, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); lf.Close(); close(p.done) }()
-	return p
+	return startProcEnv(t, what, bin, args, append(os.Environ(), env...), logPath, httpAddr)
 }
 
 // freeAddr is a loopback address with a port nothing listens on now.
@@ -220,8 +236,8 @@ func (e *env) startPlugin(kubeconfig string) *proc {
 	logPath := filepath.Join(e.c.LogsDir, fmt.Sprintf("plugin-%s-%d.log", e.node, time.Now().UnixNano()))
 	args := append([]string{"serve",
 		"--node-name=" + e.node,
-		"--kubelet-registry-dir=" + filepath.Join(e.dir, "registry"),
-		"--kubelet-plugins-dir=" + filepath.Join(e.dir, "plugins"),
+		"--kubelet-registry-dir=" + filepath.Join(e.kubeletRoot, "plugins_registry"),
+		"--kubelet-plugins-dir=" + filepath.Join(e.kubeletRoot, "plugins"),
 		"--cdi-dir=" + filepath.Join(e.dir, "cdi"),
 		"--http-addr=" + addr,
 		"--boot-id-file=" + filepath.Join(e.dir, "boot_id"),

@@ -2,10 +2,12 @@
 # Installs what building and testing topodra needs on a Debian machine that has Rust
 # and Go: the system hwloc library (hwlocality links against it; its `vendored`
 # feature would download at build time), libudev (hwloc's static link line names it),
-# and the lstopo tools the fixture checks use. Idempotent and quiet when all is there.
+# the lstopo tools the fixture checks use, and runc with a static busybox, which
+# kubelet-plugin/tests/oci_runtime.rs runs a workload container with. Idempotent and
+# quiet when all is there.
 set -euo pipefail
 
-packages=(libhwloc-dev hwloc-nox libudev-dev pkg-config)
+packages=(libhwloc-dev hwloc-nox libudev-dev pkg-config runc busybox-static)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

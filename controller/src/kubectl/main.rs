@@ -30,7 +30,7 @@ use crate::load::{Connection, Target};
 #[command(
     name = "kubectl-topodra",
     bin_name = "kubectl topodra",
-    version,
+    version = topodra_ops::version::long(),
     about = "GPU capacity by NUMA and interconnect topology, for the topodra DRA driver",
     long_about = "GPU capacity by NUMA and interconnect topology, for the topodra DRA driver.\n\n\
                   Reads ResourceSlices, ResourceClaims and DeviceTaintRules from the API server \

@@ -199,10 +199,10 @@ impl DriverFiles {
         let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
         let parsed: ToolkitSpec = match ext {
             "json" => serde_json::from_str(&text).map_err(|e| err(e.to_string()))?,
-            "yaml" | "yml" => serde_yaml::from_str(&text).map_err(|e| err(e.to_string()))?,
+            "yaml" | "yml" => serde_saphyr::from_str(&text).map_err(|e| err(yaml_error(&e)))?,
             _ => match serde_json::from_str(&text) {
                 Ok(s) => s,
-                Err(_) => serde_yaml::from_str(&text).map_err(|e| err(e.to_string()))?,
+                Err(_) => serde_saphyr::from_str(&text).map_err(|e| err(yaml_error(&e)))?,
             },
         };
         let edits = parsed.container_edits;
@@ -245,6 +245,13 @@ struct ToolkitEdits {
     mounts: Vec<Mount>,
     #[serde(default)]
     hooks: Vec<Hook>,
+}
+
+// One line with the position: the reason ends up in the one-line error the plugin
+// exits with at start, where the default display's multi-line source snippet would
+// break up the message.
+fn yaml_error(e: &serde_saphyr::Error) -> String {
+    e.without_snippet().to_string()
 }
 
 /// `<name>.<suffix>` with a non-empty suffix: `libcuda.so.1` for `libcuda.so`, but
@@ -574,7 +581,7 @@ containerEdits:
         assert!(files.edits.device_nodes.is_empty());
 
         // The same spec as JSON, under a name without a telling extension.
-        let value: serde_json::Value = serde_yaml::from_str(TOOLKIT_YAML).unwrap();
+        let value: serde_json::Value = serde_saphyr::from_str(TOOLKIT_YAML).unwrap();
         let json = dir.path().join("nvidia.spec");
         fs::write(&json, serde_json::to_string(&value).unwrap()).unwrap();
         let from_json = DriverFiles::from_toolkit_spec(&json).unwrap();

@@ -40,7 +40,7 @@ impl Case {
 }
 
 fn cases() -> Vec<Case> {
-    serde_yaml::from_str(CASES).expect("tests/opaque-config/cases.yaml")
+    serde_saphyr::from_str(CASES).expect("tests/opaque-config/cases.yaml")
 }
 
 #[test]

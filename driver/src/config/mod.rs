@@ -782,7 +782,7 @@ mod tests {
         let templates: Vec<ResourceClaimTemplate> = docs
             .split("```yaml\n")
             .skip(1)
-            .map(|block| serde_yaml::from_str(block.split("```").next().unwrap()).unwrap())
+            .map(|block| serde_saphyr::from_str(block.split("```").next().unwrap()).unwrap())
             .collect();
         assert_eq!(templates.len(), 2);
 

@@ -1,6 +1,7 @@
 //! What every topodra binary runs beside its job: structured logs ([`logging`]), the
-//! HTTP endpoint for metrics, liveness and readiness ([`http`]), and a count of every
-//! request it sends to the API server ([`requests`]).
+//! HTTP endpoint for metrics, liveness and readiness ([`http`]), a count of every
+//! request it sends to the API server ([`requests`]), and the version it reports
+//! ([`version`]).
 //!
 //! The kubelet plugin and the controller share these so that operators meet the same
 //! flags, the same endpoint hardening and the same request metrics in both.
@@ -8,3 +9,4 @@
 pub mod http;
 pub mod logging;
 pub mod requests;
+pub mod version;

@@ -15,6 +15,8 @@ use tonic::transport::{Channel, Endpoint, Uri};
 use topodra_fake_nvml::sim::{self, SimNode};
 use topodra_proto::dra::v1;
 
+pub mod cdi;
+
 pub const DRIVER: &str = "gpu.topodra.dev";
 
 /// A node directory: the simulated hardware, the kubelet's directories, CDI and state.

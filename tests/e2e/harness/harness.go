@@ -333,6 +333,13 @@ func (h *Harness) Registered(driver string) bool {
 	return ok
 }
 
+// Endpoint is the DRA endpoint the plugin for driver registered last, or "".
+func (h *Harness) Endpoint(driver string) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.regs[driver]
+}
+
 // RecordPath is where the injection record of a pod is written.
 func (h *Harness) RecordPath(namespace, name string, uid types.UID) string {
 	return filepath.Join(h.cfg.StateDir, "pods", fmt.Sprintf("%s_%s_%s.json", namespace, name, uid))

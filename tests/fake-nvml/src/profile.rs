@@ -137,9 +137,10 @@ pub enum PciNode {
     Device(PciDevice),
 }
 
-// serde_yaml 0.9 reads externally tagged enums only from `!tag` syntax, and
-// its singleton-map adapter recurses without bound on this recursive type,
-// so the map form goes through this struct.
+// A struct rather than serde's externally tagged enum: YAML crates disagree on
+// how they read those (serde_yaml 0.9, which this crate used before, took only
+// `!tag` syntax), and the struct gives one clear error for a node with zero or
+// several of the keys.
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PciNodeRepr {
@@ -518,8 +519,11 @@ pub struct ResolvedLink {
 impl Profile {
     /// Parses and validates.
     pub fn from_yaml_str(yaml: &str) -> Result<Self, ProfileError> {
-        let p: Self =
-            serde_yaml::from_str(yaml).map_err(|e| ProfileError(format!("profile YAML: {e}")))?;
+        let p: Self = serde_saphyr::from_str(yaml).map_err(|e| {
+            // One line, as every other profile error; the default display adds a
+            // multi-line source snippet.
+            ProfileError(format!("profile YAML: {}", e.without_snippet()))
+        })?;
         p.validate()?;
         Ok(p)
     }
@@ -544,7 +548,7 @@ impl Profile {
 
     pub fn to_yaml(&self) -> String {
         // Serialising plain data structs cannot fail.
-        serde_yaml::to_string(self).unwrap_or_default()
+        serde_saphyr::to_string(self).unwrap_or_default()
     }
 
     pub fn nvml_version(&self) -> String {

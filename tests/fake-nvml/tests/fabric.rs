@@ -84,7 +84,7 @@ fn ibmnpu_remotes() {
     let mut p = Profile::builtin("mismatch").expect("builtin");
     p.gpus.truncate(1);
     p.pci.truncate(1);
-    p.gpus[0].nvlinks = serde_yaml::from_str(
+    p.gpus[0].nvlinks = serde_saphyr::from_str(
         "[{remote: \"0007:00:00.0\", remote_type: ibmnpu, count: 2}, {remote: \"0007:00:00.1\", remote_type: ibmnpu}]",
     )
     .expect("links");

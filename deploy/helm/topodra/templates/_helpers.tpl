@@ -93,14 +93,25 @@ after its first label (gpu.topodra.dev: gpu-aligned.topodra.dev).
 {{- end }}
 
 {{/*
-The image reference: repository@digest, or repository:tag (tag defaults to appVersion).
+An image reference from {repository, tag, digest}: repository:tag, the tag defaulting to
+the chart's appVersion (the version `make image` tags), with "@digest" appended when a
+digest is set. The runtime then pulls by the digest; the tag stays for people reading
+the pod spec. Called with (list .Values.image .Chart.AppVersion).
+*/}}
+{{- define "topodra.imageRef" -}}
+{{- $i := index . 0 }}
+{{- $ref := printf "%s:%s" $i.repository (default (index . 1) $i.tag) }}
+{{- if $i.digest }}
+{{- $ref = printf "%s@%s" $ref $i.digest }}
+{{- end }}
+{{- $ref }}
+{{- end }}
+
+{{/*
+The kubelet plugin's image.
 */}}
 {{- define "topodra.image" -}}
-{{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
-{{- else }}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
-{{- end }}
+{{- include "topodra.imageRef" (list .Values.image .Chart.AppVersion) }}
 {{- end }}
 
 {{/*
@@ -199,14 +210,8 @@ The controller's ServiceAccount name.
 {{- end }}
 
 {{/*
-The controller image: repository with a digest if one is set, else with the tag
-(default: the chart's appVersion).
+The controller's image.
 */}}
 {{- define "topodra.controller.image" -}}
-{{- $i := .Values.controller.image }}
-{{- if $i.digest }}
-{{- printf "%s@%s" $i.repository $i.digest }}
-{{- else }}
-{{- printf "%s:%s" $i.repository (default .Chart.AppVersion $i.tag) }}
-{{- end }}
+{{- include "topodra.imageRef" (list .Values.controller.image .Chart.AppVersion) }}
 {{- end }}

@@ -1,0 +1,617 @@
+//! A real OCI runtime (runc, or crun) runs a workload container with the CDI edits of
+//! a claim the real plugin prepared. The plugin prepares two claims on a simulated
+//! DGX H100 whose `/dev` holds fake NVIDIA character devices; `cdi-check` (the CDI Go
+//! library containerd and CRI-O use) injects one claim's CDI ids into the runtime's
+//! own default spec, seeing the fake nodes at `/dev` as a runtime on the host sees the
+//! driver's; the runtime runs a busybox container with the result. What the container
+//! reports is checked: exactly the claim's device nodes with the right numbers and the
+//! host node's mode, the device cgroup open for them and closed for the other claim's
+//! GPU, the driver files mounted read-only, and the topology hints in its environment.
+//!
+//! Needs root (device nodes, namespaces, cgroups), `cdi-check` (see cdi_runtime.rs),
+//! a statically linked busybox (Debian `busybox-static`) and runc or crun on PATH
+//! (`TOPODRA_OCI_RUNTIME` picks one binary). Without root it skips; without a tool it
+//! skips, or fails under `TOPODRA_REQUIRE_TOOLS=1`; when the runtime cannot run even a
+//! bare container here (a kernel or sandbox limit, not a tool missing) it skips with
+//! the runtime's own error.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::cdi::*;
+use support::*;
+use topodra_fake_nvml::Profile;
+use topodra_mock_apiserver::MockApiServer;
+
+/// Mode of the fake host nodes: the driver's `NVreg_DeviceFileMode=0660` setting, not
+/// its 0666 default, because runc and crun make a node 0666 when the spec gives no
+/// mode; a 0660 node in the container can only have come from the host's.
+const HOST_NODE_MODE: u32 = 0o660;
+
+/// The busybox applets the container's script calls, linked in the rootfs as an image
+/// would have them.
+const APPLETS: &[&str] = &["sh", "find", "sort", "stat", "env"];
+
+/// Errno text of EPERM, which is what the device cgroup answers for a node it denies
+/// (a node it allows reaches the driver, which says ENXIO when none is loaded).
+const EPERM: &str = "Operation not permitted";
+
+/// A runtime binary and the state directory its containers are recorded in.
+struct Runtime {
+    bin: PathBuf,
+    state: tempfile::TempDir,
+}
+
+impl Runtime {
+    fn new(bin: PathBuf) -> Self {
+        Self {
+            bin,
+            state: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn name(&self) -> String {
+        self.bin.file_name().unwrap().to_string_lossy().into_owned()
+    }
+
+    /// Writes the runtime's own default `config.json` into `bundle`.
+    fn default_spec(&self, bundle: &Path) -> Result<Value, String> {
+        let out = Command::new(&self.bin)
+            .arg("spec")
+            .arg("--bundle")
+            .arg(bundle)
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", self.bin.display()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "{} spec: {}: {}",
+                self.bin.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        let path = bundle.join("config.json");
+        let spec = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        std::fs::remove_file(path).unwrap();
+        Ok(spec)
+    }
+
+    /// Runs the container of `bundle` in the foreground and removes it, whatever
+    /// happened: `timeout` ends a hung run, and `delete --force` whatever it left.
+    fn run(&self, bundle: &Path) -> Output {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let id = format!(
+            "topodra-oci-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let out = Command::new("timeout")
+            .args(["--kill-after=10", "60"])
+            .arg(&self.bin)
+            .arg("--root")
+            .arg(self.state.path())
+            .arg("run")
+            .arg("--bundle")
+            .arg(bundle)
+            .arg(&id)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let _ = Command::new(&self.bin)
+            .arg("--root")
+            .arg(self.state.path())
+            .args(["delete", "--force", &id])
+            .output();
+        out
+    }
+}
+
+/// `name` as an executable on PATH or in the sbin directories, which a root shell has
+/// on PATH but a test's environment may not.
+fn find_program(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/local/sbin", "/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|d| d.join(name))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+/// Whether an ELF executable has no program interpreter: the container's rootfs holds
+/// only busybox, so a dynamically linked one could not start.
+fn is_static_elf(path: &Path) -> io::Result<bool> {
+    let data = std::fs::read(path)?;
+    let u16_at = |o: usize| u16::from_le_bytes([data[o], data[o + 1]]) as usize;
+    // 64-bit little-endian ELF only: the runtimes here run on x86_64 and arm64.
+    if data.len() < 64 || &data[..4] != b"\x7fELF" || data[4] != 2 || data[5] != 1 {
+        return Ok(false);
+    }
+    let phoff = u64::from_le_bytes(data[0x20..0x28].try_into().unwrap()) as usize;
+    let (entsize, count) = (u16_at(0x36), u16_at(0x38));
+    const PT_INTERP: u32 = 3;
+    Ok((0..count).all(|i| {
+        let at = phoff + i * entsize;
+        data.get(at..at + 4)
+            .is_some_and(|t| u32::from_le_bytes(t.try_into().unwrap()) != PT_INTERP)
+    }))
+}
+
+fn static_busybox() -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os("TOPODRA_BUSYBOX") {
+        let path = PathBuf::from(path);
+        assert!(
+            is_static_elf(&path).unwrap_or(false),
+            "TOPODRA_BUSYBOX={} is not a statically linked executable",
+            path.display()
+        );
+        return Ok(path);
+    }
+    let found = find_program("busybox").ok_or("busybox is not installed")?;
+    if is_static_elf(&found).unwrap_or(false) {
+        Ok(found)
+    } else {
+        Err(format!(
+            "{} is dynamically linked (the busybox-static package has a static one)",
+            found.display()
+        ))
+    }
+}
+
+fn runtime_binaries() -> Result<Vec<PathBuf>, String> {
+    if let Some(path) = std::env::var_os("TOPODRA_OCI_RUNTIME") {
+        let path = PathBuf::from(path);
+        assert!(
+            path.is_file(),
+            "TOPODRA_OCI_RUNTIME={} is not a file",
+            path.display()
+        );
+        return Ok(vec![path]);
+    }
+    let found: Vec<PathBuf> = ["runc", "crun"]
+        .into_iter()
+        .filter_map(find_program)
+        .collect();
+    if found.is_empty() {
+        return Err("neither runc nor crun is installed".into());
+    }
+    Ok(found)
+}
+
+/// A bundle directory with a rootfs of busybox and its applet links.
+fn make_bundle(dir: &Path, busybox: &Path) -> PathBuf {
+    let bin = dir.join("rootfs/bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::copy(busybox, bin.join("busybox")).unwrap();
+    for applet in APPLETS {
+        std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
+    }
+    dir.to_owned()
+}
+
+/// The runtime's default spec for `bundle`, running `script` with no terminal.
+fn base_spec(runtime: &Runtime, bundle: &Path, script: &str) -> Result<Value, String> {
+    let mut spec = runtime.default_spec(bundle)?;
+    spec["process"]["terminal"] = json!(false);
+    spec["process"]["args"] = json!(["/bin/sh", "-c", script]);
+    Ok(spec)
+}
+
+/// Whether `runtime` runs a bare busybox container here; the error says why not.
+fn probe(runtime: &Runtime, busybox: &Path) -> Result<(), String> {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = make_bundle(dir.path(), busybox);
+    let spec = base_spec(runtime, &bundle, "echo topodra-probe")?;
+    std::fs::write(bundle.join("config.json"), spec.to_string()).unwrap();
+    let out = runtime.run(&bundle);
+    if out.status.success() && String::from_utf8_lossy(&out.stdout).contains("topodra-probe") {
+        return Ok(());
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    Err(format!(
+        "{} run of a bare busybox container: {}: {}{}{}",
+        runtime.bin.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim(),
+        if stdout.trim().is_empty() {
+            ""
+        } else {
+            "\nstdout: "
+        },
+        stdout.trim()
+    ))
+}
+
+struct Tools {
+    cdi_check: PathBuf,
+    busybox: PathBuf,
+    runtime: Runtime,
+}
+
+/// The tools, or `None` after printing why the test skips.
+fn tools() -> Option<Tools> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!(
+            "SKIPPED: running a container needs root (device nodes, namespaces, cgroups); \
+             run this test as root"
+        );
+        return None;
+    }
+    let cdi_check = cdi_check()?;
+    let found = static_busybox().and_then(|b| Ok((b, runtime_binaries()?)));
+    let (busybox, binaries) = match found {
+        Ok(found) => found,
+        Err(why) if tools_required() => {
+            panic!("an OCI runtime and busybox are required (TOPODRA_REQUIRE_TOOLS=1): {why}")
+        }
+        Err(why) => {
+            eprintln!(
+                "SKIPPED: the OCI runtime test needs runc or crun and a static busybox: {why}\n\
+                 (tests/scripts/setup.sh installs runc and busybox-static; \
+                 TOPODRA_REQUIRE_TOOLS=1 turns this skip into a failure)"
+            );
+            return None;
+        }
+    };
+    // The tools are there; a runtime that cannot run even a bare container is this
+    // machine's limit, which installing cannot fix, so it skips even when required.
+    let mut why_not = Vec::new();
+    for bin in binaries {
+        let runtime = Runtime::new(bin);
+        match probe(&runtime, &busybox) {
+            Ok(()) => {
+                return Some(Tools {
+                    cdi_check,
+                    busybox,
+                    runtime,
+                });
+            }
+            Err(why) => why_not.push(why),
+        }
+    }
+    eprintln!(
+        "SKIPPED: no OCI runtime can run a container on this machine:\n{}",
+        why_not.join("\n")
+    );
+    None
+}
+
+/// Makes the node's device nodes under its dev root, as the driver would under
+/// `/dev`: every GPU's, the control node's and UVM's.
+fn make_host_nodes(node: &NodeDirs, profile: &Profile) -> Vec<(String, u64, u64)> {
+    let uvm = proc_major(node, "nvidia-uvm");
+    let mut nodes: Vec<(String, u64, u64)> = profile
+        .gpus
+        .iter()
+        .map(|g| {
+            (
+                format!("nvidia{}", g.minor),
+                NVIDIA_MAJOR,
+                u64::from(g.minor),
+            )
+        })
+        .collect();
+    nodes.push(("nvidiactl".into(), NVIDIA_MAJOR, NVIDIACTL_MINOR));
+    nodes.push(("nvidia-uvm".into(), uvm, 0));
+    nodes.push(("nvidia-uvm-tools".into(), uvm, 1));
+    let dev = node.sim.dev_root.join("dev");
+    for (name, major, minor) in &nodes {
+        let path = dev.join(name);
+        let c_path = CString::new(path.as_os_str().as_bytes()).unwrap();
+        let rdev = libc::makedev(*major as u32, *minor as u32);
+        // SAFETY: c_path is a valid NUL-terminated path that outlives the call.
+        let rc = unsafe { libc::mknod(c_path.as_ptr(), libc::S_IFCHR | HOST_NODE_MODE, rdev) };
+        assert_eq!(
+            rc,
+            0,
+            "mknod {}: {}",
+            path.display(),
+            io::Error::last_os_error()
+        );
+        // The umask may have taken bits off.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(HOST_NODE_MODE)).unwrap();
+    }
+    nodes
+}
+
+/// Runs `cmd` in a private mount namespace whose `/dev` is `dev`: the CDI library
+/// stats each node's host path (the container path, as our specs name no other) for
+/// its mode, and that is where the fake nodes must be, without touching the host's.
+fn with_dev(cmd: &mut Command, dev: &Path) {
+    let source = CString::new(dev.as_os_str().as_bytes()).unwrap();
+    // SAFETY: between fork and exec the closure makes only system calls, on strings
+    // allocated before the fork, and builds errors that do not allocate.
+    unsafe {
+        cmd.pre_exec(move || {
+            let check = |rc: libc::c_int| {
+                if rc == 0 {
+                    Ok(())
+                } else {
+                    Err(io::Error::last_os_error())
+                }
+            };
+            check(libc::unshare(libc::CLONE_NEWNS))?;
+            // Nothing mounted from here on may propagate back to the host.
+            check(libc::mount(
+                c"none".as_ptr(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ))?;
+            check(libc::mount(
+                source.as_ptr(),
+                c"/dev".as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            ))
+        });
+    }
+}
+
+/// The container's script: one line per fact, keyed by its first word.
+fn workload_script(mounts: &[String], denied: &str) -> String {
+    format!(
+        r#"nodes=$(find /dev -name 'nvidia*' | sort)
+for n in $nodes; do
+  if [ -c "$n" ]; then k=c; else k=other; fi
+  echo "node $n $k $(stat -c '%t %T %a' "$n")"
+done
+for n in $nodes {denied}; do
+  err=$( (: <> "$n") 2>&1 )
+  echo "open $n ${{err:-ok}}"
+done
+for f in {mounts}; do
+  if [ -f "$f" ]; then err=$( (: >> "$f") 2>&1 ); echo "mount $f ${{err:-writable}}"; else echo "mount $f missing"; fi
+done
+env | while IFS= read -r l; do echo "env $l"; done
+echo done
+"#,
+        mounts = mounts.join(" "),
+    )
+}
+
+/// The container's report, by key.
+#[derive(Debug, Default)]
+struct Report {
+    /// Path to (kind, major, minor, mode).
+    nodes: BTreeMap<String, (String, u64, u64, String)>,
+    opens: BTreeMap<String, String>,
+    mounts: BTreeMap<String, String>,
+    env: BTreeMap<String, String>,
+    done: bool,
+}
+
+fn parse_report(stdout: &str) -> Report {
+    let mut r = Report::default();
+    for line in stdout.lines() {
+        let (key, rest) = line.split_once(' ').unwrap_or((line, ""));
+        match key {
+            "node" => {
+                let f: Vec<&str> = rest.split(' ').collect();
+                let hex = |s: &str| u64::from_str_radix(s, 16).unwrap();
+                r.nodes.insert(
+                    f[0].to_owned(),
+                    (f[1].to_owned(), hex(f[2]), hex(f[3]), f[4].to_owned()),
+                );
+            }
+            "open" | "mount" => {
+                let (path, what) = rest.split_once(' ').unwrap();
+                let map = if key == "open" {
+                    &mut r.opens
+                } else {
+                    &mut r.mounts
+                };
+                map.insert(path.to_owned(), what.to_owned());
+            }
+            "env" => {
+                if let Some((k, v)) = rest.split_once('=') {
+                    r.env.insert(k.to_owned(), v.to_owned());
+                }
+            }
+            "done" => r.done = true,
+            _ => panic!("unexpected line from the container: {line:?}\n{stdout}"),
+        }
+    }
+    r
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runtime_runs_a_workload_with_exactly_its_claims_devices_and_hints() {
+    let Some(tools) = tools() else { return };
+    let started = Instant::now();
+    let runtime = &tools.runtime;
+    eprintln!("running containers with {}", runtime.bin.display());
+
+    let node = NodeDirs::profile("dgx-h100");
+    let profile = Profile::from_yaml_str(
+        &std::fs::read_to_string(topodra_fake_nvml::profiles_dir().join("dgx-h100.yaml")).unwrap(),
+    )
+    .unwrap();
+    let host_nodes = make_host_nodes(&node, &profile);
+    let api = MockApiServer::start().await.unwrap();
+    api.add_node(&node.name, "node-uid-1");
+    let kubeconfig = api.kubeconfig(node.root.path()).unwrap();
+    let mut plugin = Plugin::start(&node, &kubeconfig, &[]);
+    plugin.wait_live(Duration::from_secs(60)).await;
+
+    // The workload's claim holds two GPUs on NUMA node 1; another claim holds GPU 0.
+    api.put_claim(claim_json("c2", "node-a", &["gpu-4", "gpu-5"], None));
+    api.put_claim(claim_json("other", "node-a", &["gpu-0"], None));
+    let resp = prepare(&node, &["c2", "other"]).await;
+    let ids = cdi_ids(&resp.claims["c2"]);
+    assert_eq!(cdi_ids(&resp.claims["other"]).len(), 1);
+    assert_eq!(ids.len(), 2, "{ids:?}");
+
+    // The kubelet hands the runtime the ids; the runtime starts from its default spec.
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = make_bundle(&dir.path().join("bundle"), &tools.busybox);
+    let driver_files: Vec<String> = [
+        "libcuda.so",
+        "libnvidia-ml.so",
+        "libnvidia-ptxjitcompiler.so",
+    ]
+    .iter()
+    .map(|l| format!("/usr/lib/x86_64-linux-gnu/{l}.{}", profile.driver_version))
+    .chain(["/usr/bin/nvidia-smi".to_owned()])
+    .collect();
+    // A node with the other claim's GPU's numbers, put there by some other means: the
+    // device cgroup must still keep it shut.
+    let denied = "/dev/denied-gpu0";
+    let mut spec = base_spec(runtime, &bundle, &workload_script(&driver_files, denied)).unwrap();
+    // A writable rootfs, so that only the mounts' own options can make them read-only.
+    spec["root"]["readonly"] = json!(false);
+    spec["linux"]["devices"] = json!([{
+        "path": denied, "type": "c", "major": NVIDIA_MAJOR, "minor": 0, "fileMode": 0o666,
+    }]);
+    let base = dir.path().join("base.json");
+    std::fs::write(&base, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
+
+    let config = bundle.join("config.json");
+    let mut args = vec![
+        "--oci-spec".to_owned(),
+        base.display().to_string(),
+        "--oci-spec-out".to_owned(),
+        config.display().to_string(),
+    ];
+    args.extend(ids.iter().cloned());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut cmd = cdi_check_command(&tools.cdi_check, &node, &args);
+    with_dev(&mut cmd, &node.sim.dev_root.join("dev"));
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "cdi-check failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!(
+        "config.json:\n{}",
+        std::fs::read_to_string(&config).unwrap()
+    );
+
+    let out = runtime.run(&bundle);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{} run: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        runtime.name(),
+        out.status
+    );
+    eprintln!("the container reported:\n{stdout}");
+    let report = parse_report(&stdout);
+    assert!(
+        report.done,
+        "the script did not finish:\n{stdout}\n{stderr}"
+    );
+
+    // Exactly the claim's GPUs, the control node and UVM, as character devices with
+    // the host's numbers and mode; none of the node's six other GPUs.
+    let wanted = [
+        "nvidia4",
+        "nvidia5",
+        "nvidiactl",
+        "nvidia-uvm",
+        "nvidia-uvm-tools",
+    ];
+    let mode = format!("{HOST_NODE_MODE:o}");
+    let want: BTreeMap<String, (String, u64, u64, String)> = host_nodes
+        .iter()
+        .filter(|(name, ..)| wanted.contains(&name.as_str()))
+        .map(|(name, major, minor)| {
+            (
+                format!("/dev/{name}"),
+                ("c".to_owned(), *major, *minor, mode.clone()),
+            )
+        })
+        .collect();
+    assert_eq!(want.len(), wanted.len(), "{host_nodes:?}");
+    assert_eq!(report.nodes, want, "\n{stdout}");
+
+    // The device cgroup lets the container open each of them (what answers is the
+    // driver, or its absence), and refuses the other claim's GPU under any name.
+    for path in want.keys() {
+        let what = &report.opens[path];
+        assert!(!what.contains(EPERM), "{path}: {what}\n{stdout}");
+    }
+    assert!(
+        report.opens[denied].contains(EPERM),
+        "{denied}: {}\n{stdout}",
+        report.opens[denied]
+    );
+
+    // The driver's files are there, read-only.
+    for f in &driver_files {
+        assert!(
+            report.mounts[f].contains("Read-only file system"),
+            "{f}: {}\n{stdout}",
+            report.mounts[f]
+        );
+    }
+
+    // The topology hints, each once (the shell's environment is a map): the claim's
+    // GPUs by UUID in allocation order, their NUMA node and its CPUs.
+    let uuid = |minor: u32| {
+        profile
+            .gpus
+            .iter()
+            .find(|g| g.minor == minor)
+            .unwrap()
+            .uuid
+            .clone()
+    };
+    let hints: BTreeMap<&str, &str> = report
+        .env
+        .iter()
+        .filter(|(k, _)| k.starts_with("TOPODRA_") || k.starts_with("CUDA_"))
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let visible = format!("{},{}", uuid(4), uuid(5));
+    let cpus = profile
+        .numa_nodes
+        .iter()
+        .find(|n| n.os_index == 1)
+        .unwrap()
+        .cpus
+        .to_string();
+    let want_hints: BTreeMap<&str, &str> = [
+        ("TOPODRA_VISIBLE_GPUS", visible.as_str()),
+        ("TOPODRA_NUMA_NODES", "1"),
+        ("TOPODRA_CPUS", cpus.as_str()),
+        ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
+    ]
+    .into();
+    assert_eq!(hints, want_hints, "\n{stdout}");
+    // And the runtime's own environment survived the injection.
+    assert!(report.env.contains_key("PATH"), "\n{stdout}");
+
+    assert!(plugin.terminate().success(), "{}", plugin.logs());
+    let other: BTreeSet<&str> = host_nodes
+        .iter()
+        .map(|(n, ..)| n.as_str())
+        .filter(|n| !wanted.contains(n))
+        .collect();
+    eprintln!(
+        "{} ran the workload with {} of the node's {} NVIDIA nodes (not {other:?}) in {:?}",
+        runtime.name(),
+        want.len(),
+        host_nodes.len(),
+        started.elapsed()
+    );
+}
