@@ -5,7 +5,7 @@ CARGO ?= cargo
 SIM_PROFILE ?= dgx-h100
 PROFILES := tests/fake-nvml/profiles
 
-.PHONY: all setup build release demo test test-unit test-e2e e2e tools-cdi chart-check deps-check deps-audit lint fmt fmt-check clippy bench bench-prepare bench-scale clean image image-check image-test
+.PHONY: all setup build release demo test test-unit test-e2e e2e tools-cdi chart-check deps-check deps-audit lint fmt fmt-check clippy bench bench-prepare bench-scale bench-plots clean image image-check image-test
 
 all: build
 
@@ -39,7 +39,7 @@ demo: setup
 	@bash tests/scripts/demo.sh $(SIM_PROFILE)
 
 ## test: everything CI runs: formatting, lints, unit and integration tests.
-test: setup fmt-check clippy chart-check deps-check test-unit test-e2e e2e image-test
+test: setup fmt-check clippy chart-check deps-check test-unit test-e2e e2e image-test image-check
 
 test-unit: tools-cdi
 	@echo "== cargo test (first build compiles the dependency tree: a few minutes on 2 cores)"
@@ -124,6 +124,15 @@ bench-scale: setup
 	@bash tests/tools/build.sh kube etcd kwok helm topo-sched
 	eval "$$(bash tests/tools/build.sh --env kube etcd kwok helm topo-sched)" && cd tests/scale && \
 		CGO_ENABLED=0 go run -trimpath . -nodes $(SCALE_NODES) -out target/bench-scale $(SCALE_ARGS)
+
+## bench-plots: PNG plots of the committed scale results, in docs/benchmarks: latency
+## and throughput by claim size (scale-500), memory over time (idle-10m) and the API
+## server's memory under the tunings (tuning-*). See docs/benchmarks.md.
+BENCH_DOCS = ../../docs/benchmarks
+bench-plots:
+	cd tests/scale && CGO_ENABLED=0 go run -trimpath ./cmd/bench-plots -out $(BENCH_DOCS) \
+		-scale $(BENCH_DOCS)/scale-500.json -memory $(BENCH_DOCS)/idle-10m.json \
+		-series $(BENCH_DOCS)/tuning-default.json,$(BENCH_DOCS)/tuning-gogc50.json,$(BENCH_DOCS)/tuning-goaway.json
 
 clean:
 	$(CARGO) clean

@@ -87,6 +87,9 @@ type Options struct {
 	// ExtraArgs are appended to a component's command line, keyed by
 	// component name (Etcd, APIServer, ControllerManager, Scheduler).
 	ExtraArgs map[string][]string
+	// Env entries ("KEY=value") are added to a component's environment, keyed
+	// like ExtraArgs: runtime knobs such as GOGC have no flag.
+	Env map[string][]string
 	// Skip the controller-manager or the scheduler.
 	NoControllerManager bool
 	NoScheduler         bool
@@ -540,7 +543,7 @@ func (c *Cluster) startWithRetry(ctx context.Context, name string, argsFn func()
 			return err
 		}
 		args = append(args, c.opts.ExtraArgs[name]...)
-		p, err := startProc(name, bin, args, logPath)
+		p, err := startProc(name, bin, args, c.opts.Env[name], logPath)
 		if err != nil {
 			return err
 		}

@@ -33,13 +33,17 @@ type proc struct {
 	waitErr error
 }
 
-func startProc(name, bin string, args []string, logPath string) (*proc, error) {
+func startProc(name, bin string, args, env []string, logPath string) (*proc, error) {
 	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
 	fmt.Fprintf(lf, "=== %s %s\n=== %s %s\n", time.Now().Format(time.RFC3339), name, bin, strings.Join(args, " "))
 	cmd := exec.Command(bin, args...)
+	if len(env) > 0 {
+		fmt.Fprintf(lf, "=== env %s\n", strings.Join(env, " "))
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout = lf
 	cmd.Stderr = lf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

@@ -187,8 +187,10 @@ rules:
 `
 
 type auditEvent struct {
-	Verb string `json:"verb"`
-	User struct {
+	Verb       string `json:"verb"`
+	RequestURI string `json:"requestURI"`
+	UserAgent  string `json:"userAgent"`
+	User       struct {
 		Username string `json:"username"`
 	} `json:"user"`
 	ObjectRef *struct {
@@ -198,16 +200,16 @@ type auditEvent struct {
 	RequestReceivedTimestamp metav1.MicroTime `json:"requestReceivedTimestamp"`
 }
 
-// auditRequests counts the API server's audit records of user between from and to,
-// by "verb resource".
-func auditRequests(t *testing.T, path, user string, from, to time.Time) map[string]int {
+// auditEvents reads the API server's audit records received between from and to,
+// in the log's order (that of their completion).
+func auditEvents(t *testing.T, path string, from, to time.Time) []auditEvent {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	counts := map[string]int{}
+	var out []auditEvent
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for sc.Scan() {
@@ -215,18 +217,34 @@ func auditRequests(t *testing.T, path, user string, from, to time.Time) map[stri
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
 			t.Fatalf("audit log line: %v", err)
 		}
-		at := ev.RequestReceivedTimestamp.Time
-		if ev.User.Username != user || at.Before(from) || at.After(to) {
+		if at := ev.RequestReceivedTimestamp.Time; at.Before(from) || at.After(to) {
 			continue
 		}
-		res := "-"
-		if ev.ObjectRef != nil {
-			res = ev.ObjectRef.Resource
-		}
-		counts[ev.Verb+" "+res]++
+		out = append(out, ev)
 	}
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)
+	}
+	return out
+}
+
+// resource is the record's resource, "-" for a request about none.
+func (ev auditEvent) resource() string {
+	if ev.ObjectRef == nil {
+		return "-"
+	}
+	return ev.ObjectRef.Resource
+}
+
+// auditRequests counts the API server's audit records of user between from and to,
+// by "verb resource".
+func auditRequests(t *testing.T, path, user string, from, to time.Time) map[string]int {
+	t.Helper()
+	counts := map[string]int{}
+	for _, ev := range auditEvents(t, path, from, to) {
+		if ev.User.Username == user {
+			counts[ev.Verb+" "+ev.resource()]++
+		}
 	}
 	return counts
 }

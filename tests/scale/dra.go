@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -44,12 +45,17 @@ func summarize(k kindResult) kindResult {
 
 // stackResult is everything measured on one stack's control plane.
 type stackResult struct {
-	Kinds             []kindResult              `json:"kinds"`
-	MemoryPeak        map[string]int64          `json:"memoryPeakBytes"`      // RSS during the waves
-	MemoryIdleStart   map[string]int64          `json:"memoryIdleStartBytes"` // RSS when the idle period starts
-	MemoryIdle        map[string]int64          `json:"memoryIdleBytes"`      // RSS at its end
-	GoHeap            map[string]float64        `json:"goHeapBytes"`          // go_memstats_heap_inuse_bytes at the end of the waves
-	Requests          map[string]float64        `json:"requests"`             // apiserver_request_total during the waves, by verb and resource
+	Kinds           []kindResult       `json:"kinds"`
+	MemoryPeak      map[string]int64   `json:"memoryPeakBytes"`      // RSS during the waves
+	MemoryIdleStart map[string]int64   `json:"memoryIdleStartBytes"` // RSS when the idle period starts
+	MemoryIdle      map[string]int64   `json:"memoryIdleBytes"`      // RSS at its end
+	GoHeap          map[string]float64 `json:"goHeapBytes"`          // go_memstats_heap_inuse_bytes at the end of the waves
+	GoHeapIdle      map[string]float64 `json:"goHeapIdleBytes,omitempty"`
+	// The API server's process_cpu_seconds_total spent during the waves and
+	// during the idle period.
+	APIServerCPU      map[string]float64        `json:"apiserverCPUSeconds,omitempty"`
+	MemorySeries      *memSeries                `json:"memorySeries,omitempty"`
+	Requests          map[string]float64        `json:"requests"` // apiserver_request_total during the waves, by verb and resource
 	RequestsByClient  map[string]map[string]int `json:"requestsByClient"`
 	IdleByClient      map[string]map[string]int `json:"idleRequestsByClient"`
 	IdleSeconds       float64                   `json:"idleSeconds"`
@@ -66,7 +72,7 @@ type stackResult struct {
 // clusters raise them the same way.
 const clientQPS = 200
 
-func startCluster(ctx context.Context, name string) (*cluster.Cluster, string, error) {
+func startCluster(ctx context.Context, c config, name string) (*cluster.Cluster, string, error) {
 	dir, err := os.MkdirTemp("", "topodra-scale-"+name+"-")
 	if err != nil {
 		return nil, "", err
@@ -77,13 +83,22 @@ func startCluster(ctx context.Context, name string) (*cluster.Cluster, string, e
 	}
 	auditLog := filepath.Join(dir, "audit.log")
 	progress("%s: starting the control plane and kwok in %s", name, dir)
+	apiArgs := []string{
+		"--audit-policy-file=" + policy, "--audit-log-path=" + auditLog, "--audit-log-format=json",
+		"--audit-log-maxsize=0",
+	}
+	if c.goaway > 0 {
+		apiArgs = append(apiArgs, fmt.Sprintf("--goaway-chance=%g", c.goaway))
+	}
+	env := map[string][]string{}
+	if c.gogc > 0 {
+		env[cluster.APIServer] = []string{fmt.Sprintf("GOGC=%d", c.gogc)}
+	}
 	cl, err := cluster.Start(ctx, cluster.Options{
-		Dir:  filepath.Join(dir, "cluster"),
-		Kwok: true,
-		ExtraArgs: map[string][]string{cluster.APIServer: {
-			"--audit-policy-file=" + policy, "--audit-log-path=" + auditLog, "--audit-log-format=json",
-			"--audit-log-maxsize=0",
-		}},
+		Dir:       filepath.Join(dir, "cluster"),
+		Kwok:      true,
+		ExtraArgs: map[string][]string{cluster.APIServer: apiArgs},
+		Env:       env,
 		Verbosity: 1,
 		ClientQPS: clientQPS,
 	})
@@ -105,7 +120,7 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 	if c.bins.plugin == "" || c.bins.simNode == "" {
 		return res, fmt.Errorf("topodra-kubelet-plugin and topodra-sim-node must be built (cargo build --release -p topodra-kubelet-plugin -p topodra-fake-nvml)")
 	}
-	cl, auditLog, err := startCluster(ctx, "dra")
+	cl, auditLog, err := startCluster(ctx, c, "dra")
 	if err != nil {
 		return res, err
 	}
@@ -174,11 +189,12 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 		return res, err
 	}
 	sampler.reset()
-	before, err := apiserverMetrics(ctx, cs, "apiserver_request_total")
+	before, err := apiserverMetrics(ctx, cs, "apiserver_request_total", cpuMetric)
 	if err != nil {
 		return res, err
 	}
 	from := time.Now()
+	sampler.mark("waves")
 	for _, k := range c.sizes {
 		for _, kind := range []string{"aligned", "any"} {
 			kr, err := draKind(ctx, cs, c, ns, k, kind, "")
@@ -208,6 +224,7 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 				variantSizes = append(variantSizes, k)
 			}
 		}
+		sampler.mark("variants")
 		progress("dra: the same slices with their devices shuffled")
 		if err := republish(ctx, cs, shuffled(ordered, 42)); err != nil {
 			return res, err
@@ -238,6 +255,7 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 
 	var plugins *pluginFleet
 	if k := min(c.plugins, c.nodes); k > 0 {
+		sampler.mark("plugins")
 		progress("dra: replacing the slices by %d real topodra-kubelet-plugin processes", k)
 		if err := republish(ctx, cs, nil); err != nil {
 			return res, err
@@ -261,8 +279,14 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 		res.Plugins = &pluginFigures{Count: k, StartSeconds: startTo.Sub(startFrom).Seconds(), Startup: startup["topodra-kubelet-plugin"]}
 		plugins = fleet
 	}
+	if ctrl != nil {
+		// The controller delays its NodeResourceTopology writes (10 s by default)
+		// to batch them: the idle period starts once the plugins' start-up has
+		// been written, or it would count that start-up's tail.
+		ctrl.settle(ctx, 15*time.Second, 2*time.Minute)
+	}
 	progress("dra: idle for %s, counting every client's requests", c.idle)
-	if err := res.idle(ctx, c.idle, sampler, auditLog); err != nil {
+	if err := res.idle(ctx, cs, c.idle, sampler, auditLog); err != nil {
 		return res, err
 	}
 	if ctrl != nil {
@@ -279,21 +303,27 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 func (res *stackResult) wavesDone(ctx context.Context, cs kubernetes.Interface, sampler *memSampler, auditLog string, before map[string]float64, from time.Time) error {
 	to := time.Now()
 	res.MemoryPeak, _ = sampler.snapshot()
-	after, err := apiserverMetrics(ctx, cs, "apiserver_request_total", "go_memstats_heap_inuse_bytes")
+	after, err := apiserverMetrics(ctx, cs, "apiserver_request_total", "go_memstats_heap_inuse_bytes", cpuMetric)
 	if err != nil {
 		return err
 	}
 	res.Requests = requestsByVerbResource(diff(after, before))
 	res.GoHeap = map[string]float64{"kube-apiserver": after["go_memstats_heap_inuse_bytes"]}
+	res.APIServerCPU = map[string]float64{"waves": after[cpuMetric] - before[cpuMetric]}
 	res.RequestsByClient, err = auditCounts(auditLog, from, to)
 	return err
 }
 
 // idle waits `d` doing nothing and records memory at both ends and every
 // client's requests in between.
-func (res *stackResult) idle(ctx context.Context, d time.Duration, sampler *memSampler, auditLog string) error {
+func (res *stackResult) idle(ctx context.Context, cs kubernetes.Interface, d time.Duration, sampler *memSampler, auditLog string) error {
 	sampler.reset()
+	sampler.mark("idle")
 	_, res.MemoryIdleStart = sampler.snapshot()
+	before, err := apiserverMetrics(ctx, cs, cpuMetric)
+	if err != nil {
+		return err
+	}
 	from := time.Now()
 	select {
 	case <-time.After(d):
@@ -303,7 +333,17 @@ func (res *stackResult) idle(ctx context.Context, d time.Duration, sampler *memS
 	to := time.Now()
 	res.IdleSeconds = to.Sub(from).Seconds()
 	_, res.MemoryIdle = sampler.snapshot()
-	var err error
+	// Scraped after the window closes: the scrape itself is not counted.
+	after, err := apiserverMetrics(ctx, cs, cpuMetric, "go_memstats_heap_inuse_bytes")
+	if err != nil {
+		return err
+	}
+	if res.APIServerCPU == nil {
+		res.APIServerCPU = map[string]float64{}
+	}
+	res.APIServerCPU["idle"] = after[cpuMetric] - before[cpuMetric]
+	res.GoHeapIdle = map[string]float64{"kube-apiserver": after["go_memstats_heap_inuse_bytes"]}
+	res.MemorySeries = sampler.series()
 	res.IdleByClient, err = auditCounts(auditLog, from, to)
 	return err
 }
@@ -483,6 +523,27 @@ func (p *controllerProc) stop() {
 	case <-time.After(15 * time.Second):
 		_ = p.cmd.Process.Kill()
 		<-p.done
+	}
+}
+
+// settle waits until the controller's write count has not moved for quiet, at most
+// limit.
+func (p *controllerProc) settle(ctx context.Context, quiet, limit time.Duration) {
+	writes := func() float64 {
+		sum := 0.0
+		for k, v := range p.metrics() {
+			if strings.HasPrefix(k, "topodra_controller_writes_total") {
+				sum += v
+			}
+		}
+		return sum
+	}
+	last, since, end := writes(), time.Now(), time.Now().Add(limit)
+	for time.Since(since) < quiet && time.Now().Before(end) && ctx.Err() == nil {
+		time.Sleep(time.Second)
+		if w := writes(); w != last {
+			last, since = w, time.Now()
+		}
 	}
 }
 

@@ -235,7 +235,7 @@ func runLegacy(ctx context.Context, c config) (*stackResult, string) {
 
 func legacy(ctx context.Context, c config, bin string) (*stackResult, error) {
 	res := &stackResult{}
-	cl, auditLog, err := startCluster(ctx, "legacy")
+	cl, auditLog, err := startCluster(ctx, c, "legacy")
 	if err != nil {
 		return nil, err
 	}
@@ -305,11 +305,12 @@ func legacy(ctx context.Context, c config, bin string) (*stackResult, error) {
 	pids[topoScheduler] = sched.cmd.Process.Pid
 	sampler := newMemSampler(pids)
 	defer sampler.close()
-	before, err := apiserverMetrics(ctx, cs, "apiserver_request_total")
+	before, err := apiserverMetrics(ctx, cs, "apiserver_request_total", cpuMetric)
 	if err != nil {
 		return nil, err
 	}
 	from := time.Now()
+	sampler.mark("waves")
 	for _, k := range c.sizes {
 		if k > gpusPerZone {
 			res.Notes = append(res.Notes, fmt.Sprintf("legacy: %d-GPU pods skipped: under the single-numa-node policy no NUMA zone of this layout has %d GPUs", k, k))
@@ -356,7 +357,7 @@ func legacy(ctx context.Context, c config, bin string) (*stackResult, error) {
 		return nil, err
 	}
 	progress("legacy: idle for %s", c.idle)
-	if err := res.idle(ctx, c.idle, sampler, auditLog); err != nil {
+	if err := res.idle(ctx, cs, c.idle, sampler, auditLog); err != nil {
 		return nil, err
 	}
 	res.Notes = append(res.Notes, fmt.Sprintf("legacy: the simulated topology updater wrote %d NodeResourceTopology objects (interval %s, only changed nodes)", up.writes, c.updaterInt))

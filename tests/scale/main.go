@@ -36,6 +36,8 @@ type config struct {
 	legacy     bool
 	updaterInt time.Duration
 	plugins    int
+	gogc       int
+	goaway     float64
 	bins       bins
 	repo       string
 }
@@ -61,6 +63,8 @@ func main() {
 	flag.BoolVar(&c.variants, "variants", true, "also run shuffled device order and list-form numaNode (aligned waves)")
 	flag.BoolVar(&c.legacy, "legacy", true, "run the legacy stack too (skipped, with the reason, when its scheduler is not built)")
 	flag.IntVar(&c.plugins, "plugins", 100, "real plugin processes (on the first nodes) publishing their slices for the idle period")
+	flag.IntVar(&c.gogc, "apiserver-gogc", 0, "GOGC in the kube-apiserver's environment (0: unset, Go's default of 100)")
+	flag.Float64Var(&c.goaway, "goaway-chance", 0, "kube-apiserver --goaway-chance (0: off)")
 	flag.DurationVar(&c.updaterInt, "updater-interval", 60*time.Second, "the simulated topology updater's interval (the NFD updater's default)")
 	flag.StringVar(&c.bins.plugin, "plugin", "", "topodra-kubelet-plugin binary (default: target/release, else target/debug)")
 	flag.StringVar(&c.bins.simNode, "sim-node", "", "topodra-sim-node binary")
@@ -98,7 +102,8 @@ func run(ctx context.Context, c config) error {
 	c.bins.plugin = findBin(c.repo, c.bins.plugin, "topodra-kubelet-plugin")
 	c.bins.simNode = findBin(c.repo, c.bins.simNode, "topodra-sim-node")
 	c.bins.controller = findBin(c.repo, c.bins.controller, "topodra-controller")
-	res := results{Nodes: c.nodes, GPUs: c.nodes * gpusPerNode, Waves: c.waves, Fill: c.fill, Started: time.Now().UTC()}
+	res := results{Nodes: c.nodes, GPUs: c.nodes * gpusPerNode, Waves: c.waves, Fill: c.fill, Started: time.Now().UTC(),
+		APIServerGOGC: c.gogc, GoawayChance: c.goaway}
 	res.Machine = machine()
 
 	started := time.Now()

@@ -13,6 +13,8 @@ type results struct {
 	Waves         int          `json:"waves"`
 	Fill          float64      `json:"fill"`
 	Machine       string       `json:"machine"`
+	APIServerGOGC int          `json:"apiserverGOGC,omitempty"` // 0: GOGC unset
+	GoawayChance  float64      `json:"goawayChance,omitempty"`
 	Started       time.Time    `json:"started"`
 	Seconds       float64      `json:"seconds"`
 	DRA           stackResult  `json:"dra"`
@@ -45,6 +47,7 @@ func (r results) markdown() string {
 	fmt.Fprintf(&b, "# Scale run: %d nodes, %d GPUs\n\n", r.Nodes, r.GPUs)
 	fmt.Fprintf(&b, "%s; %d waves per row (medians), each asking for %.0f%% of the GPUs; %s in all.\n\n",
 		r.Machine, r.Waves, r.Fill*100, time.Duration(r.Seconds*float64(time.Second)).Round(time.Second))
+	fmt.Fprintf(&b, "kube-apiserver: %s, %s.\n\n", r.gogcText(), r.goawayText())
 
 	b.WriteString("## Scheduling, DRA stack (kube-scheduler, topodra slices)\n\n")
 	b.WriteString("| GPUs | kind | constraint | pods/s | p50 ms | p99 ms | unscheduled |\n|---|---|---|---|---|---|---|\n")
@@ -112,6 +115,18 @@ func (r results) markdown() string {
 		}
 	}
 
+	b.WriteString("\n## API server: CPU and Go heap\n\n| stack | CPU s, waves | CPU s, idle | Go heap in use, end of waves | Go heap in use, end of idle |\n|---|---|---|---|---|\n")
+	for _, st := range []struct {
+		name string
+		s    *stackResult
+	}{{"DRA", &r.DRA}, {"legacy", r.Legacy}} {
+		if st.s == nil {
+			continue
+		}
+		fmt.Fprintf(&b, "| %s | %.1f | %.1f | %s | %s |\n", st.name, st.s.APIServerCPU["waves"], st.s.APIServerCPU["idle"],
+			mib(int64(st.s.GoHeap["kube-apiserver"])), mib(int64(st.s.GoHeapIdle["kube-apiserver"])))
+	}
+
 	b.WriteString("\n## Requests during the DRA waves, by client (API server audit log)\n\n| client | verb resource | count |\n|---|---|---|\n")
 	for _, c := range sortedKeys(r.DRA.RequestsByClient) {
 		for _, vr := range sortedKeys(r.DRA.RequestsByClient[c]) {
@@ -169,6 +184,20 @@ func (r results) markdown() string {
 		}
 	}
 	return b.String()
+}
+
+func (r results) gogcText() string {
+	if r.APIServerGOGC == 0 {
+		return "GOGC unset (100)"
+	}
+	return fmt.Sprintf("GOGC=%d", r.APIServerGOGC)
+}
+
+func (r results) goawayText() string {
+	if r.GoawayChance == 0 {
+		return "--goaway-chance off"
+	}
+	return fmt.Sprintf("--goaway-chance=%g", r.GoawayChance)
 }
 
 func orDash(s string) string {

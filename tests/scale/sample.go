@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,19 +15,41 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
+// cpuMetric is the API server's own CPU time, from its /metrics.
+const cpuMetric = "process_cpu_seconds_total"
+
+// seriesEvery is how often (in samples, one a second) the memory series keeps a
+// point: coarse enough that a long idle period stays a few hundred points.
+const seriesEvery = 5
+
+// memSeries is RSS over time, per component, for the plots: point i was taken
+// i*IntervalSeconds after the sampler started (0 where the process was not
+// running), and Phases says when each phase of the run began.
+type memSeries struct {
+	IntervalSeconds float64            `json:"intervalSeconds"`
+	Phases          map[string]float64 `json:"phases"`
+	RSS             map[string][]int64 `json:"rssBytes"`
+}
+
 // memSampler reads the resident memory of processes once a second and keeps, per
-// component, the peak and the last value.
+// component, the peak, the last value and a coarser series.
 type memSampler struct {
-	mu   sync.Mutex
-	pids map[string]int
-	peak map[string]int64
-	last map[string]int64
-	stop chan struct{}
-	done chan struct{}
+	mu     sync.Mutex
+	pids   map[string]int
+	peak   map[string]int64
+	last   map[string]int64
+	t0     time.Time
+	n      int
+	points int
+	ser    memSeries
+	stop   chan struct{}
+	done   chan struct{}
 }
 
 func newMemSampler(pids map[string]int) *memSampler {
-	s := &memSampler{pids: pids, peak: map[string]int64{}, last: map[string]int64{}, stop: make(chan struct{}), done: make(chan struct{})}
+	s := &memSampler{pids: pids, peak: map[string]int64{}, last: map[string]int64{}, t0: time.Now(),
+		ser:  memSeries{IntervalSeconds: seriesEvery, Phases: map[string]float64{}, RSS: map[string][]int64{}},
+		stop: make(chan struct{}), done: make(chan struct{})}
 	go s.run()
 	return s
 }
@@ -37,6 +60,20 @@ func (s *memSampler) run() {
 	defer t.Stop()
 	for {
 		s.sample()
+		s.mu.Lock()
+		if s.n%seriesEvery == 0 {
+			for name := range s.pids {
+				// A component added late gets zeros before it ran, so that every
+				// series shares the same time axis.
+				for len(s.ser.RSS[name]) < s.points {
+					s.ser.RSS[name] = append(s.ser.RSS[name], 0)
+				}
+				s.ser.RSS[name] = append(s.ser.RSS[name], s.last[name])
+			}
+			s.points++
+		}
+		s.n++
+		s.mu.Unlock()
 		select {
 		case <-s.stop:
 			return
@@ -73,6 +110,26 @@ func (s *memSampler) reset() {
 	s.peak = map[string]int64{}
 	s.mu.Unlock()
 	s.sample()
+}
+
+// mark notes that a phase of the run starts now.
+func (s *memSampler) mark(phase string) {
+	s.mu.Lock()
+	s.ser.Phases[phase] = time.Since(s.t0).Seconds()
+	s.mu.Unlock()
+}
+
+func (s *memSampler) series() *memSeries {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := &memSeries{IntervalSeconds: s.ser.IntervalSeconds, Phases: map[string]float64{}, RSS: map[string][]int64{}}
+	for k, v := range s.ser.Phases {
+		out.Phases[k] = v
+	}
+	for k, v := range s.ser.RSS {
+		out.RSS[k] = slices.Clone(v)
+	}
+	return out
 }
 
 func (s *memSampler) snapshot() (peak, last map[string]int64) {
