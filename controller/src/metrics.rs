@@ -6,8 +6,8 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 use topodra_driver::capacity::{Cluster, Level, SET_SIZES};
+use topodra_ops::metrics::Registry;
 use topodra_ops::requests::RequestCounter;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -35,6 +35,7 @@ struct WriteLabels {
 }
 
 /// Everything the controller exports; cheap to share.
+#[derive(Debug)]
 pub(crate) struct Metrics {
     registry: Registry,
     gpus: Family<StateLabels, Gauge>,
@@ -47,19 +48,13 @@ pub(crate) struct Metrics {
     watch_errors: Family<ResourceLabels, Counter>,
     writes: Family<WriteLabels, Counter>,
     writes_skipped: Counter,
-    http_connections_rejected: Counter,
-}
-
-impl std::fmt::Debug for Metrics {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Metrics").finish_non_exhaustive()
-    }
 }
 
 impl Metrics {
     pub(crate) fn new(requests: &RequestCounter) -> Self {
-        let mut registry = Registry::with_prefix("topodra_controller");
-        let m = Self {
+        // `topodra_controller_api_requests_total{verb, resource}` comes with the base.
+        let mut m = Self {
+            registry: Registry::new("topodra_controller", requests),
             gpus: Family::default(),
             nodes: Gauge::default(),
             nodes_fitting: Family::default(),
@@ -70,9 +65,8 @@ impl Metrics {
             watch_errors: Family::default(),
             writes: Family::default(),
             writes_skipped: Counter::default(),
-            http_connections_rejected: Counter::default(),
-            registry: Registry::default(),
         };
+        let registry = m.registry.registry_mut();
         registry.register(
             "gpus",
             "Whole GPUs of the cluster by state (total, allocated, unhealthy, free)",
@@ -123,14 +117,7 @@ impl Metrics {
             "NodeResourceTopology writes skipped because the object already held the content",
             m.writes_skipped.clone(),
         );
-        registry.register(
-            "http_connections_rejected",
-            "Connections to this endpoint closed unserved because --http-max-connections were open",
-            m.http_connections_rejected.clone(),
-        );
-        // `topodra_controller_api_requests_total{verb, resource}`: every request sent.
-        registry.register_collector(Box::new(requests.clone()));
-        Self { registry, ..m }
+        m
     }
 
     /// Sets the capacity gauges from the model.
@@ -198,13 +185,10 @@ impl Metrics {
     }
 
     pub(crate) fn connection_rejected(&self) {
-        self.http_connections_rejected.inc();
+        self.registry.connection_rejected();
     }
 
     pub(crate) fn encode(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+        self.registry.encode()
     }
 }

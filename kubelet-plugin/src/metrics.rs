@@ -7,7 +7,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use topodra_ops::metrics::Registry;
 use topodra_ops::requests::RequestCounter;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -27,6 +27,7 @@ fn latency_histogram() -> Histogram {
 }
 
 /// The plugin's metrics; cheap to share.
+#[derive(Debug)]
 pub(crate) struct Metrics {
     registry: Registry,
     prepare_seconds: Family<OutcomeLabels, Histogram>,
@@ -34,19 +35,13 @@ pub(crate) struct Metrics {
     errors: Family<ErrorLabels, Counter>,
     prepared_devices: Gauge,
     devices: Gauge,
-    http_connections_rejected: Counter,
-}
-
-impl std::fmt::Debug for Metrics {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Metrics").finish_non_exhaustive()
-    }
 }
 
 impl Metrics {
     /// The metrics, with `requests` exported as `topodra_api_requests_total`.
     pub(crate) fn new(requests: &RequestCounter) -> Self {
-        let mut registry = Registry::with_prefix("topodra");
+        let mut base = Registry::new("topodra", requests);
+        let registry = base.registry_mut();
         let prepare_seconds = Family::<OutcomeLabels, Histogram>::new_with_constructor(
             latency_histogram as fn() -> Histogram,
         );
@@ -56,7 +51,6 @@ impl Metrics {
         let errors = Family::<ErrorLabels, Counter>::default();
         let prepared_devices = Gauge::default();
         let devices = Gauge::default();
-        let http_connections_rejected = Counter::default();
         registry.register(
             "prepare_duration_seconds",
             "NodePrepareResources latency per claim, including the claim GET",
@@ -78,20 +72,13 @@ impl Metrics {
             prepared_devices.clone(),
         );
         registry.register("devices", "GPUs published by this node", devices.clone());
-        registry.register_collector(Box::new(requests.clone()));
-        registry.register(
-            "http_connections_rejected",
-            "Connections to this endpoint closed unserved because --http-max-connections were open",
-            http_connections_rejected.clone(),
-        );
         Self {
-            registry,
+            registry: base,
             prepare_seconds,
             unprepare_seconds,
             errors,
             prepared_devices,
             devices,
-            http_connections_rejected,
         }
     }
 
@@ -136,14 +123,11 @@ impl Metrics {
 
     /// Counts a connection the HTTP endpoint closed at its connection limit.
     pub(crate) fn connection_rejected(&self) {
-        self.http_connections_rejected.inc();
+        self.registry.connection_rejected();
     }
 
     pub(crate) fn encode(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+        self.registry.encode()
     }
 }
 

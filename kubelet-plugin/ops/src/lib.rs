@@ -1,12 +1,13 @@
 //! What every topodra binary runs beside its job: structured logs ([`logging`]), the
 //! HTTP endpoint for metrics, liveness and readiness ([`http`]), a count of every
-//! request it sends to the API server ([`requests`]), and the version it reports
-//! ([`version`]).
+//! request it sends to the API server ([`requests`]), the metrics registry those start
+//! ([`metrics`]), and the version it reports ([`version`]).
 //!
 //! The kubelet plugin and the controller share these so that operators meet the same
 //! flags, the same endpoint hardening and the same request metrics in both.
 
 pub mod http;
 pub mod logging;
+pub mod metrics;
 pub mod requests;
 pub mod version;
