@@ -5,7 +5,7 @@ CARGO ?= cargo
 SIM_PROFILE ?= dgx-h100
 PROFILES := tests/fake-nvml/profiles
 
-.PHONY: all setup build release demo test test-unit test-e2e e2e tools-cdi chart-check deps-check deps-audit lint fmt fmt-check clippy bench bench-prepare bench-scale bench-plots clean image image-check image-test
+.PHONY: all setup build release demo test test-unit test-e2e e2e tools-cdi chart-check deps-check deps-audit lint fmt fmt-check clippy bench bench-prepare bench-scale bench-node bench-plots clean image image-check image-test
 
 all: build
 
@@ -52,6 +52,7 @@ test-e2e:
 	@bash tests/tools/build.sh kube etcd kwok
 	eval "$$(bash tests/tools/build.sh --env)" && cd tests/cluster && TOPODRA_REQUIRE_TOOLS=1 go test -count=1 ./...
 	cd tests/scale && CGO_ENABLED=0 go vet ./... && CGO_ENABLED=0 go test -trimpath -count=1 ./...
+	cd tests/nodebench && CGO_ENABLED=0 go vet ./... && CGO_ENABLED=0 go test -trimpath -count=1 ./...
 
 ## e2e: the end-to-end tests of tests/e2e: the plugin binary on simulated nodes, the
 ## kubelet's own plugin-manager and DRA-manager code (tests/e2e/harness) as its peer, the
@@ -101,11 +102,12 @@ fmt-check:
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-## bench: prepare/unprepare latency of the release plugin over its real sockets, as
+## bench-prepare: prepare/unprepare latency of the release plugin over its real sockets, as
 ## ratios to references measured in the same run; writes target/bench/prepare.json.
 ## See docs/benchmarks.md. TOPODRA_BENCH_ITERS / TOPODRA_BENCH_WARMUP override 1000 / 100.
-## bench: both benchmarks: prepare latency over the real sockets, then the scale run.
-bench: bench-prepare bench-scale
+## bench: every benchmark: prepare latency over the real sockets, the scale run, and the
+## node path against the reference driver.
+bench: bench-prepare bench-scale bench-node
 
 bench-prepare: setup
 	@echo "== cargo bench (release build: the first one takes several minutes on 2 cores)"
@@ -125,13 +127,32 @@ bench-scale: setup
 	eval "$$(bash tests/tools/build.sh --env kube etcd kwok helm topo-sched)" && cd tests/scale && \
 		CGO_ENABLED=0 go run -trimpath . -nodes $(SCALE_NODES) -out target/bench-scale $(SCALE_ARGS)
 
+## bench-node: the node path against the reference driver (sigs.k8s.io/dra-example-driver,
+## built from its Go module at the version tests/nodebench/exampledriver/go.mod pins):
+## each plugin registered by the kubelet's plugin-manager code, then prepare/unprepare
+## latency over its DRA socket, RSS and start to slices published; writes
+## target/bench/nodebench.json and .md (docs/benchmarks.md). NODE_BENCH_ARGS passes flags.
+NODE_BENCH_ARGS ?=
+bench-node: setup
+	$(CARGO) build --release -p topodra-kubelet-plugin -p topodra-fake-nvml
+	@bash tests/tools/build.sh kube etcd
+	bash tests/nodebench/build-example-driver.sh >/dev/null
+	eval "$$(bash tests/tools/build.sh --env kube etcd)" && cd tests/nodebench && \
+		CGO_ENABLED=0 go run -trimpath . -out $(CURDIR)/target/bench/nodebench.json \
+		-topodra-plugin $(CURDIR)/target/release/topodra-kubelet-plugin \
+		-sim-node $(CURDIR)/target/release/topodra-sim-node \
+		-example-plugin "$$(bash build-example-driver.sh --check)" \
+		-example-version "$$(awk '$$1 == "require" && $$2 == "sigs.k8s.io/dra-example-driver" { print $$3 }' exampledriver/go.mod)" \
+		$(NODE_BENCH_ARGS)
+
 ## bench-plots: PNG plots of the committed scale results, in docs/benchmarks: latency
-## and throughput by claim size (scale-500), memory over time (idle-10m) and the API
-## server's memory under the tunings (tuning-*). See docs/benchmarks.md.
+## and throughput by claim size (scale-500), memory over time (tuning-default, which
+## idles 10 minutes) and the API server's memory under the tunings (tuning-*). See
+## docs/benchmarks.md.
 BENCH_DOCS = ../../docs/benchmarks
 bench-plots:
 	cd tests/scale && CGO_ENABLED=0 go run -trimpath ./cmd/bench-plots -out $(BENCH_DOCS) \
-		-scale $(BENCH_DOCS)/scale-500.json -memory $(BENCH_DOCS)/idle-10m.json \
+		-scale $(BENCH_DOCS)/scale-500.json -memory $(BENCH_DOCS)/tuning-default.json \
 		-series $(BENCH_DOCS)/tuning-default.json,$(BENCH_DOCS)/tuning-gogc50.json,$(BENCH_DOCS)/tuning-goaway.json
 
 clean:

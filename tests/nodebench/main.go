@@ -1,0 +1,881 @@
+// Command nodebench measures the node path of DRA kubelet plugins the way a kubelet
+// drives them: each plugin runs as its own process, registers through the kubelet's
+// own plugin-manager code (tests/e2e/harness) over its registration socket, publishes
+// its ResourceSlices to a real API server (tests/cluster), and is then called over its
+// DRA socket (gRPC DRA v1, dialled as the kubelet dials it) to prepare and unprepare
+// ResourceClaims that exist in the API server, allocated to its own devices.
+//
+// Every driver runs in the same process run, against the same API server, with the
+// same claims (1, 4 and 8 devices), so the ratios between them are what to read.
+// See docs/benchmarks.md "Node path against other drivers".
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+
+	"topodra.dev/tests/cluster"
+	"topodra.dev/tests/e2e/harness"
+)
+
+const namespace = "nodebench"
+
+// driver is one kubelet plugin under test.
+type driver struct {
+	Key        string `json:"key"`
+	DriverName string `json:"driverName"`
+	Binary     string `json:"-"`
+	// BinaryName is the base name only: the report gets committed, and the
+	// machine's paths mean nothing elsewhere.
+	BinaryName string `json:"binary"`
+	Version    string `json:"version"`
+	// args builds the command line for a node directory; kubeconfig is the
+	// identity the plugin uses (the same admin identity for every driver, so no
+	// driver pays for an authorizer the other skips).
+	args func(dir, node, kubeconfig string) ([]string, []string, error)
+}
+
+type sizeResult struct {
+	Devices   int     `json:"devices"`
+	Prepare   Summary `json:"prepare"`
+	Unprepare Summary `json:"unprepare"`
+}
+
+type concurrentResult struct {
+	Claims    int     `json:"claims"`
+	Rounds    int     `json:"rounds"`
+	Prepare   Summary `json:"prepare"`
+	Unprepare Summary `json:"unprepare"`
+	// RoundPrepare is the wall time from the first call of a round to the last
+	// answer: how long pods arriving at once wait for the slowest prepare.
+	RoundPrepare Summary `json:"roundPrepare"`
+}
+
+type driverResult struct {
+	Driver driver `json:"driver"`
+	// EmptyPrepare is a NodePrepareResources call with no claims: the floor of a
+	// round trip to this plugin (socket, gRPC, its server's dispatch).
+	EmptyPrepare Summary `json:"emptyPrepare"`
+	// StartToRegisteredMs: process start to the kubelet's DRA handler accepting
+	// the registration; StartToSlicesMs: to the node's slices all listed by the API.
+	StartToRegisteredMs float64            `json:"startToRegisteredMs"`
+	StartToSlicesMs     float64            `json:"startToSlicesMs"`
+	SliceDevices        int                `json:"sliceDevices"`
+	Sizes               []sizeResult       `json:"sizes"`
+	Concurrent          concurrentResult   `json:"concurrent"`
+	RSSIdleKiB          int64              `json:"rssIdleKiB"`
+	RSSPeakLoadKiB      int64              `json:"rssPeakUnderLoadKiB"`
+	HWMKiB              int64              `json:"vmHWMKiB"`
+	Notes               []string           `json:"notes,omitempty"`
+	Extra               map[string]float64 `json:"extra,omitempty"`
+}
+
+type report struct {
+	Date string `json:"date"`
+	// Fsync4KiB is a 4 KiB write + fsync in the node directories' filesystem,
+	// measured before the drivers run: the unit cost of the checkpoint and CDI
+	// writes that make most of a prepare.
+	Fsync4KiB   Summary           `json:"fsync4KiB"`
+	Machine     map[string]string `json:"machine"`
+	Iterations  int               `json:"iterations"`
+	Warmup      int               `json:"warmup"`
+	Drivers     []driverResult    `json:"drivers"`
+	Ratios      map[string]any    `json:"ratios,omitempty"`
+	ClusterVers map[string]string `json:"controlPlane"`
+	WallSeconds float64           `json:"wallSeconds"`
+}
+
+func main() {
+	var (
+		out        = flag.String("out", "target/bench/nodebench.json", "JSON report (a Markdown table goes next to it, .md)")
+		iters      = flag.Int("iters", 200, "measured sequential prepare+unprepare pairs per claim size")
+		warmup     = flag.Int("warmup", 20, "unrecorded pairs before each size")
+		conc       = flag.Int("concurrent", 8, "one-GPU claims prepared at once in the concurrent run (at most the node's GPUs)")
+		rounds     = flag.Int("rounds", 10, "rounds of the concurrent run")
+		topodraBin = flag.String("topodra-plugin", "target/release/topodra-kubelet-plugin", "topodra kubelet plugin binary")
+		simBin     = flag.String("sim-node", "target/debug/topodra-sim-node", "topodra-sim-node binary")
+		profile    = flag.String("profile", "dgx-h100", "simulated node profile for topodra")
+		exampleBin = flag.String("example-plugin", "", "dra-example-kubeletplugin binary (tests/nodebench/build-example-driver.sh)")
+		exampleVer = flag.String("example-version", "", "its version, for the report")
+		only       = flag.String("drivers", "topodra,example,example-unthrottled", "drivers to run, in order")
+		workDir    = flag.String("work-dir", "", "where the cluster and node directories go (default: a new temp dir, removed on success)")
+	)
+	klog.InitFlags(nil)
+	_ = flag.Set("v", "0")
+	// The kubelet code logs a cancelled WatchResources stream as an error when a
+	// plugin stops: expected here, and kept in harness.log with the rest.
+	_ = flag.Set("stderrthreshold", "FATAL")
+	flag.Parse()
+	if err := run(*out, *iters, *warmup, *conc, *rounds, *topodraBin, *simBin, *profile, *exampleBin, *exampleVer, *only, *workDir); err != nil {
+		fmt.Fprintln(os.Stderr, "nodebench:", err)
+		os.Exit(1)
+	}
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "[nodebench %s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}
+
+func run(out string, iters, warmup, conc, rounds int, topodraBin, simBin, profile, exampleBin, exampleVer, only, workDir string) error {
+	began := time.Now()
+	// On SIGINT/SIGTERM the calls fail, run returns and its defers stop the
+	// plugins and the control plane.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	keep := workDir != ""
+	if workDir == "" {
+		var err error
+		if workDir, err = os.MkdirTemp("", "nodebench-"); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll(workDir, 0o755); err != nil {
+		return err
+	}
+	// The harness's kubelet code logs each registration and prepare at info:
+	// keep that out of the measurement's terminal, in a file.
+	klogFile, err := os.Create(filepath.Join(workDir, "harness.log"))
+	if err != nil {
+		return err
+	}
+	defer klogFile.Close()
+	klog.SetOutput(klogFile)
+	klog.LogToStderr(false)
+
+	var drivers []driver
+	for _, k := range strings.Split(only, ",") {
+		switch strings.TrimSpace(k) {
+		case "topodra":
+			drivers = append(drivers, topodraDriver(topodraBin, simBin, profile))
+		case "example", "example-unthrottled":
+			if exampleBin == "" {
+				return errors.New("--example-plugin is required for the example driver")
+			}
+			drivers = append(drivers, exampleDriver(exampleBin, exampleVer, strings.TrimSpace(k)))
+		case "":
+		default:
+			return fmt.Errorf("unknown driver %q", k)
+		}
+	}
+
+	logf("control plane in %s (etcd + kube-apiserver only: nothing here needs a scheduler)", workDir)
+	c, err := cluster.Start(ctx, cluster.Options{
+		Dir: filepath.Join(workDir, "cluster"), NoControllerManager: true, NoScheduler: true,
+		Logf: func(f string, a ...any) { logf(f, a...) },
+	})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = c.Stop() }()
+	admin, err := c.Client()
+	if err != nil {
+		return err
+	}
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+
+	rep := report{
+		Date: time.Now().UTC().Format(time.RFC3339), Machine: machine(), Iterations: iters, Warmup: warmup,
+		ClusterVers: c.Versions,
+	}
+	if rep.Fsync4KiB, err = fsyncProbe(workDir, 200); err != nil {
+		return err
+	}
+	logf("4 KiB write+fsync in %s: p50 %.0f µs, p99 %.0f µs", workDir, rep.Fsync4KiB.P50, rep.Fsync4KiB.P99)
+	for _, d := range drivers {
+		logf("== %s (%s)", d.Key, d.DriverName)
+		d.BinaryName = filepath.Base(d.Binary)
+		res, err := benchDriver(ctx, c, admin, d, filepath.Join(workDir, d.Key), iters, warmup, conc, rounds)
+		if err != nil {
+			return fmt.Errorf("%s: %w", d.Key, err)
+		}
+		rep.Drivers = append(rep.Drivers, *res)
+	}
+	rep.Ratios = ratios(rep.Drivers)
+	rep.WallSeconds = time.Since(began).Seconds()
+
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return err
+	}
+	b, _ := json.MarshalIndent(rep, "", "  ")
+	if err := os.WriteFile(out, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	md := markdown(&rep)
+	if err := os.WriteFile(strings.TrimSuffix(out, ".json")+".md", []byte(md), 0o644); err != nil {
+		return err
+	}
+	fmt.Print(md)
+	logf("wrote %s (%.0f s)", out, rep.WallSeconds)
+	if !keep {
+		_ = c.Stop()
+		_ = os.RemoveAll(workDir)
+	}
+	return nil
+}
+
+func topodraDriver(bin, simBin, profile string) driver {
+	return driver{
+		Key: "topodra", DriverName: "gpu.topodra.dev", Binary: bin, Version: version(bin, "--version"),
+		args: func(dir, node, kubeconfig string) ([]string, []string, error) {
+			// The simulated node: fake NVML with the profile's GPUs, its hwloc
+			// topology, device nodes and driver root, as `make demo` sets it up.
+			simOut, err := exec.Command(simBin, profile, filepath.Join(dir, "sim")).Output()
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s %s: %w", simBin, profile, err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "boot_id"), []byte("6d7a3c8e-0b1f-4c59-9e0a-2f4b1d3c5a77\n"), 0o644); err != nil {
+				return nil, nil, err
+			}
+			addr, err := freeAddr()
+			if err != nil {
+				return nil, nil, err
+			}
+			args := []string{"serve",
+				"--node-name=" + node,
+				"--kubelet-registry-dir=" + filepath.Join(dir, "plugins_registry"),
+				"--kubelet-plugins-dir=" + filepath.Join(dir, "plugins"),
+				"--cdi-dir=" + filepath.Join(dir, "cdi"),
+				"--http-addr=" + addr,
+				"--boot-id-file=" + filepath.Join(dir, "boot_id"),
+			}
+			args = append(args, strings.Fields(string(simOut))...)
+			return args, []string{"KUBECONFIG=" + kubeconfig, "TOPODRA_LOG=info"}, nil
+		},
+	}
+}
+
+// exampleDriver is the reference driver. "example" runs it as released (its kube
+// client's defaults, 5 QPS with a burst of 10, which its Helm chart keeps: each
+// prepare GETs the claim, so sustained prepares queue behind that limiter);
+// "example-unthrottled" lifts the limit, so what is measured is the plugin's own
+// work, as for topodra, whose claim reads have no client-side limiter.
+func exampleDriver(bin, ver, key string) driver {
+	return driver{
+		Key: key, DriverName: "gpu.example.com", Binary: bin, Version: ver,
+		args: func(dir, node, kubeconfig string) ([]string, []string, error) {
+			// Its gpu profile simulates the GPUs itself; 8 of them, like the DGX H100
+			// topodra runs on. Health and metrics endpoints stay off (their defaults).
+			args := []string{
+				"--node-name=" + node,
+				"--kubeconfig=" + kubeconfig,
+				"--cdi-root=" + filepath.Join(dir, "cdi"),
+				"--num-devices=8",
+				"--device-profile=gpu",
+				"--kubelet-registrar-directory-path=" + filepath.Join(dir, "plugins_registry"),
+				"--kubelet-plugins-directory-path=" + filepath.Join(dir, "plugins"),
+			}
+			if key == "example-unthrottled" {
+				args = append(args, "--kube-api-qps=10000", "--kube-api-burst=10000")
+			}
+			return args, nil, nil
+		},
+	}
+}
+
+func version(bin string, arg string) string {
+	b, err := exec.Command(bin, arg).Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+func benchDriver(ctx context.Context, c *cluster.Cluster, admin kubernetes.Interface, d driver, dir string, iters, warmup, conc, rounds int) (*driverResult, error) {
+	node := "nodebench-" + d.Key
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	nodeKC, err := c.NodeKubeconfig(node)
+	if err != nil {
+		return nil, err
+	}
+	// The kubelet side first: the plugins look their Node up (slice owner).
+	h, err := harness.New(harness.Config{
+		Kubeconfig: nodeKC, NodeName: node,
+		RegistryDir: filepath.Join(dir, "plugins_registry"), CDIDir: filepath.Join(dir, "cdi"),
+		StateDir: filepath.Join(dir, "kubelet"), FeatureGates: c.Gates,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := h.Start(ctx); err != nil {
+		return nil, err
+	}
+	defer h.Stop()
+	if err := os.MkdirAll(filepath.Join(dir, "plugins"), 0o755); err != nil {
+		return nil, err
+	}
+
+	args, env, err := d.args(dir, node, c.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	logPath := filepath.Join(dir, "plugin.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+	cmd := exec.Command(d.Binary, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	t0 := time.Now()
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(20 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	}()
+	pid := cmd.Process.Pid
+	fail := func(err error) (*driverResult, error) {
+		return nil, fmt.Errorf("%w (plugin log %s:\n%s)", err, logPath, tail(logPath, 20))
+	}
+
+	res := &driverResult{Driver: d}
+	regCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	var endpoint string
+	regDone := make(chan error, 1)
+	go func() {
+		var err error
+		endpoint, err = h.WaitRegistered(regCtx, d.DriverName)
+		res.StartToRegisteredMs = ms(time.Since(t0))
+		regDone <- err
+	}()
+	pool, devices, sliceAt, err := waitSlices(regCtx, admin, node, d.DriverName, exited)
+	res.StartToSlicesMs = ms(sliceAt.Sub(t0))
+	if err != nil {
+		cancel()
+		return fail(err)
+	}
+	if err := <-regDone; err != nil {
+		cancel()
+		return fail(err)
+	}
+	cancel()
+	res.SliceDevices = len(devices)
+	logf("%s: registered after %.0f ms, %d devices in slices after %.0f ms; endpoint %s",
+		d.Key, res.StartToRegisteredMs, len(devices), res.StartToSlicesMs, endpoint)
+	if len(devices) < 8 {
+		return fail(fmt.Errorf("want 8 devices in the slices of pool %s, got %v", pool, devices))
+	}
+
+	// Idle: registered, slices published, nothing prepared; a moment for the
+	// start-up garbage (Go GC, allocator) to settle.
+	time.Sleep(3 * time.Second)
+	if res.RSSIdleKiB, err = procStatusKiB(pid, "VmRSS"); err != nil {
+		return fail(err)
+	}
+
+	conn, err := grpc.NewClient("unix:"+endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fail(err)
+	}
+	defer conn.Close()
+	client := drapb.NewDRAPluginClient(conn)
+
+	peak := newRSSSampler(pid)
+	defer peak.stop()
+
+	var empty []time.Duration
+	for i := 0; i < warmup+iters; i++ {
+		t := time.Now()
+		if _, err := client.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{}); err != nil {
+			return fail(fmt.Errorf("empty prepare: %w", err))
+		}
+		if i >= warmup {
+			empty = append(empty, time.Since(t))
+		}
+	}
+	res.EmptyPrepare = summarize(empty)
+
+	seq := 0
+	for _, n := range []int{1, 4, 8} {
+		claims, err := makeClaims(ctx, admin, d, node, pool, devices[:n], warmup+iters, &seq)
+		if err != nil {
+			return fail(err)
+		}
+		var prep, unprep []time.Duration
+		for i, cl := range claims {
+			p, u, err := prepareUnprepare(ctx, client, cl, n)
+			if err != nil {
+				return fail(fmt.Errorf("%d-device claim %s: %w", n, cl.Name, err))
+			}
+			if i >= warmup {
+				prep, unprep = append(prep, p), append(unprep, u)
+			}
+		}
+		sr := sizeResult{Devices: n, Prepare: summarize(prep), Unprepare: summarize(unprep)}
+		res.Sizes = append(res.Sizes, sr)
+		logf("%s: %d devices: prepare p50 %.0f µs p99 %.0f µs; unprepare p50 %.0f µs p99 %.0f µs",
+			d.Key, n, sr.Prepare.P50, sr.Prepare.P99, sr.Unprepare.P50, sr.Unprepare.P99)
+		deleteClaims(ctx, admin, claims)
+	}
+
+	// Concurrent: conc one-device claims at once, as when that many pods land on
+	// the node together. Each claim gets a GPU of its own: topodra refuses a
+	// device another prepared claim holds (device_in_use), as it must for
+	// exclusive GPUs, so on an 8-GPU node at most 8 such claims can be prepared
+	// at once.
+	if conc > len(devices) {
+		return fail(fmt.Errorf("%d concurrent one-GPU claims need %d devices; the node has %d", conc, conc, len(devices)))
+	}
+	cr := concurrentResult{Claims: conc, Rounds: rounds}
+	var cp, cu, cw []time.Duration
+	for r := 0; r < rounds+1; r++ {
+		claims := make([]*resourceapi.ResourceClaim, conc)
+		for i := range claims {
+			cs, err := makeClaims(ctx, admin, d, node, pool, []string{devices[i]}, 1, &seq)
+			if err != nil {
+				return fail(err)
+			}
+			claims[i] = cs[0]
+		}
+		p, u, wall, err := concurrentRound(ctx, client, claims)
+		if err != nil {
+			return fail(fmt.Errorf("concurrent round %d: %w", r, err))
+		}
+		if r > 0 { // round 0 warms up the connection's streams and the plugin's pools
+			cp, cu, cw = append(cp, p...), append(cu, u...), append(cw, wall)
+		}
+		deleteClaims(ctx, admin, claims)
+	}
+	cr.Prepare, cr.Unprepare, cr.RoundPrepare = summarize(cp), summarize(cu), summarize(cw)
+	res.Concurrent = cr
+	logf("%s: %d concurrent: prepare p50 %.0f µs p99 %.0f µs; round p50 %.0f µs",
+		d.Key, conc, cr.Prepare.P50, cr.Prepare.P99, cr.RoundPrepare.P50)
+
+	res.RSSPeakLoadKiB = peak.stop()
+	res.HWMKiB, _ = procStatusKiB(pid, "VmHWM")
+	select {
+	case err := <-exited:
+		return fail(fmt.Errorf("plugin exited during the run: %v", err))
+	default:
+	}
+	return res, nil
+}
+
+// fsyncProbe times n writes of 4 KiB, each followed by fsync, to one file in dir.
+func fsyncProbe(dir string, n int) (Summary, error) {
+	f, err := os.CreateTemp(dir, "fsync-probe-")
+	if err != nil {
+		return Summary{}, err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	buf := bytes.Repeat([]byte{'x'}, 4096)
+	var d []time.Duration
+	for i := 0; i < n; i++ {
+		t := time.Now()
+		if _, err := f.WriteAt(buf, 0); err != nil {
+			return Summary{}, err
+		}
+		if err := f.Sync(); err != nil {
+			return Summary{}, err
+		}
+		d = append(d, time.Since(t))
+	}
+	return summarize(d), nil
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
+
+// waitSlices polls the API for the node's slices of driver until the pool is
+// complete (all resourceSliceCount slices of its newest generation listed) and
+// has devices. Polling every 10 ms bounds the error of the timestamp.
+func waitSlices(ctx context.Context, admin kubernetes.Interface, node, driverName string, exited <-chan error) (string, []string, time.Time, error) {
+	sel := fields.AndSelectors(
+		fields.OneTermEqualSelector("spec.nodeName", node),
+		fields.OneTermEqualSelector("spec.driver", driverName)).String()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		list, err := admin.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: sel})
+		now := time.Now()
+		if err == nil && len(list.Items) > 0 {
+			var gen int64
+			for _, s := range list.Items {
+				gen = max(gen, s.Spec.Pool.Generation)
+			}
+			var devs []string
+			count, want := 0, int64(0)
+			pool := ""
+			for _, s := range list.Items {
+				if s.Spec.Pool.Generation != gen {
+					continue
+				}
+				count++
+				want, pool = s.Spec.Pool.ResourceSliceCount, s.Spec.Pool.Name
+				for _, d := range s.Spec.Devices {
+					devs = append(devs, d.Name)
+				}
+			}
+			if int64(count) == want && len(devs) > 0 {
+				sort.Slice(devs, func(i, j int) bool { return natLess(devs[i], devs[j]) })
+				return pool, devs, now, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return "", nil, time.Now(), fmt.Errorf("slices of %s on %s: %w", driverName, node, ctx.Err())
+		case err := <-exited:
+			return "", nil, time.Now(), fmt.Errorf("plugin exited before publishing: %v", err)
+		case <-tick.C:
+		}
+	}
+}
+
+// natLess orders gpu-2 before gpu-10, so "the first n devices" is the same set
+// for every driver's naming.
+func natLess(a, b string) bool {
+	if len(a) != len(b) {
+		return len(a) < len(b)
+	}
+	return a < b
+}
+
+// makeClaims creates n ResourceClaims for the devices and writes their allocation
+// with the admin client, as the scheduler would.
+func makeClaims(ctx context.Context, admin kubernetes.Interface, d driver, node, pool string, devices []string, n int, seq *int) ([]*resourceapi.ResourceClaim, error) {
+	rc := admin.ResourceV1().ResourceClaims(namespace)
+	out := make([]*resourceapi.ResourceClaim, 0, n)
+	for i := 0; i < n; i++ {
+		*seq++
+		claim := &resourceapi.ResourceClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", d.Key, *seq)},
+			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+				Name: "gpus",
+				Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: d.DriverName,
+					AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: int64(len(devices))},
+			}}}},
+		}
+		created, err := rc.Create(ctx, claim, metav1.CreateOptions{})
+		if err != nil {
+			return nil, err
+		}
+		var results []resourceapi.DeviceRequestAllocationResult
+		for _, dev := range devices {
+			results = append(results, resourceapi.DeviceRequestAllocationResult{Request: "gpus", Driver: d.DriverName, Pool: pool, Device: dev})
+		}
+		created.Status.Allocation = &resourceapi.AllocationResult{
+			Devices: resourceapi.DeviceAllocationResult{Results: results},
+			NodeSelector: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{MatchFields: []v1.NodeSelectorRequirement{{
+				Key: "metadata.name", Operator: v1.NodeSelectorOpIn, Values: []string{node}}}}}},
+		}
+		created.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{
+			Resource: "pods", Name: created.Name, UID: created.UID}}
+		updated, err := rc.UpdateStatus(ctx, created, metav1.UpdateOptions{})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, updated)
+	}
+	return out, nil
+}
+
+func deleteClaims(ctx context.Context, admin kubernetes.Interface, claims []*resourceapi.ResourceClaim) {
+	for _, cl := range claims {
+		_ = admin.ResourceV1().ResourceClaims(namespace).Delete(ctx, cl.Name, metav1.DeleteOptions{})
+	}
+}
+
+func claimRef(cl *resourceapi.ResourceClaim) *drapb.Claim {
+	return &drapb.Claim{Namespace: cl.Namespace, Name: cl.Name, Uid: string(cl.UID)}
+}
+
+func prepare(ctx context.Context, client drapb.DRAPluginClient, cl *resourceapi.ResourceClaim, want int) (time.Duration, error) {
+	// The kubelet's own limit on a prepare call.
+	cctx, cancel := context.WithTimeout(ctx, 45*time.Second)
+	defer cancel()
+	t := time.Now()
+	resp, err := client.NodePrepareResources(cctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{claimRef(cl)}})
+	d := time.Since(t)
+	if err != nil {
+		return d, err
+	}
+	r := resp.Claims[string(cl.UID)]
+	switch {
+	case r == nil:
+		return d, errors.New("prepare: no result for the claim")
+	case r.Error != "":
+		return d, fmt.Errorf("prepare: %s", r.Error)
+	case len(r.Devices) != want:
+		return d, fmt.Errorf("prepare: %d devices, want %d", len(r.Devices), want)
+	}
+	return d, nil
+}
+
+func unprepare(ctx context.Context, client drapb.DRAPluginClient, cl *resourceapi.ResourceClaim) (time.Duration, error) {
+	cctx, cancel := context.WithTimeout(ctx, 45*time.Second)
+	defer cancel()
+	t := time.Now()
+	resp, err := client.NodeUnprepareResources(cctx, &drapb.NodeUnprepareResourcesRequest{Claims: []*drapb.Claim{claimRef(cl)}})
+	d := time.Since(t)
+	if err != nil {
+		return d, err
+	}
+	if r := resp.Claims[string(cl.UID)]; r == nil || r.Error != "" {
+		return d, fmt.Errorf("unprepare: %v", r)
+	}
+	return d, nil
+}
+
+func prepareUnprepare(ctx context.Context, client drapb.DRAPluginClient, cl *resourceapi.ResourceClaim, want int) (time.Duration, time.Duration, error) {
+	p, err := prepare(ctx, client, cl, want)
+	if err != nil {
+		return 0, 0, err
+	}
+	u, err := unprepare(ctx, client, cl)
+	return p, u, err
+}
+
+func concurrentRound(ctx context.Context, client drapb.DRAPluginClient, claims []*resourceapi.ResourceClaim) ([]time.Duration, []time.Duration, time.Duration, error) {
+	n := len(claims)
+	prep, unprep, errs := make([]time.Duration, n), make([]time.Duration, n), make([]error, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range claims {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			prep[i], errs[i] = prepare(ctx, client, claims[i], 1)
+		}()
+	}
+	t := time.Now()
+	close(start)
+	wg.Wait()
+	wall := time.Since(t)
+	if err := errors.Join(errs...); err != nil {
+		return nil, nil, 0, err
+	}
+	start = make(chan struct{})
+	for i := range claims {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			unprep[i], errs[i] = unprepare(ctx, client, claims[i])
+		}()
+	}
+	close(start)
+	wg.Wait()
+	return prep, unprep, wall, errors.Join(errs...)
+}
+
+// rssSampler records the largest VmRSS seen while the load runs. VmHWM alone would
+// also count the start-up peak (a Go client's first LIST decode, say), which is
+// not "under load".
+type rssSampler struct {
+	mu   sync.Mutex
+	peak int64
+	done chan struct{}
+	once sync.Once
+	wg   sync.WaitGroup
+}
+
+func newRSSSampler(pid int) *rssSampler {
+	s := &rssSampler{done: make(chan struct{})}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			if v, err := procStatusKiB(pid, "VmRSS"); err == nil {
+				s.mu.Lock()
+				s.peak = max(s.peak, v)
+				s.mu.Unlock()
+			}
+			select {
+			case <-s.done:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return s
+}
+
+func (s *rssSampler) stop() int64 {
+	s.once.Do(func() { close(s.done) })
+	s.wg.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.peak
+}
+
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func machine() map[string]string {
+	m := map[string]string{
+		"goos": runtime.GOOS, "goarch": runtime.GOARCH, "go": runtime.Version(),
+		"cpus": fmt.Sprint(runtime.NumCPU()),
+	}
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				m["cpu"] = strings.TrimSpace(v)
+				break
+			}
+		}
+		f.Close()
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m["kernel"] = strings.TrimSpace(string(b))
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(os.TempDir(), &st); err == nil {
+		m["tmpFsType"] = fmt.Sprintf("0x%x", st.Type)
+	}
+	return m
+}
+
+// ratios are topodra over each other driver, the way the issue states its targets
+// (prepare p50 at most 0.5, RSS at most 0.25).
+func ratios(rs []driverResult) map[string]any {
+	var t *driverResult
+	for i := range rs {
+		if rs[i].Driver.Key == "topodra" {
+			t = &rs[i]
+		}
+	}
+	if t == nil {
+		return nil
+	}
+	all := map[string]any{}
+	for i := range rs {
+		e := &rs[i]
+		if e == t {
+			continue
+		}
+		out := map[string]float64{}
+		for j := range t.Sizes {
+			if j >= len(e.Sizes) {
+				break
+			}
+			n := t.Sizes[j].Devices
+			out[fmt.Sprintf("prepare_p50_%dgpu", n)] = ratio(t.Sizes[j].Prepare.P50, e.Sizes[j].Prepare.P50)
+			out[fmt.Sprintf("prepare_p99_%dgpu", n)] = ratio(t.Sizes[j].Prepare.P99, e.Sizes[j].Prepare.P99)
+			out[fmt.Sprintf("unprepare_p50_%dgpu", n)] = ratio(t.Sizes[j].Unprepare.P50, e.Sizes[j].Unprepare.P50)
+			out[fmt.Sprintf("unprepare_p99_%dgpu", n)] = ratio(t.Sizes[j].Unprepare.P99, e.Sizes[j].Unprepare.P99)
+		}
+		out["concurrent_prepare_p50"] = ratio(t.Concurrent.Prepare.P50, e.Concurrent.Prepare.P50)
+		out["concurrent_prepare_p99"] = ratio(t.Concurrent.Prepare.P99, e.Concurrent.Prepare.P99)
+		out["concurrent_round_p50"] = ratio(t.Concurrent.RoundPrepare.P50, e.Concurrent.RoundPrepare.P50)
+		out["empty_prepare_p50"] = ratio(t.EmptyPrepare.P50, e.EmptyPrepare.P50)
+		out["rss_idle"] = ratio(float64(t.RSSIdleKiB), float64(e.RSSIdleKiB))
+		out["rss_peak_under_load"] = ratio(float64(t.RSSPeakLoadKiB), float64(e.RSSPeakLoadKiB))
+		out["start_to_slices"] = ratio(t.StartToSlicesMs, e.StartToSlicesMs)
+		all[e.Driver.Key] = out
+	}
+	return all
+}
+
+func markdown(r *report) string {
+	var b bytes.Buffer
+	w := func(f string, a ...any) { fmt.Fprintf(&b, f, a...) }
+	w("| driver | series | n | p50 µs | p90 µs | p99 µs | max µs |\n|---|---|--:|--:|--:|--:|--:|\n")
+	row(&b, "(machine)", "4 KiB write + fsync", r.Fsync4KiB)
+	for _, d := range r.Drivers {
+		row(&b, d.Driver.Key, "empty NodePrepare (ref)", d.EmptyPrepare)
+		for _, s := range d.Sizes {
+			row(&b, d.Driver.Key, fmt.Sprintf("prepare %d GPU", s.Devices), s.Prepare)
+			row(&b, d.Driver.Key, fmt.Sprintf("unprepare %d GPU", s.Devices), s.Unprepare)
+		}
+		c := d.Concurrent
+		row(&b, d.Driver.Key, fmt.Sprintf("prepare, %d concurrent", c.Claims), c.Prepare)
+		row(&b, d.Driver.Key, fmt.Sprintf("unprepare, %d concurrent", c.Claims), c.Unprepare)
+		row(&b, d.Driver.Key, fmt.Sprintf("all %d prepared (wall)", c.Claims), c.RoundPrepare)
+	}
+	w("\n| driver | start → registered ms | start → slices ms | devices | RSS idle MiB | RSS peak under load MiB | VmHWM MiB |\n|---|--:|--:|--:|--:|--:|--:|\n")
+	for _, d := range r.Drivers {
+		w("| %s | %.0f | %.0f | %d | %.1f | %.1f | %.1f |\n", d.Driver.Key, d.StartToRegisteredMs, d.StartToSlicesMs, d.SliceDevices,
+			mib(d.RSSIdleKiB), mib(d.RSSPeakLoadKiB), mib(d.HWMKiB))
+	}
+	if len(r.Ratios) > 0 {
+		var refs []string
+		for _, d := range r.Drivers {
+			if _, ok := r.Ratios[d.Driver.Key]; ok {
+				refs = append(refs, d.Driver.Key)
+			}
+		}
+		var keys []string
+		for k := range r.Ratios[refs[0]].(map[string]float64) {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		w("\n| topodra / | %s |\n|---|%s\n", strings.Join(refs, " | "), strings.Repeat("--:|", len(refs)))
+		for _, k := range keys {
+			w("| %s |", k)
+			for _, ref := range refs {
+				w(" %.2f |", r.Ratios[ref].(map[string]float64)[k])
+			}
+			w("\n")
+		}
+	}
+	return b.String()
+}
+
+func row(w io.Writer, drv, series string, s Summary) {
+	fmt.Fprintf(w, "| %s | %s | %d | %.0f | %.0f | %.0f | %.0f |\n", drv, series, s.N, s.P50, s.P90, s.P99, s.Max)
+}
+
+func mib(kib int64) float64 { return float64(kib) / 1024 }
