@@ -65,7 +65,7 @@ type env struct {
 	c     *cluster.Cluster
 	admin kubernetes.Interface
 	node  string
-	dir   string // node directory: sim/, kubelet-root/, cdi/, kubelet/
+	dir   string // node directory: sim/, cdi/, kubelet/
 
 	kubeletRoot string // the kubelet root: plugins_registry/ and plugins/
 	h           *harness.Harness
@@ -121,18 +121,16 @@ func newEnv(t *testing.T, o envOptions) *env {
 		t.Fatal(err)
 	}
 	e := &env{t: t, c: c, admin: admin, node: o.node, dir: filepath.Join(c.Dir, "node-"+o.node), profile: o.profile, args: o.pluginArgs}
-	e.kubeletRoot = filepath.Join(e.dir, "kubelet-root")
-	if o.fromChart {
-		// A pod's sockets carry its UID: under the test's long temporary path they
-		// would pass the 108 bytes a unix socket path may have. A real kubelet root
-		// is /var/lib/kubelet.
-		short, err := os.MkdirTemp("", "kr")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.RemoveAll(short) })
-		e.kubeletRoot = short
+	// The kubelet root holds the sockets: under the test's long temporary path
+	// (named after the test) their paths would pass the 108 bytes a unix socket
+	// path may have, the more so with a pod UID in the name. A real one is
+	// /var/lib/kubelet.
+	short, err := os.MkdirTemp("", "kr")
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(func() { os.RemoveAll(short) })
+	e.kubeletRoot = short
 	for _, d := range []string{filepath.Join(e.kubeletRoot, "plugins_registry"), filepath.Join(e.kubeletRoot, "plugins"), filepath.Join(e.dir, "cdi"), filepath.Join(e.dir, "kubelet")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
