@@ -271,14 +271,9 @@ func memoryPlot(r *results, name, path string) error {
 		if pts == nil {
 			continue
 		}
-		l, err := plotter.NewLine(pts)
-		if err != nil {
+		if err := addSeries(p, pts, i, c); err != nil {
 			return err
 		}
-		l.Color = palette[i%len(palette)]
-		l.Width = vg.Points(1.2)
-		p.Add(l)
-		p.Legend.Add(c, l)
 		i++
 	}
 	headroom(p)
@@ -299,13 +294,6 @@ func apiserverMemoryPlot(runs []*results, path string) error {
 		if pts == nil {
 			continue
 		}
-		l, err := plotter.NewLine(pts)
-		if err != nil {
-			return err
-		}
-		l.Color = palette[i%len(palette)]
-		l.Width = vg.Points(1.2)
-		p.Add(l)
 		label := "default"
 		switch {
 		case r.APIServerGOGC != 0:
@@ -313,12 +301,28 @@ func apiserverMemoryPlot(runs []*results, path string) error {
 		case r.GoawayChance != 0:
 			label = fmt.Sprintf("--goaway-chance=%g", r.GoawayChance)
 		}
-		p.Legend.Add(label, l)
+		if err := addSeries(p, pts, i, label); err != nil {
+			return err
+		}
 	}
 	headroom(p)
 	phases(p, runs[0].DRA.MemorySeries)
 	p.Legend.Top = true
 	return save(p, path)
+}
+
+// addSeries draws pts as the n-th line of p, in the n-th palette colour, with a
+// legend entry.
+func addSeries(p *plot.Plot, pts plotter.XYs, n int, label string) error {
+	l, err := plotter.NewLine(pts)
+	if err != nil {
+		return err
+	}
+	l.Color = palette[n%len(palette)]
+	l.Width = vg.Points(1.2)
+	p.Add(l)
+	p.Legend.Add(label, l)
+	return nil
 }
 
 func points(m *memSeries, component string) plotter.XYs {
