@@ -251,6 +251,19 @@ func auditRequests(t *testing.T, path, user string, from, to time.Time) map[stri
 
 var writeVerbs = map[string]bool{"create": true, "update": true, "patch": true, "delete": true, "deletecollection": true}
 
+// auditLogArgs are the kube-apiserver flags that write the audit log of auditPolicy
+// as JSON to the returned file.
+func auditLogArgs(t *testing.T) ([]string, string) {
+	t.Helper()
+	dir := t.TempDir()
+	policy := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(policy, []byte(auditPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	log := filepath.Join(dir, "audit.log")
+	return []string{"--audit-policy-file=" + policy, "--audit-log-path=" + log, "--audit-log-format=json"}, log
+}
+
 // TestController runs two controller replicas with the chart's ServiceAccount and
 // RBAC next to one simulated DGX H100 node: their NodeResourceTopology object
 // matches the allocations as pods come and go, across a leader change and a restart,
@@ -258,17 +271,10 @@ var writeVerbs = map[string]bool{"create": true, "update": true, "patch": true, 
 // explains it, and `kubectl topodra explain` prints the same reason; idle, the
 // controller writes nothing (the API server's audit log, by user).
 func TestController(t *testing.T) {
-	auditDir := t.TempDir()
-	policy := filepath.Join(auditDir, "policy.yaml")
-	if err := os.WriteFile(policy, []byte(auditPolicy), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	auditLog := filepath.Join(auditDir, "audit.log")
+	auditArgs, auditLog := auditLogArgs(t)
 	binary(t, "TOPODRA_CONTROLLER_BIN", "topodra-controller")
 	kubectlTopodra := binary(t, "TOPODRA_KUBECTL_PLUGIN_BIN", "kubectl-topodra")
-	e := newEnv(t, envOptions{profile: "dgx-h100", apiServerArgs: []string{
-		"--audit-policy-file=" + policy, "--audit-log-path=" + auditLog, "--audit-log-format=json",
-	}})
+	e := newEnv(t, envOptions{profile: "dgx-h100", apiServerArgs: auditArgs})
 	ctx := context.Background()
 	rest, err := e.c.RESTConfig()
 	if err != nil {

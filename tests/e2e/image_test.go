@@ -341,13 +341,16 @@ func TestChartUpgradeAndRollbackKeepClaims(t *testing.T) {
 	e.createNamespace(ns)
 	e.kubectlApply(twoGPUTemplate(ns))
 
-	specOf := func(pod string) string {
+	claimUID := func(pod string) string {
 		p, err := e.admin.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		claim, _ := e.allocation(p)
-		return filepath.Join(e.dir, "cdi", "k8s.gpu.topodra.dev-claim_"+string(claim.UID)+".json")
+		return string(claim.UID)
+	}
+	specOf := func(pod string) string {
+		return filepath.Join(e.dir, "cdi", "k8s.gpu.topodra.dev-claim_"+claimUID(pod)+".json")
 	}
 	prepare := func(pod string) string {
 		e.createPod(ns, pod, "two-gpus")
@@ -396,14 +399,6 @@ func TestChartUpgradeAndRollbackKeepClaims(t *testing.T) {
 		from.stop(t)
 		e.plugin = next
 		return next
-	}
-	claimUID := func(pod string) string {
-		p, err := e.admin.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		claim, _ := e.allocation(p)
-		return string(claim.UID)
 	}
 	// unpreparedBy checks that by, a later pod than the one that prepared it,
 	// unprepared the claim: it read the claim from the checkpoint it took over.

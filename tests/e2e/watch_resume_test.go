@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/url"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -133,19 +132,11 @@ func (p *cuttingProxy) close() {
 // control plane (scheduler, controller-manager, the kubelet harness); the proxy
 // is what ends topodra's watches.
 func TestWatchResume(t *testing.T) {
-	auditDir := t.TempDir()
-	policy := filepath.Join(auditDir, "policy.yaml")
-	if err := os.WriteFile(policy, []byte(auditPolicy), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	auditLog := filepath.Join(auditDir, "audit.log")
+	auditArgs, auditLog := auditLogArgs(t)
 	binary(t, "TOPODRA_CONTROLLER_BIN", "topodra-controller")
-	// A one-letter node keeps the plugin's sockets under the test's long temporary
-	// directory within the 108 bytes a unix socket path may have.
-	e := newEnv(t, envOptions{profile: "dgx-h100", node: "w", apiServerArgs: []string{
-		"--audit-policy-file=" + policy, "--audit-log-path=" + auditLog, "--audit-log-format=json",
+	e := newEnv(t, envOptions{profile: "dgx-h100", apiServerArgs: append(auditArgs,
 		"--goaway-chance=0.02", "--min-request-timeout=5",
-	}})
+	)})
 	ctx := context.Background()
 	e.waitRegistered(2 * time.Minute)
 	devices := e.waitDevices(8, time.Minute)
