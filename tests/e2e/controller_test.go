@@ -3,7 +3,6 @@ package e2e
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -24,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
+	"topodra.dev/tests/cluster"
 	"topodra.dev/tests/e2e/harness"
 )
 
@@ -178,62 +178,14 @@ func (e *env) nrtMatches(ctx context.Context, dyn dynamic.Interface, devices map
 	return nil
 }
 
-// auditPolicy records every request's metadata, once, when it completes.
-const auditPolicy = `apiVersion: audit.k8s.io/v1
-kind: Policy
-omitStages: ["RequestReceived", "ResponseStarted"]
-rules:
-  - level: Metadata
-`
-
-type auditEvent struct {
-	Verb       string `json:"verb"`
-	RequestURI string `json:"requestURI"`
-	UserAgent  string `json:"userAgent"`
-	User       struct {
-		Username string `json:"username"`
-	} `json:"user"`
-	ObjectRef *struct {
-		Resource string `json:"resource"`
-		Name     string `json:"name"`
-	} `json:"objectRef"`
-	RequestReceivedTimestamp metav1.MicroTime `json:"requestReceivedTimestamp"`
-}
-
-// auditEvents reads the API server's audit records received between from and to,
-// in the log's order (that of their completion).
-func auditEvents(t *testing.T, path string, from, to time.Time) []auditEvent {
+// auditEvents reads the API server's audit records received between from and to.
+func auditEvents(t *testing.T, path string, from, to time.Time) []cluster.AuditEvent {
 	t.Helper()
-	f, err := os.Open(path)
+	evs, err := cluster.ReadAuditLog(path, from, to)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	var out []auditEvent
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 16<<20)
-	for sc.Scan() {
-		var ev auditEvent
-		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			t.Fatalf("audit log line: %v", err)
-		}
-		if at := ev.RequestReceivedTimestamp.Time; at.Before(from) || at.After(to) {
-			continue
-		}
-		out = append(out, ev)
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-// resource is the record's resource, "-" for a request about none.
-func (ev auditEvent) resource() string {
-	if ev.ObjectRef == nil {
-		return "-"
-	}
-	return ev.ObjectRef.Resource
+	return evs
 }
 
 // auditRequests counts the API server's audit records of user between from and to,
@@ -243,25 +195,21 @@ func auditRequests(t *testing.T, path, user string, from, to time.Time) map[stri
 	counts := map[string]int{}
 	for _, ev := range auditEvents(t, path, from, to) {
 		if ev.User.Username == user {
-			counts[ev.Verb+" "+ev.resource()]++
+			counts[ev.Verb+" "+ev.Resource()]++
 		}
 	}
 	return counts
 }
 
-var writeVerbs = map[string]bool{"create": true, "update": true, "patch": true, "delete": true, "deletecollection": true}
-
-// auditLogArgs are the kube-apiserver flags that write the audit log of auditPolicy
-// as JSON to the returned file.
+// auditLogArgs are the kube-apiserver flags that write the audit log of
+// cluster.AuditPolicy as JSON to the returned file.
 func auditLogArgs(t *testing.T) ([]string, string) {
 	t.Helper()
-	dir := t.TempDir()
-	policy := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(policy, []byte(auditPolicy), 0o644); err != nil {
+	args, log, err := cluster.AuditLogArgs(t.TempDir())
+	if err != nil {
 		t.Fatal(err)
 	}
-	log := filepath.Join(dir, "audit.log")
-	return []string{"--audit-policy-file=" + policy, "--audit-log-path=" + log, "--audit-log-format=json"}, log
+	return args, log
 }
 
 // TestController runs two controller replicas with the chart's ServiceAccount and
@@ -467,7 +415,7 @@ func TestController(t *testing.T) {
 		var writes []string
 		for k, n := range counts {
 			verb, res, _ := strings.Cut(k, " ")
-			if writeVerbs[verb] && res != "leases" {
+			if cluster.WriteVerbs[verb] && res != "leases" {
 				writes = append(writes, fmt.Sprintf("%s x%d", k, n))
 			}
 			if verb == "list" {

@@ -41,24 +41,9 @@ func TestHGXSwitchPlaceholder(t *testing.T) {
 
 // migTemplate renders a ResourceClaimTemplate for one MIG device of a profile.
 func migTemplate(ns, name, profile string) string {
-	return fmt.Sprintf(`apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata:
-  name: %s
-  namespace: %s
-spec:
-  spec:
-    devices:
-      requests:
-        - name: gpus
-          exactly:
-            deviceClassName: gpu.topodra.dev
-            selectors:
-              - cel:
-                  expression: >-
-                    device.attributes["gpu.topodra.dev"].type == "mig" &&
-                    device.attributes["gpu.topodra.dev"].profile == %q
-`, name, ns, profile)
+	return claimSpec{ns: ns, name: name, selector: fmt.Sprintf(
+		`device.attributes["gpu.topodra.dev"].type == "mig" && device.attributes["gpu.topodra.dev"].profile == %q`,
+		profile)}.yaml()
 }
 
 // TestDGXA100MIG: a DGX A100 with GPU 0 split into 7 x 1g.5gb, GPU 1 into

@@ -237,22 +237,7 @@ func TestImageRunsTheChartsDaemonSet(t *testing.T) {
 
 // twoGPUTemplate is a claim template for two GPUs on one NUMA node.
 func twoGPUTemplate(ns string) string {
-	return `apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata:
-  name: two-gpus
-  namespace: ` + ns + `
-spec:
-  spec:
-    devices:
-      requests:
-        - name: gpus
-          exactly:
-            deviceClassName: gpu.topodra.dev
-            count: 2
-      constraints:
-        - matchAttribute: resource.kubernetes.io/numaNode
-`
+	return claimTemplate(ns, "two-gpus", 2, "resource.kubernetes.io/numaNode")
 }
 
 // previousChart extracts the chart of the last commit whose Chart.yaml names another

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -32,41 +33,12 @@ spec:
       constraints:
         - requests: ["gpus/aligned"]
           matchAttribute: resource.kubernetes.io/numaNode
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata:
-  name: one-gpu-numa0
-  namespace: life
-spec:
-  spec:
-    devices:
-      requests:
-        - name: gpus
-          exactly:
-            deviceClassName: gpu.topodra.dev
-            count: 1
-            selectors:
-              - cel:
-                  expression: device.attributes["resource.kubernetes.io"].numaNode == 0
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata:
-  name: one-gpu-numa1
-  namespace: life
-spec:
-  spec:
-    devices:
-      requests:
-        - name: gpus
-          exactly:
-            deviceClassName: gpu.topodra.dev
-            count: 1
-            selectors:
-              - cel:
-                  expression: device.attributes["resource.kubernetes.io"].numaNode == 1
 `
+
+// numaSelector is a CEL selector for the GPUs of one NUMA node.
+func numaSelector(node int) string {
+	return fmt.Sprintf(`device.attributes["resource.kubernetes.io"].numaNode == %d`, node)
+}
 
 // badConfigTemplate has an opaque config the plugin refuses at prepare time; the
 // chart's admission policy refuses it already at creation.
@@ -104,7 +76,9 @@ func TestDGXH100Lifecycle(t *testing.T) {
 	devices := e.waitDevices(8, time.Minute)
 	const ns = "life"
 	e.createNamespace(ns)
-	e.kubectlApply(lifecycleTemplates)
+	e.kubectlApply(lifecycleTemplates +
+		"---\n" + claimSpec{ns: "life", name: "one-gpu-numa0", count: 1, selector: numaSelector(0)}.yaml() +
+		"---\n" + claimSpec{ns: "life", name: "one-gpu-numa1", count: 1, selector: numaSelector(1)}.yaml())
 	top := t
 
 	t.Run("firstAvailable aligned when possible, otherwise any", func(t *testing.T) {

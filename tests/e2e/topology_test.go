@@ -14,32 +14,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 )
 
-// claimTemplate renders a ResourceClaimTemplate for count GPUs whose devices all
-// share attribute match (none when empty).
-func claimTemplate(ns, name string, count int, match string) string {
-	s := fmt.Sprintf(`apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata:
-  name: %s
-  namespace: %s
-spec:
-  spec:
-    devices:
-      requests:
-        - name: gpus
-          exactly:
-            deviceClassName: gpu.topodra.dev
-            count: %d
-`, name, ns, count)
-	if match != "" {
-		s += fmt.Sprintf(`      constraints:
-        - requests: ["gpus"]
-          matchAttribute: %s
-`, match)
-	}
-	return s
-}
-
 // attrValues renders an attribute as a set of strings (a list attribute as its items).
 func attrValues(d resourceapi.Device, name string) []string {
 	a, ok := attr(d, name)

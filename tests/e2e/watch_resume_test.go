@@ -259,7 +259,7 @@ func TestWatchResume(t *testing.T) {
 		case "list":
 			lists = append(lists, agent+" "+ev.RequestURI)
 		case "watch":
-			watches[key{agent, ev.resource()}]++
+			watches[key{agent, ev.Resource()}]++
 			if q.Get("sendInitialEvents") == "true" {
 				relists = append(relists, agent+" "+ev.RequestURI)
 			}

@@ -16,29 +16,18 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/exampledriver" && pwd)"
-cache_root="${TOPODRA_TOOLS_CACHE:-${HOME:-/root}/.cache/topodra/tools}"
+tool_name=dra-example-driver
+# shellcheck source=../tools/lib.sh
+source "$here/../../tools/lib.sh"
+tool_args "$@"
 module=sigs.k8s.io/dra-example-driver
-version="$(awk -v m="$module" '
-	$1 == "require" && $2 == m { print $3; exit }
-	$1 == m && $2 ~ /^v/ { print $2; exit }' "$here/go.mod")"
 pkg=sigs.k8s.io/dra-example-driver/cmd/dra-example-kubeletplugin
 recipe_rev=1
 
-force=0
-check=0
-while (($#)); do
-	case "$1" in
-	--force) force=1 ;;
-	--check) check=1 ;;
-	-h | --help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-	*) echo "build-example-driver.sh: unknown argument $1" >&2; exit 2 ;;
-	esac
-	shift
-done
-
-log() { printf '[dra-example-driver %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-command -v go >/dev/null || { log "go is not on PATH"; exit 1; }
-[[ -n "$version" ]] || { log "cannot read the $module version from $here/go.mod"; exit 1; }
+command -v go >/dev/null || { tool_log "go is not on PATH"; exit 1; }
+version="$(go_module_version "$module" "$here/go.mod")"
+[[ -n "$version" ]] || { tool_log "cannot read the $module version from $here/go.mod"; exit 1; }
+tool_name="dra-example-driver $version"
 
 dir="$cache_root/dra-example-driver-$version"
 bin="$dir/dra-example-kubeletplugin"
@@ -50,34 +39,7 @@ want="$({
 	cat "$here/go.mod" "$here/go.sum"
 } | sha256sum | cut -d' ' -f1)"
 is_current() { [[ -x "$bin" && -f "$dir/stamp" && "$(cat "$dir/stamp")" == "$want" ]]; }
+tool_reuse "$bin" "$dir" is_current
 
-if ((check)); then
-	if is_current; then echo "$bin"; exit 0; fi
-	log "not built or out of date: $bin"
-	exit 1
-fi
-
-mkdir -p "$dir"
-exec 9>"$dir/.lock"
-if command -v flock >/dev/null; then
-	flock 9
-fi
-if ((!force)) && is_current; then
-	log "$version: cached at $bin"
-	echo "$bin"
-	exit 0
-fi
-
-log "$version: building $pkg (modules downloaded on first use: a few minutes on 2 cores)"
-start=$SECONDS
-tmp="$(mktemp "$dir/.dra-example-kubeletplugin.XXXXXX")"
-trap 'rm -f "$tmp"' EXIT
-(
-	cd "$here"
-	CGO_ENABLED=0 GOWORK=off GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=readonly" go build "${flags[@]}" -o "$tmp" "$pkg"
-) || { log "$version: build FAILED after $((SECONDS - start))s"; exit 1; }
-chmod 755 "$tmp"
-mv -f "$tmp" "$bin"
-echo "$want" >"$dir/stamp"
-log "$version: built in $((SECONDS - start))s -> $bin"
-echo "$bin"
+tool_log "building $pkg (modules downloaded on first use: a few minutes on 2 cores)"
+tool_go_build "$bin" "$dir" "$want" "$here" -- "${flags[@]}" "$pkg"

@@ -77,16 +77,12 @@ func startCluster(ctx context.Context, c config, name string) (*cluster.Cluster,
 	if err != nil {
 		return nil, "", err
 	}
-	policy := filepath.Join(dir, "audit-policy.yaml")
-	if err := os.WriteFile(policy, []byte(auditPolicy), 0o644); err != nil {
+	apiArgs, auditLog, err := cluster.AuditLogArgs(dir)
+	if err != nil {
 		return nil, "", err
 	}
-	auditLog := filepath.Join(dir, "audit.log")
 	progress("%s: starting the control plane and kwok in %s", name, dir)
-	apiArgs := []string{
-		"--audit-policy-file=" + policy, "--audit-log-path=" + auditLog, "--audit-log-format=json",
-		"--audit-log-maxsize=0",
-	}
+	apiArgs = append(apiArgs, "--audit-log-maxsize=0")
 	if c.goaway > 0 {
 		apiArgs = append(apiArgs, fmt.Sprintf("--goaway-chance=%g", c.goaway))
 	}
