@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
+use kube::Resource;
 use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::runtime::watcher::Event;
 use serde_json::Value;
@@ -204,16 +205,15 @@ impl State {
         let mut model_changed = false;
         match input {
             Input::Slice(e) => {
-                for change in changes(e, &mut self.slices_seen, |s: &ResourceSlice| {
-                    s.metadata.name.clone()
-                }) {
-                    let touched = match change {
-                        Change::Apply(s) => self.cluster.apply_slice(&s),
-                        Change::Delete(name) => self.cluster.delete_slice(&name),
-                    };
-                    model_changed |= !touched.is_empty();
-                    self.dirty_nodes.extend(touched);
-                }
+                let touched = apply_named(
+                    e,
+                    &mut self.slices_seen,
+                    &mut self.cluster,
+                    Cluster::apply_slice,
+                    Cluster::delete_slice,
+                );
+                model_changed |= !touched.is_empty();
+                self.dirty_nodes.extend(touched);
             }
             Input::Claim(e) => {
                 let key = |c: &ResourceClaim| Some(ClaimKey::of(c));
@@ -242,16 +242,15 @@ impl State {
                 }
             }
             Input::TaintRule(e) => {
-                for change in changes(e, &mut self.rules_seen, |r: &DeviceTaintRule| {
-                    r.metadata.name.clone()
-                }) {
-                    let touched = match change {
-                        Change::Apply(r) => self.cluster.apply_taint_rule(&r),
-                        Change::Delete(name) => self.cluster.delete_taint_rule(&name),
-                    };
-                    model_changed |= !touched.is_empty();
-                    self.dirty_nodes.extend(touched);
-                }
+                let touched = apply_named(
+                    e,
+                    &mut self.rules_seen,
+                    &mut self.cluster,
+                    Cluster::apply_taint_rule,
+                    Cluster::delete_taint_rule,
+                );
+                model_changed |= !touched.is_empty();
+                self.dirty_nodes.extend(touched);
             }
             Input::Class(e) => {
                 for change in changes(e, &mut self.classes_seen, |c: &DeviceClass| {
@@ -430,6 +429,25 @@ impl State {
 enum Change<K, Key> {
     Apply(K),
     Delete(Key),
+}
+
+/// Feeds one watch event of an object the capacity model keeps by name (slices,
+/// taint rules) to `cluster`; returns the nodes whose capacity it touched.
+fn apply_named<K: Resource>(
+    event: Event<K>,
+    seen: &mut Tracker<String>,
+    cluster: &mut Cluster,
+    apply: fn(&mut Cluster, &K) -> BTreeSet<String>,
+    delete: fn(&mut Cluster, &str) -> BTreeSet<String>,
+) -> BTreeSet<String> {
+    let mut touched = BTreeSet::new();
+    for change in changes(event, seen, |o: &K| o.meta().name.clone()) {
+        touched.extend(match change {
+            Change::Apply(o) => apply(cluster, &o),
+            Change::Delete(name) => delete(cluster, &name),
+        });
+    }
+    touched
 }
 
 /// The model changes one watch event stands for, keeping `seen` current.
