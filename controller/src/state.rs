@@ -204,17 +204,7 @@ impl State {
         let before = self.dirty_nodes.len();
         let mut model_changed = false;
         match input {
-            Input::Slice(e) => {
-                let touched = apply_named(
-                    e,
-                    &mut self.slices_seen,
-                    &mut self.cluster,
-                    Cluster::apply_slice,
-                    Cluster::delete_slice,
-                );
-                model_changed |= !touched.is_empty();
-                self.dirty_nodes.extend(touched);
-            }
+            Input::Slice(e) => model_changed |= self.apply_named(e, &SLICES),
             Input::Claim(e) => {
                 let key = |c: &ResourceClaim| Some(ClaimKey::of(c));
                 for change in changes(e, &mut self.claims_seen, key) {
@@ -241,17 +231,7 @@ impl State {
                     self.dirty_nodes.extend(touched);
                 }
             }
-            Input::TaintRule(e) => {
-                let touched = apply_named(
-                    e,
-                    &mut self.rules_seen,
-                    &mut self.cluster,
-                    Cluster::apply_taint_rule,
-                    Cluster::delete_taint_rule,
-                );
-                model_changed |= !touched.is_empty();
-                self.dirty_nodes.extend(touched);
-            }
+            Input::TaintRule(e) => model_changed |= self.apply_named(e, &TAINT_RULES),
             Input::Class(e) => {
                 for change in changes(e, &mut self.classes_seen, |c: &DeviceClass| {
                     c.metadata.name.clone()
@@ -337,6 +317,22 @@ impl State {
         }
         self.pods_dirty |= model_changed;
         model_changed || self.dirty_nodes.len() != before
+    }
+
+    /// Takes in one watch event of an object the capacity model keeps by name.
+    /// Returns whether the model changed.
+    fn apply_named<K: Resource>(&mut self, event: Event<K>, named: &Named<K>) -> bool {
+        let changes = changes(event, (named.seen)(self), |o: &K| o.meta().name.clone());
+        let mut changed = false;
+        for change in changes {
+            let touched = match change {
+                Change::Apply(o) => (named.apply)(&mut self.cluster, &o),
+                Change::Delete(name) => (named.delete)(&mut self.cluster, &name),
+            };
+            changed |= !touched.is_empty();
+            self.dirty_nodes.extend(touched);
+        }
+        changed
     }
 
     /// Every node with GPUs or an object of ours, for a new leader's first pass.
@@ -431,24 +427,24 @@ enum Change<K, Key> {
     Delete(Key),
 }
 
-/// Feeds one watch event of an object the capacity model keeps by name (slices,
-/// taint rules) to `cluster`; returns the nodes whose capacity it touched.
-fn apply_named<K: Resource>(
-    event: Event<K>,
-    seen: &mut Tracker<String>,
-    cluster: &mut Cluster,
+/// How the capacity model takes in and drops the objects it keeps by name.
+struct Named<K> {
+    seen: fn(&mut State) -> &mut Tracker<String>,
     apply: fn(&mut Cluster, &K) -> BTreeSet<String>,
     delete: fn(&mut Cluster, &str) -> BTreeSet<String>,
-) -> BTreeSet<String> {
-    let mut touched = BTreeSet::new();
-    for change in changes(event, seen, |o: &K| o.meta().name.clone()) {
-        touched.extend(match change {
-            Change::Apply(o) => apply(cluster, &o),
-            Change::Delete(name) => delete(cluster, &name),
-        });
-    }
-    touched
 }
+
+const SLICES: Named<ResourceSlice> = Named {
+    seen: |s| &mut s.slices_seen,
+    apply: Cluster::apply_slice,
+    delete: Cluster::delete_slice,
+};
+
+const TAINT_RULES: Named<DeviceTaintRule> = Named {
+    seen: |s| &mut s.rules_seen,
+    apply: Cluster::apply_taint_rule,
+    delete: Cluster::delete_taint_rule,
+};
 
 /// The model changes one watch event stands for, keeping `seen` current.
 fn changes<K, Key: Hash + Eq + Clone>(
