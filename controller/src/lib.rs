@@ -5,3 +5,9 @@
 pub mod classes;
 pub mod nrt;
 pub mod pending;
+
+#[cfg(test)]
+mod fixtures;
+// The shared test fixtures name this crate the way the binaries do.
+#[cfg(test)]
+extern crate self as topodra_controller;

@@ -7,6 +7,8 @@
 //! NodeResourceTopology objects, plus Events that explain pods waiting for GPUs.
 //! Metrics come from every replica.
 
+#[cfg(test)]
+mod fixtures;
 mod leader;
 mod metrics;
 mod run;

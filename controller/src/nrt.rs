@@ -117,41 +117,21 @@ fn contains(have: &Value, want: &Value) -> bool {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use k8s_openapi::api::resource::v1::ResourceSlice;
+    use k8s_openapi::api::resource::v1::DeviceTaint;
     use topodra_driver::capacity::Cluster;
 
     use super::*;
-
-    fn opts() -> NrtOptions {
-        NrtOptions {
-            resource_name: "nvidia.com/gpu".into(),
-            policy: "single-numa-node".into(),
-            scope: "pod".into(),
-        }
-    }
+    use crate::fixtures::{gpu_slice, nrt_options};
 
     /// A node with GPUs 0-3 on NUMA 0 and 4-7 on NUMA 1, gpu-0 allocated and gpu-5
     /// tainted.
     fn summary() -> NodeSummary {
-        let devices: Vec<Value> = (0..8)
-            .map(|i| {
-                let mut d = json!({"name": format!("gpu-{i}"), "attributes": {
-                    "type": {"string": "gpu"},
-                    "resource.kubernetes.io/numaNode": {"int": i / 4},
-                }});
-                if i == 5 {
-                    d["taints"] = json!([{"key": "k", "effect": "NoSchedule"}]);
-                }
-                d
-            })
-            .collect();
-        let slice: ResourceSlice = serde_json::from_value(json!({
-            "metadata": {"name": "n-gpu"},
-            "spec": {"driver": "gpu.topodra.dev", "nodeName": "node-a",
-                     "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1},
-                     "devices": devices}
-        }))
-        .unwrap();
+        let mut slice = gpu_slice("node-a");
+        slice.spec.devices.as_mut().unwrap()[5].taints = Some(vec![DeviceTaint {
+            key: "k".into(),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        }]);
         let claim = serde_json::from_value(json!({
             "metadata": {"name": "c", "namespace": "default"},
             "status": {"allocation": {"devices": {"results": [
@@ -167,7 +147,7 @@ mod tests {
 
     #[test]
     fn one_zone_per_numa_node_with_the_gpus_there() {
-        let v = desired(&summary(), "uid-1", &opts()).unwrap();
+        let v = desired(&summary(), "uid-1", &nrt_options()).unwrap();
         assert_eq!(
             v["zones"],
             json!([
@@ -187,7 +167,7 @@ mod tests {
 
     #[test]
     fn what_the_server_returns_for_our_apply_is_up_to_date() {
-        let want = desired(&summary(), "uid-1", &opts()).unwrap();
+        let want = desired(&summary(), "uid-1", &nrt_options()).unwrap();
         let mut have = want.clone();
         have["metadata"]["resourceVersion"] = json!("42");
         have["metadata"]["managedFields"] = json!([{"manager": "topodra-controller"}]);
@@ -208,6 +188,6 @@ mod tests {
     fn gpus_without_a_numa_node_give_no_object() {
         let mut s = summary();
         s.levels.clear();
-        assert!(desired(&s, "u", &opts()).is_none());
+        assert!(desired(&s, "u", &nrt_options()).is_none());
     }
 }

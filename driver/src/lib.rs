@@ -2,7 +2,8 @@
 //!
 //! This crate holds no gRPC server and talks to no API server. It discovers GPUs and
 //! their topology ([`discovery`]), keeps them in an [`inventory`], and turns that into
-//! ResourceSlice content ([`slice`]). Binaries wire it to the kubelet and the API.
+//! ResourceSlice content ([`slice`]), and decides GPU health from the events a monitor
+//! feeds in ([`health`]). Binaries wire it to the kubelet, NVML and the API.
 
 /// Serializes a type as its `Display` string and deserializes it with `FromStr`: the
 /// form operators read in JSON and YAML (`0000:18:00.0`, `pci0000:15`, `0-55,112-167`).
@@ -29,6 +30,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod cpuset;
 pub mod discovery;
+pub mod health;
 pub mod inventory;
 pub mod pci;
 pub mod prepare;

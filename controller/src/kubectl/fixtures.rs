@@ -10,7 +10,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceClaim};
 use serde_json::json;
 use topodra_driver::capacity::Cluster;
+use topodra_driver::health::UNHEALTHY_TAINT_KEY;
 use topodra_driver::inventory::{MigDevice, MigMode};
+use topodra_driver::slice::attributes::NUMA_NODE;
 use topodra_driver::slice::{DEFAULT_DRIVER_NAME, SliceOptions, build_slices};
 use topodra_driver::{Gpu, Inventory, NumaKind, NumaNode, PciAddress, PcieRoot};
 
@@ -87,7 +89,7 @@ pub(crate) fn add_node(cluster: &mut Cluster, node: &str, inv: &Inventory, taint
         .iter()
         .map(|d| {
             let taint = DeviceTaint {
-                key: "gpu.topodra.dev/unhealthy".to_owned(),
+                key: UNHEALTHY_TAINT_KEY.to_owned(),
                 effect: "NoSchedule".to_owned(),
                 value: Some("XidCritical".to_owned()),
                 ..Default::default()
@@ -121,7 +123,7 @@ pub(crate) fn pending_claim(name: &str, count: u32) -> ResourceClaim {
         "metadata": {"name": name, "namespace": "default"},
         "spec": {"devices": {
             "requests": [{"name": "gpus", "exactly": {"deviceClassName": DRIVER, "count": count}}],
-            "constraints": [{"requests": ["gpus"], "matchAttribute": "resource.kubernetes.io/numaNode"}],
+            "constraints": [{"requests": ["gpus"], "matchAttribute": NUMA_NODE}],
         }},
     }))
     .unwrap()

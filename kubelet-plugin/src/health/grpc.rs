@@ -15,9 +15,8 @@ use std::time::{Duration, SystemTime};
 use futures::Stream;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status as GrpcStatus};
+use topodra_driver::health::{DeviceHealth, HealthState, Status};
 use topodra_proto::health::{v1, v1alpha1};
-
-use super::model::{DeviceHealth, HealthState, Status};
 
 pub(crate) const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(30);
 pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);

@@ -11,9 +11,9 @@ use tokio::sync::{oneshot, watch};
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::server::Router;
 use tonic::transport::{Channel, Server};
+use topodra_driver::health::{Cause, DeviceHealth, HealthState, Status};
 
 use super::grpc::HealthService;
-use super::model::{Cause, DeviceHealth, HealthState, Status};
 
 fn serve(router: Router, dir: &std::path::Path) -> (PathBuf, oneshot::Sender<()>) {
     let path = dir.join("health.sock");

@@ -1,20 +1,17 @@
 //! GPU health: NVML XID events and device probes turned into a per-device health
 //! picture, which feeds the kubelet's DRA health stream ([`grpc`]) and device taints
-//! in the ResourceSlice ([`taints`]).
+//! in the ResourceSlice ([`topodra_driver::health::device_taints`]).
 //!
 //! Data flow: a dedicated thread blocks in NVML's event wait ([`source`], [`nvml`])
 //! and forwards XIDs and probe results to an async task ([`monitor`]) that applies
-//! the [`policy`] and publishes a [`model::HealthState`] through a `watch` channel. Every
-//! consumer reads that channel; none of them talks to NVML.
+//! the library's [`topodra_driver::health::Tracker`] and publishes a
+//! [`topodra_driver::health::HealthState`] through a `watch` channel. Every consumer
+//! reads that channel; none of them talks to NVML.
 
 pub(crate) mod grpc;
-pub(crate) mod model;
 pub(crate) mod monitor;
 pub(crate) mod nvml;
-pub(crate) mod policy;
 pub(crate) mod source;
-pub(crate) mod taints;
-pub(crate) mod xid;
 
 #[cfg(test)]
 mod grpc_tests;

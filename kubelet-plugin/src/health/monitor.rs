@@ -17,9 +17,11 @@ use tokio::task::JoinHandle;
 use topodra_driver::Inventory;
 use tracing::{debug, error, info, warn};
 
-use super::model::{DeviceRef, HealthState, Status};
-use super::policy::{HealthPolicy, Tracker};
-use super::source::{EventDevice, EventSource, OpenSource, Probe, XidEvent};
+use topodra_driver::health::{
+    DeviceRef, EventDevice, HealthPolicy, HealthState, Probe, Status, Tracker, XidEvent,
+};
+
+use super::source::{EventSource, OpenSource};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct MonitorConfig {

@@ -10,11 +10,10 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::event::EventData;
 use nvml_wrapper::{Device, EventSet, Nvml};
 use topodra_driver::discovery::nvml::NvmlSource;
+use topodra_driver::health::{DeviceRef, EventDevice, Probe, UNKNOWN_XID, XidEvent};
 use tracing::{info, warn};
 
-use super::model::DeviceRef;
-use super::source::{EventDevice, EventSource, OpenSource, Probe, SourceError, XidEvent};
-use super::xid::UNKNOWN_XID;
+use super::source::{EventSource, OpenSource, SourceError};
 
 /// XID 48 is the driver's own report of a double-bit ECC error.
 const DOUBLE_BIT_ECC_XID: u64 = 48;

@@ -7,13 +7,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio::sync::{oneshot, watch};
+use topodra_driver::health::{Cause, HealthState, Status, TaintEffect, device_taints};
 use topodra_driver::{Gpu, Inventory, PciAddress};
 use topodra_fake_nvml::{Profile, install};
 
-use super::model::{Cause, HealthState, Status};
 use super::monitor::{HealthMonitor, MonitorConfig};
 use super::nvml::NvmlOpener;
-use super::taints::{TaintEffect, device_taints};
 
 /// Two PCIe GPUs on one socket. `extra` is appended to the profile and `lost1`
 /// makes GPU 1 fall off the bus.

@@ -3,46 +3,7 @@
 
 use std::time::Duration;
 
-use topodra_driver::PciAddress;
-
-use super::model::DeviceRef;
-
-/// How an event names its GPU; NVML may be unable to answer a UUID query for a GPU
-/// that just failed, so the source uses whatever it could learn.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum EventDevice {
-    Uuid(String),
-    BusId(PciAddress),
-    /// The source could not tell which GPU; the monitor probes them all.
-    Unknown,
-}
-
-impl EventDevice {
-    pub(crate) fn matches(&self, device: &DeviceRef) -> bool {
-        match self {
-            Self::Uuid(uuid) => device.uuid.as_deref() == Some(uuid.as_str()),
-            Self::BusId(bus_id) => device.bus_id == *bus_id,
-            Self::Unknown => false,
-        }
-    }
-}
-
-/// A critical error report. Double-bit ECC events arrive as XID 48, the XID the
-/// driver logs for them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct XidEvent {
-    pub(crate) device: EventDevice,
-    pub(crate) xid: u64,
-}
-
-/// The answer to "does NVML still reach this GPU?".
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Probe {
-    Ok,
-    Lost,
-    /// Any other failure; says nothing either way about the GPU.
-    Error(String),
-}
+use topodra_driver::health::{DeviceRef, Probe, XidEvent};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum SourceError {

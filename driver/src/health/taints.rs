@@ -16,13 +16,13 @@ use k8s_openapi::jiff::Timestamp;
 use super::model::HealthState;
 
 /// Taint key on unhealthy GPUs; the value says why (`xid-79`, `lost`).
-pub(crate) const UNHEALTHY_TAINT_KEY: &str = "gpu.topodra.dev/unhealthy";
+pub const UNHEALTHY_TAINT_KEY: &str = "gpu.topodra.dev/unhealthy";
 
 /// Kubernetes label values are at most this long.
 const MAX_LABEL_VALUE: usize = 63;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) enum TaintEffect {
+pub enum TaintEffect {
     /// Keep new claims off the device.
     #[default]
     NoSchedule,
@@ -43,7 +43,7 @@ impl TaintEffect {
 /// devices are absent. `time_added` is when the device became unhealthy, in whole
 /// seconds (what the API server keeps, so an unchanged taint compares equal after
 /// a round trip), and never later than `now`.
-pub(crate) fn device_taints(
+pub fn device_taints(
     state: &HealthState,
     now: SystemTime,
     effect: TaintEffect,

@@ -3,11 +3,11 @@
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
-use topodra_driver::{Gpu, Inventory, PciAddress};
+use crate::{Gpu, Inventory, PciAddress};
 
 /// Health of one device, in the terms of the kubelet's DRA health API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Status {
+pub enum Status {
     Healthy,
     Unhealthy,
     /// Not determined (yet): NVML unavailable, or no probe has answered.
@@ -16,7 +16,7 @@ pub(crate) enum Status {
 
 /// Why a device is unhealthy, in a form short enough for a label value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Cause {
+pub enum Cause {
     /// A critical XID (double-bit ECC events count as XID 48).
     Xid(u64),
     /// NVML answers GPU_IS_LOST, or no longer knows the device.
@@ -34,20 +34,20 @@ impl Cause {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct DeviceHealth {
-    pub(crate) status: Status,
+pub struct DeviceHealth {
+    pub status: Status,
     /// When `status` (or `cause`) last changed.
-    pub(crate) since: SystemTime,
+    pub since: SystemTime,
     /// For operators, e.g. "XID 79: GPU has fallen off the bus".
-    pub(crate) reason: String,
+    pub reason: String,
     /// Set exactly when `status` is Unhealthy.
-    pub(crate) cause: Option<Cause>,
+    pub cause: Option<Cause>,
 }
 
 /// Health of every device of the node, keyed by ResourceSlice device name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct HealthState {
-    pub(crate) devices: BTreeMap<String, DeviceHealth>,
+pub struct HealthState {
+    pub devices: BTreeMap<String, DeviceHealth>,
 }
 
 impl HealthState {
@@ -64,11 +64,11 @@ impl HealthState {
 /// events of the physical GPU, so `uuid`, `bus_id` and `index` are the parent's and
 /// every MIG device of a GPU shares its fate.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct DeviceRef {
+pub struct DeviceRef {
     /// The ResourceSlice device name (`gpu-<minor>`, `gpu-<minor>-mig-<gi>-<ci>`).
-    pub(crate) name: String,
-    pub(crate) uuid: Option<String>,
-    pub(crate) bus_id: PciAddress,
+    pub name: String,
+    pub uuid: Option<String>,
+    pub bus_id: PciAddress,
     pub(crate) index: Option<u32>,
 }
 
@@ -83,7 +83,7 @@ impl DeviceRef {
     }
 
     /// One per allocatable device of the inventory.
-    pub(crate) fn all(inventory: &Inventory) -> Vec<Self> {
+    pub fn all(inventory: &Inventory) -> Vec<Self> {
         inventory
             .allocatable()
             .iter()

@@ -13,20 +13,20 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
 
+use super::event::Probe;
 use super::model::{Cause, DeviceHealth, HealthState, Status};
-use super::source::Probe;
 use super::xid::{self, XidClass};
 
 /// Default time without a fatal XID before a GPU may be healthy again.
 pub(crate) const DEFAULT_QUIET_PERIOD: Duration = Duration::from_secs(5 * 60);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct HealthPolicy {
+pub struct HealthPolicy {
     /// Operator override: XIDs never acted on, on top of the built-in ignored ones.
-    pub(crate) ignored_xids: BTreeSet<u64>,
+    pub ignored_xids: BTreeSet<u64>,
     /// Whether an XID the built-in table does not list is fatal.
     pub(crate) unlisted_fatal: bool,
-    pub(crate) quiet_period: Duration,
+    pub quiet_period: Duration,
     /// Health of devices without a known failure while NVML cannot be opened.
     /// Unknown by default: the plugin cannot vouch for a GPU it cannot see, and
     /// Unknown neither taints nor evicts.
@@ -45,7 +45,7 @@ impl Default for HealthPolicy {
 }
 
 impl HealthPolicy {
-    pub(crate) fn is_fatal(&self, xid: u64) -> bool {
+    pub fn is_fatal(&self, xid: u64) -> bool {
         if self.ignored_xids.contains(&xid) {
             return false;
         }
@@ -101,14 +101,14 @@ impl Track {
 
 /// Per-device health state machine.
 #[derive(Debug, Clone)]
-pub(crate) struct Tracker {
+pub struct Tracker {
     policy: HealthPolicy,
     devices: BTreeMap<String, Track>,
 }
 
 impl Tracker {
     /// Every device starts Unknown: nothing has been checked yet.
-    pub(crate) fn new(
+    pub fn new(
         policy: HealthPolicy,
         devices: impl IntoIterator<Item = String>,
         now: SystemTime,
@@ -135,11 +135,11 @@ impl Tracker {
         Self { policy, devices }
     }
 
-    pub(crate) fn policy(&self) -> &HealthPolicy {
+    pub fn policy(&self) -> &HealthPolicy {
         &self.policy
     }
 
-    pub(crate) fn state(&self) -> HealthState {
+    pub fn state(&self) -> HealthState {
         HealthState {
             devices: self
                 .devices
@@ -149,13 +149,13 @@ impl Tracker {
         }
     }
 
-    pub(crate) fn health(&self, device: &str) -> Option<&DeviceHealth> {
+    pub fn health(&self, device: &str) -> Option<&DeviceHealth> {
         self.devices.get(device).map(|t| &t.health)
     }
 
     /// Applies an XID; returns whether the device's health changed. Unknown devices
     /// and ignored XIDs change nothing.
-    pub(crate) fn on_xid(&mut self, device: &str, xid: u64, now: SystemTime) -> bool {
+    pub fn on_xid(&mut self, device: &str, xid: u64, now: SystemTime) -> bool {
         if !self.policy.is_fatal(xid) {
             return false;
         }
@@ -163,7 +163,7 @@ impl Tracker {
     }
 
     /// Applies a probe result; returns whether the device's health changed.
-    pub(crate) fn on_probe(&mut self, device: &str, probe: &Probe, now: SystemTime) -> bool {
+    pub fn on_probe(&mut self, device: &str, probe: &Probe, now: SystemTime) -> bool {
         let quiet = self.policy.quiet_period;
         self.update(device, now, |t| match probe {
             Probe::Ok => {
@@ -186,7 +186,7 @@ impl Tracker {
     }
 
     /// NVML could not be opened; returns whether anything changed.
-    pub(crate) fn on_unavailable(&mut self, why: &str, now: SystemTime) -> bool {
+    pub fn on_unavailable(&mut self, why: &str, now: SystemTime) -> bool {
         let names: Vec<String> = self.devices.keys().cloned().collect();
         let mut changed = false;
         for name in names {
@@ -199,7 +199,7 @@ impl Tracker {
     }
 
     /// NVML is open again; devices stay Unknown until probed.
-    pub(crate) fn on_available(&mut self, now: SystemTime) -> bool {
+    pub fn on_available(&mut self, now: SystemTime) -> bool {
         let names: Vec<String> = self.devices.keys().cloned().collect();
         let mut changed = false;
         for name in names {

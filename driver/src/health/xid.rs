@@ -47,7 +47,7 @@ pub(crate) enum XidClass {
 }
 
 /// XID 999 is what NVML reports when the driver could not name the XID.
-pub(crate) const UNKNOWN_XID: u64 = 999;
+pub const UNKNOWN_XID: u64 = 999;
 
 const IGNORED: &[(u64, &str)] = &[
     (13, "graphics engine exception (application fault)"),

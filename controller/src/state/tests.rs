@@ -1,0 +1,197 @@
+//! The state's decisions driven by plain watch events: NodeResourceTopology writes,
+//! relists, Events for waiting pods, readiness.
+
+#![allow(clippy::unwrap_used)]
+
+use serde_json::json;
+use topodra_driver::slice::attributes::NUMA_NODE;
+
+use super::*;
+use crate::fixtures::{gpu_slice, nrt_options};
+
+fn node(name: &str) -> PartialObjectMeta<Node> {
+    serde_json::from_value(
+        json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+        "metadata": {"name": name, "uid": format!("uid-{name}")}}),
+    )
+    .unwrap()
+}
+
+fn claim(name: &str, node: &str, gpus: &[u32], count: u32) -> ResourceClaim {
+    let results: Vec<Value> = gpus
+        .iter()
+        .map(|g| json!({"driver": "gpu.topodra.dev", "pool": node, "device": format!("gpu-{g}"), "request": "gpus"}))
+        .collect();
+    let mut c = json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {
+            "requests": [{"name": "gpus", "exactly": {"deviceClassName": "gpu.topodra.dev", "count": count}}],
+            "constraints": [{"matchAttribute": NUMA_NODE}]}},
+    });
+    if !gpus.is_empty() {
+        c["status"] = json!({"allocation": {"devices": {"results": results}}});
+    }
+    serde_json::from_value(c).unwrap()
+}
+
+fn waiting_pod(name: &str, claim: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
+        "spec": {"containers": [], "resourceClaims": [{"name": "gpus", "resourceClaimName": claim}]},
+        "status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]},
+    }))
+    .unwrap()
+}
+
+/// A synced state with one DGX-like node, its Node and the class.
+fn synced() -> State {
+    let mut s = State::new("gpu.topodra.dev", vec!["gpu.topodra.dev".into()]);
+    for input in [
+        Input::Slice(Event::Init),
+        Input::Slice(Event::InitApply(gpu_slice("node-a"))),
+        Input::Slice(Event::InitDone),
+        Input::Node(Event::Init),
+        Input::Node(Event::InitApply(node("node-a"))),
+        Input::Node(Event::InitDone),
+        Input::Nrt(Event::Init),
+        Input::Nrt(Event::InitDone),
+    ] {
+        s.apply(input);
+    }
+    s
+}
+
+fn applied(writes: &[Write]) -> Vec<(&str, Value)> {
+    writes
+        .iter()
+        .filter_map(|w| match w {
+            Write::ApplyNrt { node, object } => Some((node.as_str(), object["zones"].clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_node_gets_its_object_once_and_no_write_when_nothing_changed() {
+    let mut s = synced();
+    let mut skipped = 0;
+    let writes = s.plan_nrt(&nrt_options(), &mut skipped);
+    assert_eq!(applied(&writes).len(), 1);
+    let Write::ApplyNrt { object, .. } = &writes[0] else {
+        panic!()
+    };
+
+    // The server echoes our apply back through the watch: nothing more to write.
+    let echoed: DynamicObject = serde_json::from_value(object.clone()).unwrap();
+    s.apply(Input::Nrt(Event::Apply(echoed)));
+    assert!(s.plan_nrt(&nrt_options(), &mut skipped).is_empty());
+    assert_eq!(skipped, 1);
+
+    // The same claim event twice changes the model once.
+    assert!(s.apply(Input::Claim(Event::Apply(claim("c", "node-a", &[0, 1], 2)))));
+    let writes = s.plan_nrt(&nrt_options(), &mut skipped);
+    assert_eq!(applied(&writes)[0].1[0]["resources"][0]["available"], "2");
+    assert!(!s.apply(Input::Claim(Event::Apply(claim("c", "node-a", &[0, 1], 2)))));
+}
+
+#[test]
+fn a_deleted_node_loses_its_object() {
+    let mut s = synced();
+    let mut skipped = 0;
+    let Write::ApplyNrt { object, .. } = s.plan_nrt(&nrt_options(), &mut skipped).remove(0) else {
+        panic!()
+    };
+    s.apply(Input::Nrt(Event::Apply(
+        serde_json::from_value(object).unwrap(),
+    )));
+    s.plan_nrt(&nrt_options(), &mut skipped);
+    s.apply(Input::Node(Event::Delete(node("node-a"))));
+    assert_eq!(
+        s.plan_nrt(&nrt_options(), &mut skipped),
+        [Write::DeleteNrt {
+            node: "node-a".into()
+        }]
+    );
+}
+
+#[test]
+fn a_relist_drops_what_went_while_the_watch_was_away() {
+    let mut s = synced();
+    s.apply(Input::Claim(Event::Apply(claim(
+        "c",
+        "node-a",
+        &[0, 1, 2, 3],
+        4,
+    ))));
+    assert_eq!(s.cluster.node("node-a").unwrap().gpus.allocated, 4);
+    // The claim was deleted during a watch outage; the relist does not bring it.
+    s.apply(Input::Claim(Event::Init));
+    s.apply(Input::Claim(Event::InitDone));
+    assert_eq!(s.cluster.node("node-a").unwrap().gpus.allocated, 0);
+}
+
+#[test]
+fn a_waiting_pod_is_explained_once_per_answer() {
+    let mut s = synced();
+    for (i, gpus) in [[0, 1, 2, 3], [4, 5, 6, 7]].iter().enumerate() {
+        s.apply(Input::Claim(Event::Apply(claim(
+            &format!("full-{i}"),
+            "node-a",
+            gpus,
+            4,
+        ))));
+    }
+    s.apply(Input::Claim(Event::Apply(claim("third", "node-a", &[], 4))));
+    s.apply(Input::Pod(Event::Apply(waiting_pod("p", "third"))));
+    let t0 = Instant::now();
+    let events = s.plan_events(t0, Duration::from_secs(30));
+    let [Write::PodEvent { name, message, .. }] = events.as_slice() else {
+        panic!("{events:?}")
+    };
+    assert_eq!(name, "p");
+    assert_eq!(
+        message,
+        "needs 4 GPUs on one NUMA node; no node has 4 free GPUs; no GPU is free"
+    );
+    assert_eq!(s.pending_pods(), 1);
+
+    // Nothing changed: no second Event.
+    s.apply(Input::Pod(Event::Apply(waiting_pod("p", "third"))));
+    assert!(
+        s.plan_events(t0 + Duration::from_secs(60), Duration::from_secs(30))
+            .is_empty()
+    );
+
+    // A claim goes: the answer changes, but not before the minimum interval.
+    s.apply(Input::Claim(Event::Delete(claim(
+        "full-0",
+        "node-a",
+        &[0, 1, 2, 3],
+        4,
+    ))));
+    assert!(
+        s.plan_events(t0 + Duration::from_secs(10), Duration::from_secs(30))
+            .is_empty()
+    );
+    assert!(s.pods_dirty(), "looked at again later");
+    let later = s.plan_events(t0 + Duration::from_secs(31), Duration::from_secs(30));
+    let [Write::PodEvent { message, .. }] = later.as_slice() else {
+        panic!("{later:?}")
+    };
+    assert!(
+        message.contains("fits now on 1 node (node-a, NUMA 0)"),
+        "{message}"
+    );
+
+    // Scheduled pods leave the watch (it selects unscheduled pods) and are forgotten.
+    s.apply(Input::Pod(Event::Delete(waiting_pod("p", "third"))));
+    s.plan_events(t0 + Duration::from_secs(90), Duration::from_secs(30));
+    assert_eq!(s.pending_pods(), 0);
+}
+
+#[test]
+fn readiness_waits_for_every_watched_resource() {
+    let s = synced();
+    let watched = BTreeSet::from(["resourceslices", "nodes", "pods"]);
+    assert_eq!(s.unsynced(&watched), ["pods"]);
+}
