@@ -32,7 +32,7 @@ use crate::health::taints::{TaintEffect, device_taints};
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
 use crate::ownership;
-use crate::publish::{DesiredPool, Publisher, PublisherConfig};
+use crate::publish::{DesiredPool, PoolBuilder, Publisher, PublisherConfig};
 use crate::reconcile::{self, ReconcileConfig};
 use crate::uds;
 use topodra_ops::http::{Endpoints, HttpLimits};
@@ -42,7 +42,7 @@ use topodra_ops::requests::RequestCounter;
 async fn follow_health(
     mut health: watch::Receiver<HealthState>,
     desired: watch::Sender<DesiredPool>,
-    inventory: Arc<topodra_driver::Inventory>,
+    pool: PoolBuilder,
     effect: TaintEffect,
 ) {
     loop {
@@ -51,14 +51,12 @@ async fn follow_health(
             std::time::SystemTime::now(),
             effect,
         );
-        desired.send_if_modified(|pool| {
-            if pool.device_taints == taints {
+        let next = pool.build(taints);
+        desired.send_if_modified(|current| {
+            if *current == next {
                 return false;
             }
-            *pool = DesiredPool {
-                inventory: inventory.clone(),
-                device_taints: taints,
-            };
+            *current = next;
             true
         });
         if health.changed().await.is_err() {
@@ -596,19 +594,19 @@ async fn serve(
         },
         shutdown(),
     );
-    let inventory = Arc::new(inventory);
-    let (desired_tx, desired_rx) = watch::channel(DesiredPool::new(inventory.clone()));
+    let pool = PoolBuilder::new(
+        Arc::new(inventory),
+        &args.driver_name,
+        &args.node_name,
+        args.numa_node_format,
+    );
+    let (desired_tx, desired_rx) = watch::channel(pool.build(Default::default()));
     let effect = if args.evict_unhealthy {
         TaintEffect::NoExecute
     } else {
         TaintEffect::NoSchedule
     };
-    let taints_task = tokio::spawn(follow_health(
-        health_rx.clone(),
-        desired_tx,
-        inventory,
-        effect,
-    ));
+    let taints_task = tokio::spawn(follow_health(health_rx.clone(), desired_tx, pool, effect));
 
     // The DRA socket first: the kubelet may call it as soon as registration succeeds.
     let sockets = args.sockets();
@@ -693,8 +691,7 @@ async fn serve(
     );
     tracing::info!(registration = %sockets.registration.display(), dra = %sockets.dra.display(), "serving the kubelet");
 
-    let mut publisher_config = PublisherConfig::new(&args.driver_name, &args.node_name);
-    publisher_config.numa_node_format = args.numa_node_format;
+    let publisher_config = PublisherConfig::new(&args.driver_name, &args.node_name);
     let publisher = Publisher::new(client, publisher_config, desired_rx);
     let publish_status = publisher.status();
     let publisher_task = tokio::spawn(publisher.run(shutdown()));
