@@ -2,6 +2,7 @@
 //! serves the kubelet over Unix sockets, publishes the ResourceSlices, and exposes
 //! metrics and health, until SIGTERM.
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -45,20 +46,18 @@ async fn follow_health(
     pool: PoolBuilder,
     effect: TaintEffect,
 ) {
+    // The taints the pool in `desired` was built with: at first, none.
+    let mut built = BTreeMap::new();
     loop {
         let taints = device_taints(
             &health.borrow_and_update(),
             std::time::SystemTime::now(),
             effect,
         );
-        let next = pool.build(taints);
-        desired.send_if_modified(|current| {
-            if *current == next {
-                return false;
-            }
-            *current = next;
-            true
-        });
+        if taints != built {
+            desired.send_replace(pool.build(taints.clone()));
+            built = taints;
+        }
         if health.changed().await.is_err() {
             return;
         }
@@ -600,7 +599,7 @@ async fn serve(
         &args.node_name,
         args.numa_node_format,
     );
-    let (desired_tx, desired_rx) = watch::channel(pool.build(Default::default()));
+    let (desired_tx, desired_rx) = watch::channel(pool.build(BTreeMap::new()));
     let effect = if args.evict_unhealthy {
         TaintEffect::NoExecute
     } else {
