@@ -196,7 +196,10 @@ async fn reconcile(
     state: &mut PoolState,
 ) -> Result<i64, ReconcileError> {
     let desired = match desired {
-        DesiredPool::Slices(slices) => owned_by_node(slices, &config.node_name, node_uid),
+        DesiredPool::Slices(slices) => {
+            check_ours(slices, config).map_err(ReconcileError::Invalid)?;
+            owned_by_node(slices, &config.node_name, node_uid)
+        }
         DesiredPool::Invalid(reason) => return Err(ReconcileError::Invalid(reason.clone())),
     };
     let plan = match state.decide(&desired, Instant::now()) {
@@ -249,6 +252,25 @@ async fn reconcile(
         "published ResourceSlices"
     );
     Ok(plan.generation)
+}
+
+/// Every slice must be named, and of our driver and node: the watch sees no others,
+/// so publishing one would be a write loop.
+fn check_ours(slices: &[ResourceSlice], config: &PublisherConfig) -> Result<(), String> {
+    for s in slices {
+        let Some(name) = s.metadata.name.as_deref() else {
+            return Err("a ResourceSlice has no name".to_owned());
+        };
+        if s.spec.driver != config.driver_name
+            || s.spec.node_name.as_deref() != Some(config.node_name.as_str())
+        {
+            return Err(format!(
+                "ResourceSlice {name} is for driver {:?} on node {:?}, not {:?} on {:?}",
+                s.spec.driver, s.spec.node_name, config.driver_name, config.node_name
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The slices, owned by the Node: garbage-collected with it.

@@ -459,3 +459,42 @@ async fn a_shrinking_pool_applies_then_deletes_the_extra_slice() {
     assert_eq!(counts(&run.requests())[&("delete", "resourceslices")], 1);
     run.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_invalid_pool_is_not_written_and_says_why() {
+    let mock = mock();
+    let mut run = start(
+        &mock,
+        config(),
+        DesiredPool::Invalid("bad attribute".to_owned()),
+    );
+    let failing = run
+        .status
+        .wait_for(|s| matches!(s, PublishStatus::Failing { .. }))
+        .await
+        .unwrap()
+        .clone();
+    assert!(
+        matches!(&failing, PublishStatus::Failing { error, .. } if error.contains("bad attribute")),
+        "{failing:?}"
+    );
+    // A slice of another node is refused too: the watch would never show it.
+    let mut other = pool_slices("other-node", 1, None, &BTreeMap::new());
+    other[0].metadata.name = Some("other".to_owned());
+    run.desired.send_replace(DesiredPool::new(other));
+    let failing = run
+        .status
+        .wait_for(
+            |s| matches!(s, PublishStatus::Failing { error, .. } if error.contains("other-node")),
+        )
+        .await
+        .unwrap()
+        .clone();
+    assert!(matches!(failing, PublishStatus::Failing { .. }));
+    assert!(run.applies().is_empty());
+    // A valid pool is published as soon as it comes.
+    run.desired.send_replace(desired(2, None));
+    run.until(PublishStatus::InSync { generation: 1 }).await;
+    assert_eq!(run.applies().len(), 1);
+    run.stop().await;
+}
