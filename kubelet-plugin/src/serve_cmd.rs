@@ -2,6 +2,7 @@
 //! serves the kubelet over Unix sockets, publishes the ResourceSlices, and exposes
 //! metrics and health, until SIGTERM.
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -30,7 +31,7 @@ use crate::health::nvml::NvmlOpener;
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
 use crate::ownership;
-use crate::publish::{DesiredPool, Publisher, PublisherConfig};
+use crate::publish::{DesiredPool, PoolBuilder, Publisher, PublisherConfig};
 use crate::reconcile::{self, ReconcileConfig};
 use crate::uds;
 use topodra_ops::http::{Endpoints, HttpLimits};
@@ -40,25 +41,21 @@ use topodra_ops::requests::RequestCounter;
 async fn follow_health(
     mut health: watch::Receiver<HealthState>,
     desired: watch::Sender<DesiredPool>,
-    inventory: Arc<topodra_driver::Inventory>,
+    pool: PoolBuilder,
     effect: TaintEffect,
 ) {
+    // The taints the pool in `desired` was built with: at first, none.
+    let mut built = BTreeMap::new();
     loop {
         let taints = device_taints(
             &health.borrow_and_update(),
             std::time::SystemTime::now(),
             effect,
         );
-        desired.send_if_modified(|pool| {
-            if pool.device_taints == taints {
-                return false;
-            }
-            *pool = DesiredPool {
-                inventory: inventory.clone(),
-                device_taints: taints,
-            };
-            true
-        });
+        if taints != built {
+            desired.send_replace(pool.build(taints.clone()));
+            built = taints;
+        }
         if health.changed().await.is_err() {
             return;
         }
@@ -594,19 +591,19 @@ async fn serve(
         },
         shutdown(),
     );
-    let inventory = Arc::new(inventory);
-    let (desired_tx, desired_rx) = watch::channel(DesiredPool::new(inventory.clone()));
+    let pool = PoolBuilder::new(
+        Arc::new(inventory),
+        &args.driver_name,
+        &args.node_name,
+        args.numa_node_format,
+    );
+    let (desired_tx, desired_rx) = watch::channel(pool.build(BTreeMap::new()));
     let effect = if args.evict_unhealthy {
         TaintEffect::NoExecute
     } else {
         TaintEffect::NoSchedule
     };
-    let taints_task = tokio::spawn(follow_health(
-        health_rx.clone(),
-        desired_tx,
-        inventory,
-        effect,
-    ));
+    let taints_task = tokio::spawn(follow_health(health_rx.clone(), desired_tx, pool, effect));
 
     // The DRA socket first: the kubelet may call it as soon as registration succeeds.
     let sockets = args.sockets();
@@ -691,8 +688,7 @@ async fn serve(
     );
     tracing::info!(registration = %sockets.registration.display(), dra = %sockets.dra.display(), "serving the kubelet");
 
-    let mut publisher_config = PublisherConfig::new(&args.driver_name, &args.node_name);
-    publisher_config.numa_node_format = args.numa_node_format;
+    let publisher_config = PublisherConfig::new(&args.driver_name, &args.node_name);
     let publisher = Publisher::new(client, publisher_config, desired_rx);
     let publish_status = publisher.status();
     let publisher_task = tokio::spawn(publisher.run(shutdown()));

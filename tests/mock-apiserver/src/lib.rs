@@ -1,49 +1,88 @@
-//! A stand-in for the parts of the Kubernetes API server the kubelet plugin talks to,
-//! served over real HTTP on loopback, for integration tests and benchmarks.
+//! A stand-in for the parts of the Kubernetes API server a DRA kubelet plugin talks
+//! to, for tests and benchmarks.
 //!
-//! It knows Nodes (GET), ResourceClaims (GET), ResourceSlices (server-side apply,
-//! DELETE, and watches with `sendInitialEvents`), and Events (POST). Every request is
-//! logged so tests can assert the shape of the plugin's traffic, and claim GETs can be
-//! slowed down and their concurrency measured, for tests of the plugin's fan-out. It is no substitute
-//! for a real API server: no validation, no admission, no field management; the
-//! end-to-end suite runs the real one.
+//! One [`MockApi`] holds the state and answers the requests; it is reached either in
+//! process, through [`MockApi::client`] or [`MockApi::service`] (no sockets, so it
+//! runs on tokio's paused clock and simulated time), or over loopback HTTP, through
+//! [`MockApiServer`] and a kubeconfig (for tests of the plugin binary).
+//!
+//! It knows Nodes (GET), ResourceClaims (GET), ResourceSlices (LIST, server-side apply,
+//! DELETE with a uid precondition, and watches with `sendInitialEvents` or resumed
+//! from a resourceVersion, filtered by field selector and ended after
+//! `timeoutSeconds`), and Events (POST). It behaves like kube-apiserver where a
+//! publisher can tell: writes are echoed on open watches, an apply that changes
+//! nothing keeps the resourceVersion and sends no event, the server sets metadata
+//! (uid, resourceVersion, managedFields, creationTimestamp) and defaults a taint's
+//! timeAdded. Every request is recorded, with its time on tokio's clock; requests can
+//! be made to fail (connection errors, 500 on applies, 503 on everything), and claim
+//! GETs slowed down with their concurrency measured. It is no substitute for a real
+//! API server: no validation, no admission, no field ownership; the end-to-end suite
+//! runs the real one.
+
+mod handle;
+mod server;
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::StreamExt;
-use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
-use hyper::body::{Frame, Incoming};
-use hyper::{Method, Request, Response, StatusCode};
+use http::{Method, Request, Response};
+use http_body_util::BodyExt;
 use serde_json::{Value, json};
-use tokio::sync::broadcast;
-use tokio_stream::wrappers::BroadcastStream;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+pub use server::{MockApiServer, write_kubeconfig};
+
+/// The ResourceSlice collection's path.
+pub const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
+
+/// The error of the in-process service: what a failed connection looks like.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The response body of both transports.
+pub type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
 
 /// One request as the server saw it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Logged {
-    pub method: String,
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recorded {
+    pub method: Method,
     pub path: String,
-    pub query: String,
+    /// Query parameters, percent-decoded.
+    pub query: BTreeMap<String, String>,
+    pub content_type: Option<String>,
+    /// The body, when it is JSON.
+    pub body: Option<Value>,
+    /// Time since the mock was made, on tokio's clock (simulated when paused).
+    pub at: Duration,
 }
 
-impl Logged {
+impl Recorded {
     /// Whether the query has `key=value` (value `*` matches any).
     pub fn has(&self, key: &str, value: &str) -> bool {
-        self.query.split('&').any(|kv| match kv.split_once('=') {
-            Some((k, v)) => k == key && (value == "*" || v == value),
-            None => false,
-        })
+        self.query
+            .get(key)
+            .is_some_and(|v| value == "*" || v == value)
     }
 
     pub fn is_watch(&self) -> bool {
         self.has("watch", "true") || self.has("watch", "1")
+    }
+
+    /// A LIST of ResourceSlices (a GET of the collection that is no watch).
+    pub fn is_slice_list(&self) -> bool {
+        self.method == Method::GET && self.path == SLICES && !self.is_watch()
+    }
+
+    /// A server-side apply of a ResourceSlice.
+    pub fn is_apply(&self) -> bool {
+        self.method == Method::PATCH && self.path.starts_with(SLICES)
+    }
+
+    pub fn is_delete(&self) -> bool {
+        self.method == Method::DELETE
     }
 }
 
@@ -54,22 +93,36 @@ struct WatchEvent {
     rv: u64,
 }
 
-#[derive(Default)]
+/// An open watch: the field selector it asked for and where its events go.
+#[derive(Debug)]
+struct Watcher {
+    selector: Vec<(String, String)>,
+    tx: mpsc::UnboundedSender<Bytes>,
+}
+
+#[derive(Debug)]
 struct State {
+    start: Instant,
     rv: u64,
     nodes: BTreeMap<String, Value>,
     claims: BTreeMap<(String, String), Value>,
     slices: BTreeMap<String, Value>,
     events_posted: Vec<Value>,
-    log: Vec<Logged>,
+    requests: Vec<Recorded>,
+    /// Every slice event, for watches resumed from a resourceVersion.
     history: Vec<WatchEvent>,
+    watchers: Vec<Watcher>,
+    /// Requests to fail with a connection error, whatever they are.
+    unreachable: usize,
+    /// Applies to answer with 500.
+    failing_applies: usize,
     /// Answer every request with 503 (an API server that is up but failing).
     failing: bool,
 }
 
+#[derive(Debug)]
 struct Shared {
     state: Mutex<State>,
-    events: broadcast::Sender<WatchEvent>,
     /// Claim GETs being answered right now, and the most there ever were at once.
     claim_gets_in_flight: AtomicUsize,
     claim_gets_peak: AtomicUsize,
@@ -77,107 +130,217 @@ struct Shared {
     claim_get_delay_us: AtomicU64,
 }
 
-/// Counts one claim GET as in flight until dropped.
-struct InFlight(Arc<Shared>);
-
-impl InFlight {
-    fn enter(shared: &Arc<Shared>) -> Self {
-        let now = shared.claim_gets_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        shared.claim_gets_peak.fetch_max(now, Ordering::SeqCst);
-        Self(shared.clone())
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.claim_gets_in_flight.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn emit(&self, state: &mut State, kind: &'static str, object: Value) {
-        let rv = state.rv;
-        let ev = WatchEvent { kind, object, rv };
-        state.history.push(ev.clone());
-        let _ = self.events.send(ev);
-    }
-}
-
-/// A running mock API server.
-#[allow(missing_debug_implementations)]
-pub struct MockApiServer {
-    addr: SocketAddr,
+/// The mock API server's state, and the answers to requests. Cloning shares it.
+#[derive(Debug, Clone)]
+pub struct MockApi {
     shared: Arc<Shared>,
-    task: tokio::task::JoinHandle<()>,
 }
 
-type Body = BoxBody<Bytes, Infallible>;
-
-fn full(status: StatusCode, body: Value) -> Response<Body> {
-    let mut r = Response::new(Full::new(Bytes::from(body.to_string())).boxed());
-    *r.status_mut() = status;
-    if let Ok(v) = "application/json".parse() {
-        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+impl Default for MockApi {
+    fn default() -> Self {
+        Self::new()
     }
-    r
 }
 
-fn status(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
-    full(
-        code,
-        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason,
-               "message": message, "code": code.as_u16()}),
-    )
-}
-
-fn query_param(query: &str, key: &str) -> Option<String> {
-    query.split('&').find_map(|kv| {
-        let (k, v) = kv.split_once('=')?;
-        (k == key).then(|| percent_decode(v))
-    })
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                match u8::from_str_radix(
-                    std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("zz"),
-                    16,
-                ) {
-                    Ok(b) => {
-                        out.push(b);
-                        i += 3;
-                    }
-                    Err(_) => {
-                        out.push(b'%');
-                        i += 1;
-                    }
-                }
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
+impl MockApi {
+    pub fn new() -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    start: Instant::now(),
+                    rv: 100,
+                    nodes: BTreeMap::new(),
+                    claims: BTreeMap::new(),
+                    slices: BTreeMap::new(),
+                    events_posted: Vec::new(),
+                    requests: Vec::new(),
+                    history: Vec::new(),
+                    watchers: Vec::new(),
+                    unreachable: 0,
+                    failing_applies: 0,
+                    failing: false,
+                }),
+                claim_gets_in_flight: AtomicUsize::new(0),
+                claim_gets_peak: AtomicUsize::new(0),
+                claim_get_delay_us: AtomicU64::new(0),
+            }),
         }
     }
-    String::from_utf8_lossy(&out).into_owned()
+
+    /// The mock as a service for kube's client stack, so a caller can add layers
+    /// (request counting) before [`kube::Client::new`].
+    pub fn service<B>(&self) -> tower::util::BoxCloneService<Request<B>, Response<Body>, BoxError>
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let mock = self.clone();
+        tower::util::BoxCloneService::new(tower::service_fn(move |req: Request<B>| {
+            let mock = mock.clone();
+            async move {
+                let (parts, body) = req.into_parts();
+                let body = body.collect().await.map_err(Into::into)?.to_bytes();
+                mock.handle(parts, body).await
+            }
+        }))
+    }
+
+    /// A kube client whose requests this mock answers, in process.
+    pub fn client(&self) -> kube::Client {
+        kube::Client::new(self.service::<kube::client::Body>(), "default")
+    }
+
+    pub fn add_node(&self, name: &str, uid: &str) {
+        let node = json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "uid": uid, "resourceVersion": "7"}});
+        self.lock().nodes.insert(name.to_owned(), node);
+    }
+
+    /// Stores a claim object (any JSON with metadata.namespace and metadata.name).
+    pub fn put_claim(&self, claim: Value) {
+        let ns = claim["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let name = claim["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        self.lock().claims.insert((ns, name), claim);
+    }
+
+    /// Removes a claim, as deleting it in a real cluster would.
+    pub fn delete_claim(&self, namespace: &str, name: &str) {
+        self.lock()
+            .claims
+            .remove(&(namespace.to_owned(), name.to_owned()));
+    }
+
+    /// Slices that exist before the plugin starts, stored as the server would.
+    pub fn seed<T: serde::Serialize>(&self, slices: &[T]) {
+        let mut s = self.lock();
+        for slice in slices {
+            let mut v = serde_json::to_value(slice).unwrap_or_default();
+            s.rv += 1;
+            let rv = s.rv;
+            let name = v["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            v["metadata"]["resourceVersion"] = json!(rv.to_string());
+            v["metadata"]["uid"] = json!(format!("uid-{name}-{rv}"));
+            handle::default_taints(&mut v);
+            s.slices.insert(name, v);
+        }
+    }
+
+    /// The stored slices.
+    pub fn slices(&self) -> Vec<Value> {
+        self.lock().slices.values().cloned().collect()
+    }
+
+    /// The stored slices by name.
+    pub fn stored(&self) -> BTreeMap<String, Value> {
+        self.lock().slices.clone()
+    }
+
+    /// Deletes a slice behind the plugin's back, as the kubelet does when the plugin
+    /// has been gone too long.
+    pub fn wipe(&self, name: &str) {
+        let mut s = self.lock();
+        if let Some(object) = s.slices.remove(name) {
+            s.deleted(object);
+        }
+    }
+
+    /// Deletes every slice, as the kubelet does when a plugin is gone for 30 s.
+    pub fn wipe_slices(&self) {
+        let mut s = self.lock();
+        for object in std::mem::take(&mut s.slices).into_values() {
+            s.deleted(object);
+        }
+    }
+
+    /// The latest resourceVersion.
+    pub fn resource_version(&self) -> String {
+        self.lock().rv.to_string()
+    }
+
+    /// Every request so far, in order.
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.lock().requests.clone()
+    }
+
+    pub fn events_posted(&self) -> Vec<Value> {
+        self.lock().events_posted.clone()
+    }
+
+    /// Fails the next `requests` requests, whatever they are, as a refused
+    /// connection.
+    pub fn make_unreachable_for(&self, requests: usize) {
+        self.lock().unreachable = requests;
+    }
+
+    /// Answers the next `n` applies with 500.
+    pub fn fail_applies(&self, n: usize) {
+        self.lock().failing_applies = n;
+    }
+
+    /// Answers every request with 503 while `failing`.
+    pub fn set_failing(&self, failing: bool) {
+        self.lock().failing = failing;
+    }
+
+    /// Makes every claim GET take `delay` before it is answered.
+    pub fn set_claim_get_delay(&self, delay: Duration) {
+        let us = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
+        self.shared.claim_get_delay_us.store(us, Ordering::SeqCst);
+    }
+
+    /// The most claim GETs that were being answered at the same time.
+    pub fn claim_gets_peak(&self) -> usize {
+        self.shared.claim_gets_peak.load(Ordering::SeqCst)
+    }
+
+    /// Starts measuring [`Self::claim_gets_peak`] afresh.
+    pub fn reset_claim_gets_peak(&self) {
+        self.shared.claim_gets_peak.store(0, Ordering::SeqCst);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl State {
+    /// Records a slice's deletion: a new resourceVersion and a DELETED event.
+    fn deleted(&mut self, mut object: Value) -> Value {
+        self.rv += 1;
+        object["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+        self.emit("DELETED", object.clone());
+        object
+    }
+
+    fn emit(&mut self, kind: &'static str, object: Value) {
+        let ev = WatchEvent {
+            kind,
+            object,
+            rv: self.rv,
+        };
+        let line = event_line(ev.kind, &ev.object);
+        self.watchers
+            .retain(|w| !matches(&ev.object, &w.selector) || w.tx.send(line.clone()).is_ok());
+        self.history.push(ev);
+    }
 }
 
 /// `spec.nodeName=a,spec.driver=b` as pairs.
-fn field_selector(query: &str) -> Vec<(String, String)> {
-    query_param(query, "fieldSelector")
+fn field_selector(query: &BTreeMap<String, String>) -> Vec<(String, String)> {
+    query
+        .get("fieldSelector")
         .map(|s| {
             s.split(',')
                 .filter_map(|kv| kv.split_once('='))
@@ -197,373 +360,62 @@ fn matches(object: &Value, selector: &[(String, String)]) -> bool {
     })
 }
 
-fn event_json(ev: &WatchEvent) -> Bytes {
-    let mut line = json!({"type": ev.kind, "object": ev.object}).to_string();
+fn event_line(kind: &str, object: &Value) -> Bytes {
+    let mut line = json!({"type": kind, "object": object}).to_string();
     line.push('\n');
     Bytes::from(line)
 }
 
-fn bookmark(rv: u64, initial_end: bool) -> Bytes {
-    let mut meta = json!({"resourceVersion": rv.to_string()});
-    if initial_end {
-        meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
-    }
-    let mut line = json!({"type": "BOOKMARK", "object": {"kind": "ResourceSlice",
-        "apiVersion": "resource.k8s.io/v1", "metadata": meta}})
-    .to_string();
-    line.push('\n');
-    Bytes::from(line)
+/// The query string as decoded pairs.
+fn parse_query(query: &str) -> BTreeMap<String, String> {
+    query
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (percent_decode(k), percent_decode(v)))
+        .collect()
 }
 
-async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
-    let method = req.method().clone();
-    let path = req.uri().path().to_owned();
-    let query = req.uri().query().unwrap_or_default().to_owned();
-    {
-        let mut s = shared.lock();
-        s.log.push(Logged {
-            method: method.to_string(),
-            path: path.clone(),
-            query: query.clone(),
-        });
-        if s.failing {
-            return Ok(status(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "ServiceUnavailable",
-                "mock API server is failing",
-            ));
-        }
-    }
-    let body = match req.into_body().collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => {
-            return Ok(status(
-                StatusCode::BAD_REQUEST,
-                "BadRequest",
-                "unreadable body",
-            ));
-        }
-    };
-    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    let claim_get = method == Method::GET
-        && matches!(
-            parts.as_slice(),
-            [
-                "apis",
-                "resource.k8s.io",
-                "v1",
-                "namespaces",
-                _,
-                "resourceclaims",
-                _
-            ]
-        );
-    let _in_flight = claim_get.then(|| InFlight::enter(&shared));
-    if claim_get {
-        let delay = Duration::from_micros(shared.claim_get_delay_us.load(Ordering::SeqCst));
-        if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
-        }
-    }
-    Ok(match (method.clone(), parts.as_slice()) {
-        (Method::GET, ["api", "v1", "nodes", name]) => match shared.lock().nodes.get(*name) {
-            Some(n) => full(StatusCode::OK, n.clone()),
-            None => status(
-                StatusCode::NOT_FOUND,
-                "NotFound",
-                &format!("nodes \"{name}\" not found"),
-            ),
-        },
-        (
-            Method::GET,
-            [
-                "apis",
-                "resource.k8s.io",
-                "v1",
-                "namespaces",
-                ns,
-                "resourceclaims",
-                name,
-            ],
-        ) => {
-            match shared
-                .lock()
-                .claims
-                .get(&((*ns).to_owned(), (*name).to_owned()))
-            {
-                Some(c) => full(StatusCode::OK, c.clone()),
-                None => status(
-                    StatusCode::NOT_FOUND,
-                    "NotFound",
-                    &format!("resourceclaims.resource.k8s.io \"{name}\" not found"),
-                ),
-            }
-        }
-        (Method::GET, ["apis", "resource.k8s.io", "v1", "resourceslices"]) => {
-            if query
-                .split('&')
-                .any(|kv| kv == "watch=true" || kv == "watch=1")
-            {
-                watch(shared, &query)
-            } else {
-                let s = shared.lock();
-                let selector = field_selector(&query);
-                let items: Vec<Value> = s
-                    .slices
-                    .values()
-                    .filter(|o| matches(o, &selector))
-                    .cloned()
-                    .collect();
-                full(
-                    StatusCode::OK,
-                    json!({"kind": "ResourceSliceList", "apiVersion": "resource.k8s.io/v1",
-                           "metadata": {"resourceVersion": s.rv.to_string()}, "items": items}),
-                )
-            }
-        }
-        (Method::PATCH, ["apis", "resource.k8s.io", "v1", "resourceslices", name]) => {
-            let Ok(mut object) = serde_json::from_slice::<Value>(&body) else {
-                return Ok(status(
-                    StatusCode::BAD_REQUEST,
-                    "BadRequest",
-                    "apply body is not JSON",
-                ));
-            };
-            let mut s = shared.lock();
-            s.rv += 1;
-            let existed = s.slices.contains_key(*name);
-            let uid = s.slices.get(*name).map_or_else(
-                || format!("uid-{name}"),
-                |o| o["metadata"]["uid"].as_str().unwrap_or_default().to_owned(),
-            );
-            object["metadata"]["resourceVersion"] = json!(s.rv.to_string());
-            object["metadata"]["uid"] = json!(uid);
-            object["metadata"]["name"] = json!(name);
-            s.slices.insert((*name).to_owned(), object.clone());
-            shared.emit(
-                &mut s,
-                if existed { "MODIFIED" } else { "ADDED" },
-                object.clone(),
-            );
-            full(
-                if existed {
-                    StatusCode::OK
-                } else {
-                    StatusCode::CREATED
-                },
-                object,
-            )
-        }
-        (Method::DELETE, ["apis", "resource.k8s.io", "v1", "resourceslices", name]) => {
-            let mut s = shared.lock();
-            match s.slices.remove(*name) {
-                Some(mut object) => {
-                    s.rv += 1;
-                    object["metadata"]["resourceVersion"] = json!(s.rv.to_string());
-                    shared.emit(&mut s, "DELETED", object.clone());
-                    full(StatusCode::OK, object)
+/// `application/x-www-form-urlencoded` decoding: `%XX` escapes and `+` for space.
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("zz");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 3;
+                        continue;
+                    }
+                    Err(_) => out.push(b'%'),
                 }
-                None => status(StatusCode::NOT_FOUND, "NotFound", "not found"),
             }
+            b'+' => out.push(b' '),
+            b => out.push(b),
         }
-        (Method::POST, ["apis", "events.k8s.io", "v1", "namespaces", _, "events"])
-        | (Method::POST, ["api", "v1", "namespaces", _, "events"]) => {
-            let object: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            shared.lock().events_posted.push(object.clone());
-            full(StatusCode::CREATED, object)
-        }
-        _ => status(
-            StatusCode::NOT_FOUND,
-            "NotFound",
-            &format!("mock API server has no {method} {path}"),
-        ),
-    })
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
-fn watch(shared: Arc<Shared>, query: &str) -> Response<Body> {
-    let selector = field_selector(query);
-    let initial = query_param(query, "sendInitialEvents").as_deref() == Some("true");
-    let since: Option<u64> = query_param(query, "resourceVersion").and_then(|v| v.parse().ok());
-    let (mut first, rx) = {
-        let s = shared.lock();
-        let mut first: Vec<Bytes> = Vec::new();
-        if initial {
-            for o in s.slices.values().filter(|o| matches(o, &selector)) {
-                first.push(event_json(&WatchEvent {
-                    kind: "ADDED",
-                    object: o.clone(),
-                    rv: s.rv,
-                }));
-            }
-            first.push(bookmark(s.rv, true));
-        } else if let Some(since) = since {
-            for ev in s
-                .history
-                .iter()
-                .filter(|e| e.rv > since && matches(&e.object, &selector))
-            {
-                first.push(event_json(ev));
-            }
-        }
-        (first, shared.events.subscribe())
-    };
-    let live = BroadcastStream::new(rx).filter_map(move |ev| {
-        let selector = selector.clone();
-        async move {
-            match ev {
-                Ok(ev) if matches(&ev.object, &selector) => Some(event_json(&ev)),
-                _ => None,
-            }
-        }
-    });
-    let head = futures::stream::iter(std::mem::take(&mut first));
-    let stream = head
-        .chain(live)
-        .map(|b| Ok::<_, Infallible>(Frame::data(b)));
-    let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
-    if let Ok(v) = "application/json".parse() {
-        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
-    }
-    r
-}
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
 
-impl MockApiServer {
-    /// Starts on a random loopback port.
-    pub async fn start() -> std::io::Result<Self> {
-        Self::start_on("127.0.0.1:0".parse().map_err(std::io::Error::other)?).await
+    #[test]
+    fn queries_are_percent_decoded() {
+        let q = parse_query(
+            "fieldSelector=spec.nodeName%3Dn%2Cspec.driver%3Dd&watch=true&x=a+b&bad=%zz&end=%4",
+        );
+        assert_eq!(q["fieldSelector"], "spec.nodeName=n,spec.driver=d");
+        assert_eq!(q["watch"], "true");
+        assert_eq!(q["x"], "a b");
+        assert_eq!(q["bad"], "%zz");
+        assert_eq!(q["end"], "%4");
+        assert_eq!(percent_decode("%41"), "A");
     }
-
-    /// Starts on `addr`, e.g. the port of a server that was stopped, to bring "the API
-    /// server" back.
-    pub async fn start_on(addr: SocketAddr) -> std::io::Result<Self> {
-        let listener = tokio::net::TcpListener::bind(addr).await?;
-        let addr = listener.local_addr()?;
-        let (events, _) = broadcast::channel(1024);
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                rv: 1,
-                ..Default::default()
-            }),
-            events,
-            claim_gets_in_flight: AtomicUsize::new(0),
-            claim_gets_peak: AtomicUsize::new(0),
-            claim_get_delay_us: AtomicU64::new(0),
-        });
-        let serving = shared.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let shared = serving.clone();
-                tokio::spawn(async move {
-                    let service =
-                        hyper::service::service_fn(move |req| handle(shared.clone(), req));
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
-        Ok(Self { addr, shared, task })
-    }
-
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// Stops listening and drops every connection (watches included).
-    pub fn stop(self) {
-        self.task.abort();
-    }
-
-    /// Writes a kubeconfig for this server into `dir` and returns its path.
-    pub fn kubeconfig(&self, dir: &Path) -> std::io::Result<PathBuf> {
-        write_kubeconfig(dir, self.addr)
-    }
-
-    pub fn add_node(&self, name: &str, uid: &str) {
-        let node = json!({"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "uid": uid, "resourceVersion": "1"}});
-        self.shared.lock().nodes.insert(name.to_owned(), node);
-    }
-
-    /// Stores a claim object (any JSON with metadata.namespace and metadata.name).
-    pub fn put_claim(&self, claim: Value) {
-        let ns = claim["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        let name = claim["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        self.shared.lock().claims.insert((ns, name), claim);
-    }
-
-    /// Removes a claim, as deleting it in a real cluster would.
-    pub fn delete_claim(&self, namespace: &str, name: &str) {
-        self.shared
-            .lock()
-            .claims
-            .remove(&(namespace.to_owned(), name.to_owned()));
-    }
-
-    pub fn slices(&self) -> Vec<Value> {
-        self.shared.lock().slices.values().cloned().collect()
-    }
-
-    /// Deletes every slice, as the kubelet does when a plugin is gone for 30 s.
-    pub fn wipe_slices(&self) {
-        let shared = &self.shared;
-        let mut s = shared.lock();
-        let names: Vec<String> = s.slices.keys().cloned().collect();
-        for name in names {
-            if let Some(mut object) = s.slices.remove(&name) {
-                s.rv += 1;
-                object["metadata"]["resourceVersion"] = json!(s.rv.to_string());
-                shared.emit(&mut s, "DELETED", object);
-            }
-        }
-    }
-
-    /// Makes every claim GET take `delay` before it is answered.
-    pub fn set_claim_get_delay(&self, delay: Duration) {
-        let us = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
-        self.shared.claim_get_delay_us.store(us, Ordering::SeqCst);
-    }
-
-    /// The most claim GETs that were being answered at the same time.
-    pub fn claim_gets_peak(&self) -> usize {
-        self.shared.claim_gets_peak.load(Ordering::SeqCst)
-    }
-
-    /// Starts measuring [`Self::claim_gets_peak`] afresh.
-    pub fn reset_claim_gets_peak(&self) {
-        self.shared.claim_gets_peak.store(0, Ordering::SeqCst);
-    }
-
-    pub fn set_failing(&self, failing: bool) {
-        self.shared.lock().failing = failing;
-    }
-
-    pub fn requests(&self) -> Vec<Logged> {
-        self.shared.lock().log.clone()
-    }
-
-    pub fn events_posted(&self) -> Vec<Value> {
-        self.shared.lock().events_posted.clone()
-    }
-}
-
-/// A kubeconfig pointing at `addr` over plain HTTP.
-pub fn write_kubeconfig(dir: &Path, addr: SocketAddr) -> std::io::Result<PathBuf> {
-    let path = dir.join("kubeconfig");
-    let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: mock\n  cluster:\n    server: http://{addr}\n\
-         users:\n- name: mock\n  user: {{}}\ncontexts:\n- name: mock\n  context:\n    cluster: mock\n    user: mock\n\
-         current-context: mock\n"
-    );
-    std::fs::write(&path, text)?;
-    Ok(path)
 }

@@ -11,14 +11,14 @@ use tokio::time::Instant;
 /// Jitter matters at scale: after an API server outage every node's plugin fails at
 /// once, and without it they would all retry in lockstep.
 #[derive(Debug, Clone)]
-pub(crate) struct Backoff {
+pub struct Backoff {
     initial: Duration,
     max: Duration,
     attempt: u32,
 }
 
 impl Backoff {
-    pub(crate) fn new(initial: Duration, max: Duration) -> Self {
+    pub fn new(initial: Duration, max: Duration) -> Self {
         Self {
             initial,
             max: max.max(initial),
@@ -27,13 +27,13 @@ impl Backoff {
     }
 
     /// Failures since the last reset.
-    pub(crate) fn attempts(&self) -> u32 {
+    pub fn attempts(&self) -> u32 {
         self.attempt
     }
 
     /// The delay before the next try: doubling from `initial` up to `max`, then
     /// scaled by a random factor in [0.75, 1], so it never exceeds `max`.
-    pub(crate) fn next_delay(&mut self) -> Duration {
+    pub fn next_delay(&mut self) -> Duration {
         let base = self
             .initial
             .saturating_mul(1u32 << self.attempt.min(20))
@@ -46,7 +46,7 @@ impl Backoff {
         base.mul_f64(0.75 + 0.25 * frac)
     }
 
-    pub(crate) fn reset(&mut self) {
+    pub fn reset(&mut self) {
         self.attempt = 0;
     }
 }

@@ -4,53 +4,129 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use http::Method;
-use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceSlice};
+use k8s_openapi::api::resource::v1::{
+    Device, DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
-use topodra_driver::slice::{SliceOptions, build_slices};
-use topodra_driver::{Gpu, Inventory};
+use topodra_mock_apiserver::{MockApi, Recorded, SLICES};
 
-use super::mock::{MockApi, Recorded, SLICES};
-use super::{DesiredPool, PublishStatus, Publisher, PublisherConfig, RequestCounter};
-use topodra_ops::requests::Verb;
+use super::{DesiredPool, PublishStatus, Publisher, PublisherConfig};
 
 const NODE: &str = "dgx-01";
 const NODE_UID: &str = "6f1e0c1a-8d2b-4b5e-9c4f-0a1b2c3d4e5f";
 const DRIVER: &str = "gpu.topodra.dev";
 
-fn inventory(gpus: u32) -> Arc<Inventory> {
-    let mut inv = Inventory::default();
-    for i in 0..gpus {
-        let mut g = Gpu::at(format!("0000:{:02x}:00.0", 0x18 + i).parse().unwrap());
-        g.minor = Some(i);
-        g.index = Some(i);
-        g.memory_bytes = Some(80 << 30);
-        g.numa_node = Some(i / 4);
-        inv.gpus.push(g);
-    }
-    Arc::new(inv)
-}
-
-fn config(max_devices_per_slice: Option<usize>) -> PublisherConfig {
-    PublisherConfig {
-        max_devices_per_slice,
-        ..PublisherConfig::new(DRIVER, NODE)
-    }
-}
-
-/// The slices as the publisher would build them, for seeding the mock.
-fn slices(inv: &Inventory, generation: i64, max: Option<usize>) -> Vec<ResourceSlice> {
-    let opts = SliceOptions {
-        pool_generation: generation,
-        node_uid: Some(NODE_UID.to_owned()),
-        max_devices_per_slice: max,
-        ..SliceOptions::new(NODE)
+/// A driver's pool on `node`: devices `gpu-0`... with their taints, `max` to a slice,
+/// in slices named `<node>-<driver>-<i>`, at generation 1 and without an owner.
+pub(super) fn pool_slices(
+    node: &str,
+    devices: u32,
+    max: Option<usize>,
+    taints: &BTreeMap<String, Vec<DeviceTaint>>,
+) -> Vec<ResourceSlice> {
+    let devices: Vec<Device> = (0..devices)
+        .map(|i| {
+            let name = format!("gpu-{i}");
+            Device {
+                taints: taints.get(&name).cloned(),
+                name,
+                ..Default::default()
+            }
+        })
+        .collect();
+    let chunks: Vec<Vec<Device>> = if devices.is_empty() {
+        vec![Vec::new()]
+    } else {
+        devices
+            .chunks(max.unwrap_or(128))
+            .map(<[Device]>::to_vec)
+            .collect()
     };
-    build_slices(inv, &opts).unwrap()
+    let count = chunks.len() as i64;
+    chunks
+        .into_iter()
+        .enumerate()
+        .map(|(i, devices)| ResourceSlice {
+            metadata: ObjectMeta {
+                name: Some(format!("{node}-{DRIVER}-{i}")),
+                ..Default::default()
+            },
+            spec: ResourceSliceSpec {
+                driver: DRIVER.to_owned(),
+                node_name: Some(node.to_owned()),
+                pool: ResourcePool {
+                    name: node.to_owned(),
+                    generation: 1,
+                    resource_slice_count: count,
+                },
+                devices: (!devices.is_empty()).then_some(devices),
+                ..Default::default()
+            },
+        })
+        .collect()
+}
+
+fn desired(devices: u32, max: Option<usize>) -> DesiredPool {
+    tainted(devices, max, &BTreeMap::new())
+}
+
+fn tainted(
+    devices: u32,
+    max: Option<usize>,
+    taints: &BTreeMap<String, Vec<DeviceTaint>>,
+) -> DesiredPool {
+    DesiredPool::new(pool_slices(NODE, devices, max, taints))
+}
+
+/// The slices as the publisher would write them, for seeding the mock.
+fn slices(devices: u32, generation: i64, max: Option<usize>) -> Vec<ResourceSlice> {
+    let slices = pool_slices(NODE, devices, max, &BTreeMap::new());
+    let mut slices = super::publisher::owned_by_node(&slices.into(), NODE, NODE_UID);
+    for s in &mut slices {
+        s.spec.pool.generation = generation;
+    }
+    slices
+}
+
+/// Requests by verb and resource, as the API server (and a request counter) would
+/// count them.
+fn counts(requests: &[Recorded]) -> BTreeMap<(&'static str, &'static str), u64> {
+    let mut out = BTreeMap::new();
+    for r in requests {
+        let resource = if r.path.starts_with(SLICES) {
+            "resourceslices"
+        } else if r.path.starts_with("/api/v1/nodes") {
+            "nodes"
+        } else {
+            "other"
+        };
+        let verb = match r.method.clone() {
+            Method::GET if r.is_watch() && r.has("sendInitialEvents", "true") => "watchlist",
+            Method::GET if r.is_watch() => "watch",
+            Method::GET if r.path == SLICES => "list",
+            Method::GET => "get",
+            Method::PATCH => "apply",
+            Method::DELETE => "delete",
+            _ => "other",
+        };
+        *out.entry((verb, resource)).or_insert(0) += 1;
+    }
+    out
+}
+
+fn config() -> PublisherConfig {
+    PublisherConfig::new(DRIVER, NODE)
+}
+
+fn mock() -> MockApi {
+    let mock = MockApi::new();
+    mock.add_node(NODE, NODE_UID);
+    mock
 }
 
 fn slice_name(i: usize) -> String {
@@ -68,7 +144,6 @@ fn taint(reason: &str) -> DeviceTaint {
 
 struct Running {
     mock: MockApi,
-    counter: RequestCounter,
     desired: watch::Sender<DesiredPool>,
     status: watch::Receiver<PublishStatus>,
     stop: Option<oneshot::Sender<()>>,
@@ -76,9 +151,8 @@ struct Running {
 }
 
 fn start(mock: &MockApi, config: PublisherConfig, pool: DesiredPool) -> Running {
-    let counter = RequestCounter::new();
     let (desired, rx) = watch::channel(pool);
-    let publisher = Publisher::new(mock.client(&counter), config, rx);
+    let publisher = Publisher::new(mock.client(), config, rx);
     let status = publisher.status();
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(publisher.run(async {
@@ -86,7 +160,6 @@ fn start(mock: &MockApi, config: PublisherConfig, pool: DesiredPool) -> Running 
     }));
     Running {
         mock: mock.clone(),
-        counter,
         desired,
         status,
         stop: Some(stop),
@@ -143,8 +216,8 @@ fn assert_no_list(requests: &[Recorded]) {
 
 #[tokio::test(start_paused = true)]
 async fn startup_is_one_get_one_streaming_watch_and_the_applies_then_silence() {
-    let mock = MockApi::new(NODE, NODE_UID);
-    let mut run = start(&mock, config(Some(3)), DesiredPool::new(inventory(8)));
+    let mock = mock();
+    let mut run = start(&mock, config(), desired(8, Some(3)));
     run.until(PublishStatus::InSync { generation: 1 }).await;
 
     let requests = run.requests();
@@ -197,12 +270,12 @@ async fn startup_is_one_get_one_streaming_watch_and_the_applies_then_silence() {
         );
     }
 
-    let counts = BTreeMap::from([
-        ((Verb::Get, "nodes".to_owned()), 1),
-        ((Verb::WatchList, "resourceslices".to_owned()), 1),
-        ((Verb::Apply, "resourceslices".to_owned()), 3),
+    let want = BTreeMap::from([
+        (("get", "nodes"), 1),
+        (("watchlist", "resourceslices"), 1),
+        (("apply", "resourceslices"), 3),
     ]);
-    assert_eq!(run.counter.snapshot(), counts);
+    assert_eq!(counts(&requests), want);
 
     // Ten idle minutes: the server ends each watch after timeoutSeconds, and the
     // publisher only resumes it from where it was, without a relist.
@@ -219,18 +292,18 @@ async fn startup_is_one_get_one_streaming_watch_and_the_applies_then_silence() {
     // 290 s per watch: two resumptions in ten minutes.
     assert_eq!(later.len(), 2, "{later:?}");
     assert_no_list(&run.requests());
-    assert_eq!(run.counter.get(Verb::Watch, "resourceslices"), 2);
-    assert_eq!(run.counter.get(Verb::List, "resourceslices"), 0);
+    let counted = counts(&run.requests());
+    assert_eq!(counted[&("watch", "resourceslices")], 2);
+    assert!(!counted.contains_key(&("list", "resourceslices")));
     assert!(run.status.borrow().is_in_sync());
     run.stop().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn nothing_is_written_when_nothing_changed_and_a_taint_is_one_apply() {
-    let inv = inventory(8);
-    let mock = MockApi::new(NODE, NODE_UID);
-    mock.seed(&slices(&inv, 3, None));
-    let mut run = start(&mock, config(None), DesiredPool::new(inv.clone()));
+    let mock = mock();
+    mock.seed(&slices(8, 3, None));
+    let mut run = start(&mock, config(), desired(8, None));
     run.until(PublishStatus::InSync { generation: 3 }).await;
     let requests = run.requests();
     assert_eq!(requests.len(), 2, "{requests:?}");
@@ -238,9 +311,8 @@ async fn nothing_is_written_when_nothing_changed_and_a_taint_is_one_apply() {
 
     // A GPU goes bad: one apply, one generation up. The server defaults the taint's
     // timeAdded, and that must not look like a difference.
-    let mut pool = DesiredPool::new(inv.clone());
-    pool.device_taints
-        .insert("gpu-2".to_owned(), vec![taint("xid-79")]);
+    let taints = BTreeMap::from([("gpu-2".to_owned(), vec![taint("xid-79")])]);
+    let pool = tainted(8, None, &taints);
     run.desired.send_replace(pool.clone());
     run.until(PublishStatus::InSync { generation: 4 }).await;
     let applies = run.applies();
@@ -263,11 +335,10 @@ async fn nothing_is_written_when_nothing_changed_and_a_taint_is_one_apply() {
     assert_eq!(run.applies().len(), 1);
 
     // All eight GPUs go bad one after another: one apply once they are done.
-    let mut pool = DesiredPool::new(inv);
+    let mut taints = BTreeMap::new();
     for gpu in 0..8 {
-        pool.device_taints
-            .insert(format!("gpu-{gpu}"), vec![taint("xid-48")]);
-        run.desired.send_replace(pool.clone());
+        taints.insert(format!("gpu-{gpu}"), vec![taint("xid-48")]);
+        run.desired.send_replace(tainted(8, None, &taints));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     run.until(PublishStatus::InSync { generation: 5 }).await;
@@ -280,8 +351,8 @@ async fn nothing_is_written_when_nothing_changed_and_a_taint_is_one_apply() {
 
 #[tokio::test(start_paused = true)]
 async fn a_wiped_pool_is_published_again() {
-    let mock = MockApi::new(NODE, NODE_UID);
-    let mut run = start(&mock, config(None), DesiredPool::new(inventory(2)));
+    let mock = mock();
+    let mut run = start(&mock, config(), desired(2, None));
     run.until(PublishStatus::InSync { generation: 1 }).await;
     assert_eq!(run.applies().len(), 1);
 
@@ -297,9 +368,9 @@ async fn a_wiped_pool_is_published_again() {
 
 #[tokio::test(start_paused = true)]
 async fn an_unreachable_api_server_is_retried_with_backoff() {
-    let mock = MockApi::new(NODE, NODE_UID);
+    let mock = mock();
     mock.make_unreachable_for(4);
-    let mut run = start(&mock, config(None), DesiredPool::new(inventory(1)));
+    let mut run = start(&mock, config(), desired(1, None));
     let failing = run
         .status
         .wait_for(|s| matches!(s, PublishStatus::Failing { .. }))
@@ -329,9 +400,9 @@ async fn an_unreachable_api_server_is_retried_with_backoff() {
 
 #[tokio::test(start_paused = true)]
 async fn failed_writes_are_retried_with_backoff() {
-    let mock = MockApi::new(NODE, NODE_UID);
+    let mock = mock();
     mock.fail_applies(2);
-    let mut run = start(&mock, config(None), DesiredPool::new(inventory(1)));
+    let mut run = start(&mock, config(), desired(1, None));
     run.until(PublishStatus::InSync { generation: 1 }).await;
     let applies = run.applies();
     assert_eq!(applies.len(), 3);
@@ -345,9 +416,9 @@ async fn failed_writes_are_retried_with_backoff() {
 
 #[tokio::test(start_paused = true)]
 async fn a_shrinking_pool_applies_then_deletes_the_extra_slice() {
-    let mock = MockApi::new(NODE, NODE_UID);
-    mock.seed(&slices(&inventory(8), 2, Some(3)));
-    let mut run = start(&mock, config(Some(3)), DesiredPool::new(inventory(5)));
+    let mock = mock();
+    mock.seed(&slices(8, 2, Some(3)));
+    let mut run = start(&mock, config(), desired(5, Some(3)));
     run.until(PublishStatus::InSync { generation: 3 }).await;
 
     let writes: Vec<Recorded> = run
@@ -385,6 +456,45 @@ async fn a_shrinking_pool_applies_then_deletes_the_extra_slice() {
             .starts_with("uid-dgx-01-gpu.topodra.dev-2")
     );
     assert_eq!(mock.stored().len(), 2);
-    assert_eq!(run.counter.get(Verb::Delete, "resourceslices"), 1);
+    assert_eq!(counts(&run.requests())[&("delete", "resourceslices")], 1);
+    run.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_invalid_pool_is_not_written_and_says_why() {
+    let mock = mock();
+    let mut run = start(
+        &mock,
+        config(),
+        DesiredPool::Invalid("bad attribute".to_owned()),
+    );
+    let failing = run
+        .status
+        .wait_for(|s| matches!(s, PublishStatus::Failing { .. }))
+        .await
+        .unwrap()
+        .clone();
+    assert!(
+        matches!(&failing, PublishStatus::Failing { error, .. } if error.contains("bad attribute")),
+        "{failing:?}"
+    );
+    // A slice of another node is refused too: the watch would never show it.
+    let mut other = pool_slices("other-node", 1, None, &BTreeMap::new());
+    other[0].metadata.name = Some("other".to_owned());
+    run.desired.send_replace(DesiredPool::new(other));
+    let failing = run
+        .status
+        .wait_for(
+            |s| matches!(s, PublishStatus::Failing { error, .. } if error.contains("other-node")),
+        )
+        .await
+        .unwrap()
+        .clone();
+    assert!(matches!(failing, PublishStatus::Failing { .. }));
+    assert!(run.applies().is_empty());
+    // A valid pool is published as soon as it comes.
+    run.desired.send_replace(desired(2, None));
+    run.until(PublishStatus::InSync { generation: 1 }).await;
+    assert_eq!(run.applies().len(), 1);
     run.stop().await;
 }

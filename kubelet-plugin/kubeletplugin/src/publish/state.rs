@@ -1,16 +1,19 @@
 //! What the watch shows of our slices, what we last wrote, and what to write next.
 //!
 //! Pure state, no I/O: the publisher feeds it watch events and write results, and asks
-//! it for a [`Decision`].
+//! it for a [`Decision`]. The observed side is a `kube::runtime::reflector` store: the
+//! watch's events go through its writer, which also swaps in a relist's result only
+//! once the relist is complete.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
 use kube::runtime::watcher;
 use serde_json::Value;
 use tokio::time::Instant;
-use topodra_driver::slice::SliceError;
 
 use super::compare::{covers, project, shape};
 
@@ -54,10 +57,12 @@ struct Written {
 pub(crate) struct PoolState {
     driver: String,
     node: String,
-    /// Our slices by name, as the watch shows them.
-    slices: BTreeMap<String, ResourceSlice>,
-    /// A (re)list in progress: the initial events gathered so far.
-    relist: Option<BTreeMap<String, ResourceSlice>>,
+    /// The watch's events go in here...
+    writer: Writer<ResourceSlice>,
+    /// ...and the slices, as the watch shows them, come out here: ours and, until
+    /// filtered out on reading, any that the field selector let through.
+    observed: Store<ResourceSlice>,
+    /// The initial events are complete and no relist is running.
     synced: bool,
     written: BTreeMap<String, Written>,
     /// The highest generation we wrote, so a generation is never reused for other
@@ -67,11 +72,12 @@ pub(crate) struct PoolState {
 
 impl PoolState {
     pub(crate) fn new(driver: impl Into<String>, node: impl Into<String>) -> Self {
+        let writer = Writer::default();
         Self {
             driver: driver.into(),
             node: node.into(),
-            slices: BTreeMap::new(),
-            relist: None,
+            observed: writer.as_reader(),
+            writer,
             synced: false,
             written: BTreeMap::new(),
             last_generation: None,
@@ -81,29 +87,19 @@ impl PoolState {
     /// True once the watch's initial events are complete and no relist is running:
     /// before that, the current generation is unknown and nothing may be written.
     pub(crate) fn is_synced(&self) -> bool {
-        self.synced && self.relist.is_none()
+        self.synced
     }
 
     /// Takes a watch event; true when what we observe may have changed.
-    pub(crate) fn on_event(&mut self, event: watcher::Event<ResourceSlice>) -> bool {
-        match event {
+    pub(crate) fn on_event(&mut self, event: &watcher::Event<ResourceSlice>) -> bool {
+        let changed = match event {
             watcher::Event::Init => {
-                self.relist = Some(BTreeMap::new());
+                // The store keeps the last complete view until the relist is done.
+                self.synced = false;
                 false
             }
-            watcher::Event::InitApply(s) => {
-                let ours = self.is_ours(&s);
-                if let (Some(relist), true) = (self.relist.as_mut(), ours)
-                    && let Some(name) = s.metadata.name.clone()
-                {
-                    relist.insert(name, s);
-                }
-                false
-            }
+            watcher::Event::InitApply(_) => false,
             watcher::Event::InitDone => {
-                if let Some(relist) = self.relist.take() {
-                    self.slices = relist;
-                }
                 self.synced = true;
                 // A full list is at least as new as any write we made before it.
                 for w in self.written.values_mut() {
@@ -112,27 +108,28 @@ impl PoolState {
                 true
             }
             watcher::Event::Apply(s) => {
-                let Some(name) = s.metadata.name.clone() else {
-                    return false;
-                };
-                if !self.is_ours(&s) {
-                    return self.slices.remove(&name).is_some();
-                }
-                if let Some(w) = self.written.get_mut(&name)
-                    && w.response.metadata.resource_version == s.metadata.resource_version
-                {
-                    w.echo_pending = false;
-                }
-                self.slices.insert(name, s);
-                true
-            }
-            watcher::Event::Delete(s) => {
                 let Some(name) = s.metadata.name.as_deref() else {
                     return false;
                 };
-                self.slices.remove(name).is_some()
+                if !self.is_ours(s) {
+                    self.observed_ours(name).is_some()
+                } else {
+                    if let Some(w) = self.written.get_mut(name)
+                        && w.response.metadata.resource_version == s.metadata.resource_version
+                    {
+                        w.echo_pending = false;
+                    }
+                    true
+                }
             }
-        }
+            watcher::Event::Delete(s) => s
+                .metadata
+                .name
+                .as_deref()
+                .is_some_and(|name| self.observed_ours(name).is_some()),
+        };
+        self.writer.apply_watcher_event(event);
+        changed
     }
 
     /// Records a successful apply.
@@ -146,8 +143,10 @@ impl PoolState {
             return;
         };
         // An apply that changed nothing keeps the resourceVersion and sends no event.
-        let echo_pending = self.slices.get(&name).map(|s| &s.metadata.resource_version)
-            != Some(&response.metadata.resource_version);
+        let echo_pending = self
+            .observed_ours(&name)
+            .map(|s| s.metadata.resource_version.clone())
+            != Some(response.metadata.resource_version.clone());
         self.last_generation = self.last_generation.max(Some(desired.spec.pool.generation));
         self.written.insert(
             name,
@@ -161,61 +160,80 @@ impl PoolState {
     }
 
     /// Records a successful delete (or one that found the slice already gone).
-    pub(crate) fn deleted(&mut self, name: &str) {
-        self.slices.remove(name);
-        self.written.remove(name);
+    pub(crate) fn deleted(&mut self, slice: &ResourceSlice) {
+        self.writer
+            .apply_watcher_event(&watcher::Event::Delete(slice.clone()));
+        if let Some(name) = slice.metadata.name.as_deref() {
+            self.written.remove(name);
+        }
     }
 
-    /// Compares the desired pool, as built for a given generation by `build`, with
-    /// what is observed.
+    /// Compares the desired pool (its slices at any generation) with what is
+    /// observed.
     ///
     /// The pool keeps its generation while nothing differs; any difference (content,
     /// a slice missing, one too many) moves every slice to one generation above both
     /// the highest observed and the highest we ever wrote.
-    pub(crate) fn decide(
-        &self,
-        build: impl Fn(i64) -> Result<Vec<ResourceSlice>, SliceError>,
-        now: Instant,
-    ) -> Result<Decision, SliceError> {
-        let effective = self.effective(now);
+    pub(crate) fn decide(&self, desired: &[ResourceSlice], now: Instant) -> Decision {
+        let observed = self.observed_by_name();
+        let effective = self.effective(&observed, now);
         let observed_max = effective.values().map(|s| s.spec.pool.generation).max();
         let high = observed_max.max(self.last_generation);
+        let names: BTreeSet<&str> = desired
+            .iter()
+            .filter_map(|s| s.metadata.name.as_deref())
+            .collect();
 
         if let Some(generation) = high {
-            let desired = build(generation)?;
-            let names: BTreeSet<&str> = desired
-                .iter()
-                .filter_map(|s| s.metadata.name.as_deref())
-                .collect();
             let same_names = names.len() == effective.len()
                 && effective.keys().all(|n| names.contains(n.as_str()));
-            if same_names && desired.iter().all(|d| self.matches(d, &effective)) {
-                return Ok(Decision::InSync { generation });
+            if same_names
+                && at_generation(desired, generation)
+                    .iter()
+                    .all(|d| self.matches(d, &effective))
+            {
+                return Decision::InSync { generation };
             }
         }
 
         let generation = high.map_or(1, |g| g.saturating_add(1));
-        let apply = build(generation)?;
-        let names: BTreeSet<&str> = apply
-            .iter()
-            .filter_map(|s| s.metadata.name.as_deref())
-            .collect();
         let delete = effective
             .iter()
             .filter(|(n, _)| !names.contains(n.as_str()))
             .map(|(_, s)| (*s).clone())
             .collect();
-        Ok(Decision::Write(Plan {
+        Decision::Write(Plan {
             generation,
-            apply,
+            apply: at_generation(desired, generation),
             delete,
-        }))
+        })
+    }
+
+    /// Our slices in the store, by name.
+    fn observed_by_name(&self) -> BTreeMap<String, Arc<ResourceSlice>> {
+        self.observed
+            .state_filter(|s| self.is_ours(s))
+            .into_iter()
+            .filter_map(|s| Some((s.metadata.name.clone()?, s)))
+            .collect()
+    }
+
+    /// The slice of that name in the store, if it is ours.
+    fn observed_ours(&self, name: &str) -> Option<Arc<ResourceSlice>> {
+        self.observed
+            .get(&ObjectRef::new(name))
+            .filter(|s| self.is_ours(s))
     }
 
     /// Our slices as best known: the watch's view, except where a write of ours is
     /// newer than what the watch has shown so far.
-    fn effective(&self, now: Instant) -> BTreeMap<&String, &ResourceSlice> {
-        let mut out: BTreeMap<&String, &ResourceSlice> = self.slices.iter().collect();
+    fn effective<'a>(
+        &'a self,
+        observed: &'a BTreeMap<String, Arc<ResourceSlice>>,
+        now: Instant,
+    ) -> BTreeMap<&'a String, &'a ResourceSlice> {
+        let mut out: BTreeMap<&String, &ResourceSlice> =
+            observed.iter().map(|(n, s)| (n, &**s)).collect();
         for (name, w) in &self.written {
             if w.echo_pending && now.duration_since(w.at) < ECHO_GRACE {
                 out.insert(name, &w.response);
@@ -253,29 +271,31 @@ impl PoolState {
     }
 }
 
+/// The slices with the pool generation set.
+fn at_generation(slices: &[ResourceSlice], generation: i64) -> Vec<ResourceSlice> {
+    slices
+        .iter()
+        .map(|s| {
+            let mut s = s.clone();
+            s.spec.pool.generation = generation;
+            s
+        })
+        .collect()
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use topodra_driver::Inventory;
-    use topodra_driver::slice::{SliceOptions, build_slices};
+    use crate::publish::tests::pool_slices;
 
-    fn builder(devices: usize) -> impl Fn(i64) -> Result<Vec<ResourceSlice>, SliceError> {
-        move |generation| {
-            let mut inv = Inventory::default();
-            for i in 0..devices {
-                let mut g =
-                    topodra_driver::Gpu::at(format!("0000:{:02x}:00.0", i + 1).parse().unwrap());
-                g.minor = Some(i as u32);
-                inv.gpus.push(g);
-            }
-            let opts = SliceOptions {
-                pool_generation: generation,
-                max_devices_per_slice: Some(2),
-                ..SliceOptions::new("n")
-            };
-            build_slices(&inv, &opts)
-        }
+    /// The pool of `devices` devices on node `n`, two per slice.
+    fn pool(devices: u32) -> Vec<ResourceSlice> {
+        pool_slices("n", devices, Some(2), &BTreeMap::new())
+    }
+
+    fn at(devices: u32, generation: i64) -> Vec<ResourceSlice> {
+        at_generation(&pool(devices), generation)
     }
 
     fn stored(mut s: ResourceSlice, rv: u32) -> ResourceSlice {
@@ -286,12 +306,12 @@ mod tests {
 
     fn synced_with(slices: Vec<ResourceSlice>) -> PoolState {
         let mut st = PoolState::new("gpu.topodra.dev", "n");
-        st.on_event(watcher::Event::Init);
+        st.on_event(&watcher::Event::Init);
         for (i, s) in slices.into_iter().enumerate() {
-            st.on_event(watcher::Event::InitApply(stored(s, i as u32 + 1)));
+            st.on_event(&watcher::Event::InitApply(stored(s, i as u32 + 1)));
         }
         assert!(!st.is_synced());
-        assert!(st.on_event(watcher::Event::InitDone));
+        assert!(st.on_event(&watcher::Event::InitDone));
         assert!(st.is_synced());
         st
     }
@@ -299,7 +319,7 @@ mod tests {
     #[test]
     fn nothing_observed_starts_at_generation_one() {
         let st = synced_with(vec![]);
-        let Decision::Write(plan) = st.decide(builder(3), Instant::now()).unwrap() else {
+        let Decision::Write(plan) = st.decide(&pool(3), Instant::now()) else {
             panic!("expected a write");
         };
         assert_eq!(plan.generation, 1);
@@ -309,17 +329,17 @@ mod tests {
 
     #[test]
     fn an_identical_pool_keeps_its_generation() {
-        let st = synced_with(builder(3)(7).unwrap());
+        let st = synced_with(at(3, 7));
         assert_eq!(
-            st.decide(builder(3), Instant::now()).unwrap(),
+            st.decide(&pool(3), Instant::now()),
             Decision::InSync { generation: 7 }
         );
     }
 
     #[test]
     fn a_shrunk_pool_bumps_and_deletes_the_extra_slice() {
-        let st = synced_with(builder(5)(7).unwrap());
-        let Decision::Write(plan) = st.decide(builder(3), Instant::now()).unwrap() else {
+        let st = synced_with(at(5, 7));
+        let Decision::Write(plan) = st.decide(&pool(3), Instant::now()) else {
             panic!("expected a write");
         };
         assert_eq!(plan.generation, 8);
@@ -336,22 +356,19 @@ mod tests {
     #[test]
     fn generations_never_go_back_after_a_wipe() {
         let now = Instant::now();
-        let mut st = synced_with(builder(1)(4).unwrap());
-        let Decision::Write(plan) = st.decide(builder(2), now).unwrap() else {
+        let mut st = synced_with(at(1, 4));
+        let Decision::Write(plan) = st.decide(&pool(2), now) else {
             panic!("expected a write");
         };
         assert_eq!(plan.generation, 5);
         let response = stored(plan.apply[0].clone(), 10);
         st.applied(&plan.apply[0], response.clone(), now);
         // Before the echo arrives, the response stands in for it.
-        assert_eq!(
-            st.decide(builder(2), now).unwrap(),
-            Decision::InSync { generation: 5 }
-        );
-        st.on_event(watcher::Event::Apply(response.clone()));
+        assert_eq!(st.decide(&pool(2), now), Decision::InSync { generation: 5 });
+        st.on_event(&watcher::Event::Apply(response.clone()));
         // The kubelet wipes the pool: it comes back one generation higher.
-        st.on_event(watcher::Event::Delete(response));
-        let Decision::Write(plan) = st.decide(builder(2), now).unwrap() else {
+        st.on_event(&watcher::Event::Delete(response));
+        let Decision::Write(plan) = st.decide(&pool(2), now) else {
             panic!("expected a write");
         };
         assert_eq!(plan.generation, 6);
@@ -360,58 +377,46 @@ mod tests {
     #[test]
     fn stale_events_do_not_override_a_pending_write() {
         let now = Instant::now();
-        let old = builder(1)(1).unwrap();
+        let old = at(1, 1);
         let mut st = synced_with(old.clone());
-        let Decision::Write(plan) = st.decide(builder(2), now).unwrap() else {
+        let Decision::Write(plan) = st.decide(&pool(2), now) else {
             panic!("expected a write");
         };
         st.applied(&plan.apply[0], stored(plan.apply[0].clone(), 20), now);
         // An event from before our write arrives late.
-        st.on_event(watcher::Event::Apply(stored(old[0].clone(), 15)));
-        assert_eq!(
-            st.decide(builder(2), now).unwrap(),
-            Decision::InSync { generation: 2 }
-        );
+        st.on_event(&watcher::Event::Apply(stored(old[0].clone(), 15)));
+        assert_eq!(st.decide(&pool(2), now), Decision::InSync { generation: 2 });
         // Without the echo, the watch is believed again after the grace period.
         let later = now + ECHO_GRACE;
-        assert!(matches!(
-            st.decide(builder(2), later).unwrap(),
-            Decision::Write(_)
-        ));
+        assert!(matches!(st.decide(&pool(2), later), Decision::Write(_)));
     }
 
     #[test]
     fn a_server_normalization_does_not_cause_a_write_loop() {
         let now = Instant::now();
         let mut st = synced_with(vec![]);
-        let Decision::Write(plan) = st.decide(builder(1), now).unwrap() else {
+        let Decision::Write(plan) = st.decide(&pool(1), now) else {
             panic!("expected a write");
         };
         let mut response = stored(plan.apply[0].clone(), 3);
         response.spec.pool.name = "normalized".to_owned();
         st.applied(&plan.apply[0], response.clone(), now);
-        st.on_event(watcher::Event::Apply(response.clone()));
-        assert_eq!(
-            st.decide(builder(1), now).unwrap(),
-            Decision::InSync { generation: 1 }
-        );
+        st.on_event(&watcher::Event::Apply(response.clone()));
+        assert_eq!(st.decide(&pool(1), now), Decision::InSync { generation: 1 });
         // Someone else changing it afterwards is a difference again.
         response.spec.pool.name = "edited".to_owned();
         response.metadata.resource_version = Some("4".to_owned());
-        st.on_event(watcher::Event::Apply(response));
-        assert!(matches!(
-            st.decide(builder(1), now).unwrap(),
-            Decision::Write(_)
-        ));
+        st.on_event(&watcher::Event::Apply(response));
+        assert!(matches!(st.decide(&pool(1), now), Decision::Write(_)));
     }
 
     #[test]
     fn other_drivers_and_nodes_are_not_ours() {
-        let mut foreign = builder(1)(9).unwrap().remove(0);
+        let mut foreign = at(1, 9).remove(0);
         foreign.spec.driver = "other.example.com".to_owned();
         foreign.metadata.name = Some("foreign".to_owned());
         let st = synced_with(vec![foreign]);
-        let Decision::Write(plan) = st.decide(builder(1), Instant::now()).unwrap() else {
+        let Decision::Write(plan) = st.decide(&pool(1), Instant::now()) else {
             panic!("expected a write");
         };
         assert_eq!(plan.generation, 1);

@@ -2,16 +2,17 @@
 
 use std::future::Future;
 use std::pin::pin;
+use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 use tokio::time::Instant;
-use topodra_driver::slice::{SliceError, SliceOptions, build_slices};
 use tracing::{debug, info, warn};
 
 use super::state::{Decision, PoolState};
@@ -19,7 +20,7 @@ use super::timing::{Backoff, Debounce};
 use super::{DesiredPool, PublishStatus, PublisherConfig};
 
 /// Keeps this node's ResourceSlices equal to the desired pool.
-pub(crate) struct Publisher {
+pub struct Publisher {
     client: Client,
     config: PublisherConfig,
     desired: watch::Receiver<DesiredPool>,
@@ -40,7 +41,7 @@ impl std::fmt::Debug for Publisher {
 enum ReconcileError {
     /// Deterministic: retrying the same pool cannot help, a new one may.
     #[error("the desired pool is invalid: {0}")]
-    Build(#[from] SliceError),
+    Invalid(String),
     #[error("{op} ResourceSlice {name}: {source}")]
     Api {
         op: &'static str,
@@ -50,7 +51,9 @@ enum ReconcileError {
 }
 
 impl Publisher {
-    pub(crate) fn new(
+    /// A publisher that writes through `client` (with whatever layers the caller
+    /// added, such as request counting) the pools it receives on `desired`.
+    pub fn new(
         client: Client,
         config: PublisherConfig,
         desired: watch::Receiver<DesiredPool>,
@@ -65,14 +68,14 @@ impl Publisher {
     }
 
     /// Follows the outcome of every reconcile.
-    pub(crate) fn status(&self) -> watch::Receiver<PublishStatus> {
+    pub fn status(&self) -> watch::Receiver<PublishStatus> {
         self.status.subscribe()
     }
 
     /// Publishes until `shutdown` completes. Never fails: API errors are retried with
     /// backoff and reported through [`Self::status`], because the plugin must keep
     /// serving the claims it prepared whatever the API server does.
-    pub(crate) async fn run(mut self, shutdown: impl Future<Output = ()>) {
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
         let mut shutdown = pin!(shutdown);
         let node_uid = tokio::select! {
             uid = self.node_uid() => uid,
@@ -108,7 +111,7 @@ impl Publisher {
                 () = &mut shutdown => return,
                 event = events.next() => match event {
                     Some(Ok(event)) => {
-                        if state.on_event(event) {
+                        if state.on_event(&event) {
                             debounce.poke(Instant::now());
                         }
                     }
@@ -138,7 +141,7 @@ impl Publisher {
                         }
                         Err(e) => {
                             let failures = backoff.attempts() + 1;
-                            if matches!(e, ReconcileError::Build(_)) {
+                            if matches!(e, ReconcileError::Invalid(_)) {
                                 warn!(error = %e, "not publishing: waiting for a valid pool");
                             } else {
                                 let delay = backoff.next_delay();
@@ -192,22 +195,14 @@ async fn reconcile(
     desired: &DesiredPool,
     state: &mut PoolState,
 ) -> Result<i64, ReconcileError> {
-    let build = |generation| {
-        // Validated against the API server's rules (`validate_pool`) as it is built.
-        build_slices(
-            &desired.inventory,
-            &SliceOptions {
-                driver_name: config.driver_name.clone(),
-                node_name: config.node_name.clone(),
-                numa_node_format: config.numa_node_format,
-                pool_generation: generation,
-                node_uid: Some(node_uid.to_owned()),
-                max_devices_per_slice: config.max_devices_per_slice,
-                device_taints: desired.device_taints.clone(),
-            },
-        )
+    let desired = match desired {
+        DesiredPool::Slices(slices) => {
+            check_ours(slices, config).map_err(ReconcileError::Invalid)?;
+            owned_by_node(slices, &config.node_name, node_uid)
+        }
+        DesiredPool::Invalid(reason) => return Err(ReconcileError::Invalid(reason.clone())),
     };
-    let plan = match state.decide(build, Instant::now())? {
+    let plan = match state.decide(&desired, Instant::now()) {
         Decision::InSync { generation } => {
             debug!(generation, "ResourceSlices are up to date");
             return Ok(generation);
@@ -239,8 +234,8 @@ async fn reconcile(
             ..DeleteParams::default()
         };
         match api.delete(&name, &params).await {
-            Ok(_) => state.deleted(&name),
-            Err(kube::Error::Api(status)) if status.is_not_found() => state.deleted(&name),
+            Ok(_) => state.deleted(slice),
+            Err(kube::Error::Api(status)) if status.is_not_found() => state.deleted(slice),
             Err(source) => {
                 return Err(ReconcileError::Api {
                     op: "deleting",
@@ -257,4 +252,50 @@ async fn reconcile(
         "published ResourceSlices"
     );
     Ok(plan.generation)
+}
+
+/// Every slice must be named, and of our driver and node: the watch sees no others,
+/// so publishing one would be a write loop.
+fn check_ours(slices: &[ResourceSlice], config: &PublisherConfig) -> Result<(), String> {
+    for s in slices {
+        let Some(name) = s.metadata.name.as_deref() else {
+            return Err("a ResourceSlice has no name".to_owned());
+        };
+        if s.spec.driver != config.driver_name
+            || s.spec.node_name.as_deref() != Some(config.node_name.as_str())
+        {
+            return Err(format!(
+                "ResourceSlice {name} is for driver {:?} on node {:?}, not {:?} on {:?}",
+                s.spec.driver, s.spec.node_name, config.driver_name, config.node_name
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The slices, owned by the Node: garbage-collected with it.
+pub(super) fn owned_by_node(
+    slices: &Arc<[ResourceSlice]>,
+    node: &str,
+    uid: &str,
+) -> Vec<ResourceSlice> {
+    let owner = OwnerReference {
+        api_version: "v1".to_owned(),
+        kind: "Node".to_owned(),
+        name: node.to_owned(),
+        uid: uid.to_owned(),
+        // The Node's lifetime bounds the slices'. blockOwnerDeletion stays unset: it
+        // would need RBAC on nodes/finalizers for no benefit, since nothing waits on a
+        // Node's foreground deletion.
+        controller: Some(true),
+        block_owner_deletion: None,
+    };
+    slices
+        .iter()
+        .map(|s| {
+            let mut s = s.clone();
+            s.metadata.owner_references = Some(vec![owner.clone()]);
+            s
+        })
+        .collect()
 }
