@@ -5,17 +5,16 @@
 //! health, metrics.
 
 mod discover_cmd;
-mod grpc;
 mod health;
 mod lifecycle;
 mod liveness;
 mod metrics;
+mod node_driver;
 mod ownership;
 mod publish;
 mod reconcile;
 mod serve_cmd;
 mod table;
-mod uds;
 mod yaml;
 
 use anyhow::Result;

@@ -5,11 +5,14 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use dra_kubeletplugin::PluginBuilder;
+use dra_kubeletplugin::claims::{ApiClaims, ReadPolicy};
+use dra_kubeletplugin::dra::ClaimConcurrency;
+use dra_kubeletplugin::uds::PluginSockets;
 use k8s_openapi::api::core::v1::ObjectReference;
 use tokio::sync::watch;
 use topodra_driver::cdi::{CdiConfig, DriverFiles};
@@ -17,13 +20,7 @@ use topodra_driver::checkpoint::read_boot_id;
 use topodra_driver::discovery::{self, DiscoveryConfig, NvmlPolicy, TopologyInput};
 use topodra_driver::prepare::{CrashPoint, Preparer, PreparerConfig, StartupReport};
 use topodra_driver::slice::{self, NumaNodeFormat};
-use topodra_proto::dra::{v1, v1beta1};
-use topodra_proto::pluginregistration::v1::registration_server::RegistrationServer;
 
-use crate::grpc::claims::{ApiClaims, ReadPolicy};
-use crate::grpc::dra::{ClaimConcurrency, DraService, DraServiceV1beta1};
-use crate::grpc::registration::RegistrationService;
-use crate::health::grpc::HealthService;
 use crate::health::model::HealthState;
 use crate::health::monitor::{HealthMonitor, MonitorConfig};
 use crate::health::nvml::NvmlOpener;
@@ -31,10 +28,10 @@ use crate::health::policy::HealthPolicy;
 use crate::health::taints::{TaintEffect, device_taints};
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
+use crate::node_driver::NodeDriver;
 use crate::ownership;
 use crate::publish::{DesiredPool, Publisher, PublisherConfig};
 use crate::reconcile::{self, ReconcileConfig};
-use crate::uds;
 use topodra_ops::http::{Endpoints, HttpLimits};
 use topodra_ops::requests::RequestCounter;
 
@@ -260,28 +257,14 @@ pub(crate) struct ServeArgs {
     test_crash_at: Option<String>,
 }
 
-struct Sockets {
-    registration: PathBuf,
-    dra: PathBuf,
-}
-
 impl ServeArgs {
-    fn sockets(&self) -> Sockets {
-        let plugin_dir = self.kubelet_plugins_dir.join(&self.driver_name);
-        match &self.pod_uid {
-            Some(uid) => Sockets {
-                registration: self
-                    .kubelet_registry_dir
-                    .join(format!("{}-{uid}-reg.sock", self.driver_name)),
-                dra: plugin_dir.join(format!("dra-{uid}.sock")),
-            },
-            None => Sockets {
-                registration: self
-                    .kubelet_registry_dir
-                    .join(format!("{}-reg.sock", self.driver_name)),
-                dra: plugin_dir.join("dra.sock"),
-            },
-        }
+    fn sockets(&self) -> PluginSockets {
+        PluginSockets::new(
+            &self.kubelet_registry_dir,
+            &self.kubelet_plugins_dir,
+            &self.driver_name,
+            self.pod_uid.as_deref(),
+        )
     }
 
     fn http_addr(&self) -> SocketAddr {
@@ -569,18 +552,19 @@ async fn serve(
             mig_events(client, &node, &inventory).await;
         });
     }
-    metrics.set_prepared_devices(preparer.prepared_devices());
+    metrics
+        .claims()
+        .set_prepared_devices(preparer.prepared_devices());
 
-    // Two stop signals: registration stops first, everything else after it.
+    // What stops after registration: the DRA socket's helpers (the plugin stops its
+    // own servers).
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let (unregister_tx, unregister_rx) = watch::channel(false);
-    let stopped = |rx: &watch::Receiver<bool>| {
-        let mut rx = rx.clone();
+    let shutdown = || {
+        let mut rx = shutdown_rx.clone();
         async move {
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    let shutdown = || stopped(&shutdown_rx);
 
     let mut policy = HealthPolicy::default();
     policy
@@ -612,7 +596,9 @@ async fn serve(
 
     // The DRA socket first: the kubelet may call it as soon as registration succeeds.
     let sockets = args.sockets();
-    remove_leftover_sockets(args, &sockets).await;
+    for path in sockets.remove_leftovers(&args.driver_name).await {
+        tracing::info!(socket = %path.display(), "removed a socket a killed instance left");
+    }
     let api_claims = Arc::new(ApiClaims::new(
         client.clone(),
         ReadPolicy {
@@ -651,47 +637,20 @@ async fn serve(
             shutdown(),
         ))
     };
-    let dra = DraService::new(
-        preparer.clone(),
+    let driver = Arc::new(NodeDriver::new(preparer, health_rx));
+    let mut plugin = PluginBuilder::new(
+        &args.driver_name,
+        &args.node_name,
+        sockets,
+        driver,
         api_claims,
-        metrics.clone(),
-        ClaimConcurrency::new(
-            args.max_concurrent_claims_per_call as usize,
-            args.max_concurrent_claims as usize,
-        ),
-    );
-    drop(preparer);
-    let (mut dra_guard, dra_incoming) =
-        uds::serve_uds(&sockets.dra).context("binding the DRA socket")?;
-    let dra_server = tokio::spawn(
-        grpc_server()
-            .add_service(v1::dra_plugin_server::DraPluginServer::new(dra.clone()))
-            .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(
-                DraServiceV1beta1(dra),
-            ))
-            .add_service(HealthService::new(&args.node_name, health_rx.clone()).v1_server())
-            .add_service(HealthService::new(&args.node_name, health_rx.clone()).v1alpha1_server())
-            .serve_with_incoming_shutdown(dra_incoming, shutdown()),
-    );
-
-    let registered = Arc::new(AtomicBool::new(false));
-    let registration = RegistrationService {
-        driver_name: args.driver_name.clone(),
-        endpoint: sockets.dra.display().to_string(),
-        supported_versions: topodra_proto::DRA_SUPPORTED_SERVICES
-            .iter()
-            .map(|s| (*s).to_owned())
-            .collect(),
-        registered: registered.clone(),
-    };
-    let (mut reg_guard, reg_incoming) =
-        uds::serve_uds(&sockets.registration).context("binding the registration socket")?;
-    let reg_server = tokio::spawn(
-        grpc_server()
-            .add_service(RegistrationServer::new(registration))
-            .serve_with_incoming_shutdown(reg_incoming, stopped(&unregister_rx)),
-    );
-    tracing::info!(registration = %sockets.registration.display(), dra = %sockets.dra.display(), "serving the kubelet");
+    )
+    .metrics(metrics.claims().clone())
+    .concurrency(ClaimConcurrency::new(
+        args.max_concurrent_claims_per_call as usize,
+        args.max_concurrent_claims as usize,
+    ))
+    .start()?;
 
     let mut publisher_config = PublisherConfig::new(&args.driver_name, &args.node_name);
     publisher_config.numa_node_format = args.numa_node_format;
@@ -699,9 +658,9 @@ async fn serve(
     let publish_status = publisher.status();
     let publisher_task = tokio::spawn(publisher.run(shutdown()));
     lifecycle.serving(
-        sockets.registration.clone(),
-        sockets.dra.clone(),
-        registered,
+        plugin.sockets().registration.clone(),
+        plugin.sockets().dra.clone(),
+        plugin.registered(),
         publish_status,
     );
 
@@ -714,51 +673,14 @@ async fn serve(
     };
     // Unregister first: with the registration socket gone the kubelet stops sending
     // new claims here, while prepares in flight finish on the DRA socket.
-    let _ = unregister_tx.send(true);
-    if let Err(e) = reg_guard.remove() {
-        tracing::warn!(socket = %reg_guard.path().display(), error = %e, "removing the registration socket");
-    }
-    let _ = tokio::time::timeout(Duration::from_secs(10), reg_server).await;
+    plugin.unregister().await;
     let _ = shutdown_tx.send(true);
-    let _ = tokio::time::timeout(Duration::from_secs(20), dra_server).await;
-    if let Err(e) = dra_guard.remove() {
-        tracing::warn!(socket = %dra_guard.path().display(), error = %e, "removing the DRA socket");
-    }
+    plugin.stop().await;
     let _ = tokio::time::timeout(Duration::from_secs(5), publisher_task).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), health_task).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), reconcile_task).await;
     taints_task.abort();
     Ok(stop)
-}
-
-/// Removes the registration and DRA sockets that killed instances of this driver
-/// left (pod-UID names pile up otherwise, one per killed pod). Only the owner of the
-/// node state calls this, so no other instance serves on them.
-async fn remove_leftover_sockets(args: &ServeArgs, ours: &Sockets) {
-    let driver = args.driver_name.clone();
-    let registration = move |n: &str| {
-        n == format!("{driver}-reg.sock")
-            || (n.starts_with(&format!("{driver}-")) && n.ends_with("-reg.sock"))
-    };
-    let dra = |n: &str| n == "dra.sock" || (n.starts_with("dra-") && n.ends_with(".sock"));
-    let mut removed =
-        uds::remove_leftover_sockets(&args.kubelet_registry_dir, registration, &ours.registration)
-            .await;
-    if let Some(dir) = ours.dra.parent() {
-        removed.extend(uds::remove_leftover_sockets(dir, dra, &ours.dra).await);
-    }
-    for path in removed {
-        tracing::info!(socket = %path.display(), "removed a socket a killed instance left");
-    }
-}
-
-/// A gRPC server with the header-list and frame-size limits the `:authority` shim
-/// in front of it enforces, set here rather than left to defaults so the two cannot
-/// drift apart.
-fn grpc_server() -> tonic::transport::Server {
-    tonic::transport::Server::builder()
-        .http2_max_header_list_size(uds::MAX_HEADER_LIST as u32)
-        .max_frame_size(uds::MAX_FRAME_SIZE as u32)
 }
 
 #[cfg(test)]

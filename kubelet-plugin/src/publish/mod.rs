@@ -33,7 +33,6 @@ use topodra_driver::Inventory;
 use topodra_driver::slice::NumaNodeFormat;
 
 pub(crate) use publisher::Publisher;
-pub(crate) use timing::Backoff;
 #[cfg(test)]
 use topodra_ops::requests::RequestCounter;
 

@@ -21,7 +21,7 @@ const READ_CHUNK: usize = 16_384 + 9;
 /// task or copy per connection, backpressure is the socket's own, and peer
 /// credentials come from the real socket.
 #[derive(Debug)]
-pub(crate) struct ShimmedStream {
+pub struct ShimmedStream {
     inner: UnixStream,
     rewriter: AuthorityRewriter,
     chunk: Box<[u8]>,
