@@ -4,7 +4,9 @@
 //! process: the kubelet's DRA and registration services, ResourceSlice publishing,
 //! health, metrics.
 
+mod args;
 mod discover_cmd;
+mod events;
 mod health;
 mod lifecycle;
 mod liveness;
@@ -14,7 +16,9 @@ mod ownership;
 mod publish;
 mod reconcile;
 mod serve_cmd;
+mod shutdown;
 mod table;
+mod taint_loop;
 mod yaml;
 
 use anyhow::Result;
