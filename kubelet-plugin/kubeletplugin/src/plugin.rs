@@ -201,3 +201,6 @@ impl Plugin {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
