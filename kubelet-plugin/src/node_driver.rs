@@ -108,3 +108,46 @@ fn forward_health(mut rx: watch::Receiver<HealthState>) -> watch::Receiver<NodeH
     });
     out
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use super::*;
+    use crate::health::model::{Cause, DeviceHealth as MonitorHealth};
+
+    #[tokio::test]
+    async fn the_monitors_picture_reaches_the_plugin_until_the_monitor_stops() {
+        let since = SystemTime::UNIX_EPOCH + Duration::from_secs(7);
+        let healthy = MonitorHealth {
+            status: Status::Healthy,
+            since,
+            reason: String::new(),
+            cause: None,
+        };
+        let (tx, rx) = watch::channel(HealthState {
+            devices: [("gpu-0".to_owned(), healthy)].into(),
+        });
+        let mut out = forward_health(rx);
+        assert_eq!(
+            out.borrow_and_update().devices["gpu-0"].status,
+            HealthStatus::Healthy
+        );
+        tx.send_modify(|s| {
+            let d = s.devices.get_mut("gpu-0").unwrap();
+            d.status = Status::Unhealthy;
+            d.reason = "XID 79".to_owned();
+            d.cause = Some(Cause::Xid(79));
+        });
+        out.changed().await.unwrap();
+        let expected = DeviceHealth {
+            status: HealthStatus::Unhealthy,
+            since,
+            message: "XID 79".to_owned(),
+        };
+        assert_eq!(out.borrow_and_update().devices["gpu-0"], expected);
+        drop(tx);
+        assert!(out.changed().await.is_err());
+    }
+}

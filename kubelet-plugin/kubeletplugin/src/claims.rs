@@ -315,6 +315,21 @@ mod tests {
     }
 
     #[test]
+    fn a_read_that_kept_failing_says_how_often_and_why() {
+        let e = ClaimReadError::Transient {
+            namespace: "team-a".to_owned(),
+            name: "c".to_owned(),
+            attempts: 3,
+            deadline: Duration::from_secs(30),
+            last: TransientError::Timeout(Duration::from_secs(10)),
+        };
+        assert_eq!(
+            e.to_string(),
+            "reading claim team-a/c: gave up after 3 attempt(s) in 30s: no answer within 10s"
+        );
+    }
+
+    #[test]
     fn the_error_quotes_and_escapes_the_value() {
         let err = check_claim_ref("team-a", "x\n\u{1b}[31my").unwrap_err();
         assert!(err.contains(r#""x\n\u{1b}[31my""#), "{err}");
