@@ -330,4 +330,81 @@ mod tests {
             assert!(http_addr(&[flag]).is_err(), "{flag}");
         }
     }
+
+    /// The Helm chart and the e2e tests pass these; grouping the flags must not
+    /// rename one.
+    #[test]
+    fn flag_names_and_environment_variables_stay_as_they_were() {
+        use clap::CommandFactory;
+
+        let mut flags: Vec<(String, String)> = Cli::command()
+            .get_arguments()
+            .filter_map(|a| {
+                let env = a.get_env()?.to_str()?.to_owned();
+                Some((a.get_long()?.to_owned(), env))
+            })
+            .collect();
+        flags.sort();
+        let mut expected: Vec<(String, String)> = [
+            ("node-name", "NODE_NAME"),
+            ("driver-name", "TOPODRA_DRIVER_NAME"),
+            ("kubelet-registry-dir", "TOPODRA_KUBELET_REGISTRY_DIR"),
+            ("kubelet-plugins-dir", "TOPODRA_KUBELET_PLUGINS_DIR"),
+            ("state-dir", "TOPODRA_STATE_DIR"),
+            ("pod-uid", "POD_UID"),
+            ("cdi-dir", "TOPODRA_CDI_DIR"),
+            ("driver-root", "TOPODRA_DRIVER_ROOT"),
+            ("driver-root-local", "TOPODRA_DRIVER_ROOT_LOCAL"),
+            ("toolkit-cdi-spec", "TOPODRA_TOOLKIT_CDI_SPEC"),
+            ("dev-root", "TOPODRA_DEV_ROOT"),
+            ("proc-devices", "TOPODRA_PROC_DEVICES"),
+            ("nvidia-capabilities-dir", "TOPODRA_NVIDIA_CAPABILITIES_DIR"),
+            ("nvml-lib", "TOPODRA_NVML_LIB"),
+            ("hwloc-xml", "TOPODRA_HWLOC_XML"),
+            ("sysfs-root", "TOPODRA_SYSFS_ROOT"),
+            ("numa-node-format", "TOPODRA_NUMA_NODE_FORMAT"),
+            ("http-bind-address", "TOPODRA_HTTP_BIND_ADDRESS"),
+            ("http-port", "TOPODRA_HTTP_PORT"),
+            ("http-addr", "TOPODRA_HTTP_ADDR"),
+            (
+                "http-header-read-timeout-seconds",
+                "TOPODRA_HTTP_HEADER_READ_TIMEOUT_SECONDS",
+            ),
+            ("http-max-connections", "TOPODRA_HTTP_MAX_CONNECTIONS"),
+            (
+                "max-concurrent-claims-per-call",
+                "TOPODRA_MAX_CONCURRENT_CLAIMS_PER_CALL",
+            ),
+            (
+                "claim-read-timeout-seconds",
+                "TOPODRA_CLAIM_READ_TIMEOUT_SECONDS",
+            ),
+            (
+                "claim-read-deadline-seconds",
+                "TOPODRA_CLAIM_READ_DEADLINE_SECONDS",
+            ),
+            (
+                "stale-claim-check-interval-seconds",
+                "TOPODRA_STALE_CLAIM_CHECK_INTERVAL_SECONDS",
+            ),
+            (
+                "stale-claim-grace-seconds",
+                "TOPODRA_STALE_CLAIM_GRACE_SECONDS",
+            ),
+            ("max-concurrent-claims", "TOPODRA_MAX_CONCURRENT_CLAIMS"),
+            ("boot-id-file", "TOPODRA_BOOT_ID_FILE"),
+            ("ignored-xids", "TOPODRA_IGNORED_XIDS"),
+            (
+                "health-quiet-period-seconds",
+                "TOPODRA_HEALTH_QUIET_PERIOD_SECONDS",
+            ),
+            ("evict-unhealthy", "TOPODRA_EVICT_UNHEALTHY"),
+            ("test-crash-at", "TOPODRA_TEST_CRASH_AT"),
+        ]
+        .iter()
+        .map(|(f, e)| ((*f).to_owned(), (*e).to_owned()))
+        .collect();
+        expected.sort();
+        assert_eq!(flags, expected);
+    }
 }
