@@ -72,7 +72,8 @@ pub trait Driver: Send + Sync + 'static {
     }
 
     /// The devices' health, for the kubelet's health stream; `None` serves no
-    /// health service.
+    /// health service. Asked once, at start; the streams end when the sender of
+    /// the channel is dropped.
     fn health(&self) -> Option<watch::Receiver<NodeHealth>> {
         None
     }
