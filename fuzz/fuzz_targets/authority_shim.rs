@@ -1,20 +1,20 @@
 //! Whatever bytes a client sends on a plugin socket, in whatever pieces, the
-//! `:authority` shim (kubelet-plugin/src/uds/authority.rs) never panics, and what it
+//! `:authority` shim (kubelet-plugin/kubeletplugin/src/uds/authority.rs) never panics, and what it
 //! lets through is whole frames, header frames within the servers' frame size.
 //!
-//! The shim lives in the plugin binary, not a library; its two source files are
+//! The shim is private to the dra-kubeletplugin crate; its two source files are
 //! compiled into this target as they are.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
 // At the crate root, so `super::representation` in authority.rs resolves as in the
-// plugin's `uds` module.
+// crate's `uds` module.
 #[allow(dead_code, unreachable_pub, clippy::all)]
-#[path = "../../kubelet-plugin/src/uds/authority.rs"]
+#[path = "../../kubelet-plugin/kubeletplugin/src/uds/authority.rs"]
 mod authority;
 #[allow(dead_code, unreachable_pub, clippy::all)]
-#[path = "../../kubelet-plugin/src/uds/representation.rs"]
+#[path = "../../kubelet-plugin/kubeletplugin/src/uds/representation.rs"]
 mod representation;
 
 use authority::{AuthorityRewriter, MAX_FRAME_SIZE};

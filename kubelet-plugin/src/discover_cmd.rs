@@ -1,12 +1,13 @@
 //! `discover`: run discovery once and print the result.
 
 use std::io::Write;
-use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use topodra_driver::discovery::{self, DiscoveryConfig, NvmlPolicy, TopologyInput};
-use topodra_driver::slice::{self, NumaNodeFormat, SliceOptions};
+use topodra_driver::slice::{self, SliceOptions};
+
+use crate::args::DiscoveryFlags;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum Output {
@@ -22,13 +23,8 @@ pub(crate) enum Output {
 
 #[derive(Debug, Args)]
 pub(crate) struct DiscoverArgs {
-    /// Read topology from an hwloc XML export (`lstopo --of xml`) instead of this machine.
-    #[arg(long, env = "TOPODRA_HWLOC_XML", conflicts_with = "sysfs_only")]
-    hwloc_xml: Option<PathBuf>,
-
-    /// NVML library to load.
-    #[arg(long, env = "TOPODRA_NVML_LIB", default_value = discovery::nvml::DEFAULT_NVML_LIB)]
-    nvml_lib: PathBuf,
+    #[command(flatten)]
+    discovery: DiscoveryFlags,
 
     /// Do not use NVML: list the NVIDIA GPUs the topology shows, without identity.
     #[arg(long, env = "TOPODRA_NO_NVML")]
@@ -39,26 +35,12 @@ pub(crate) struct DiscoverArgs {
     require_nvml: bool,
 
     /// Read topology from sysfs only, skipping hwloc.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "hwloc_xml")]
     sysfs_only: bool,
-
-    /// Root of the sysfs tree, for the sysfs fallback.
-    #[arg(long, env = "TOPODRA_SYSFS_ROOT", default_value = "/sys")]
-    sysfs_root: PathBuf,
 
     /// Node name: the pool name and the slices' nodeName.
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
-
-    /// DRA driver name.
-    #[arg(long, env = "TOPODRA_DRIVER_NAME", default_value = slice::DEFAULT_DRIVER_NAME)]
-    driver_name: String,
-
-    /// How `resource.kubernetes.io/numaNode` is published: `int`, or `list` (KEP-6072:
-    /// own node first, then same-socket nodes at minimum distance; needs the
-    /// DRAListTypeAttributes feature gate).
-    #[arg(long, env = "TOPODRA_NUMA_NODE_FORMAT", default_value = "int")]
-    numa_node_format: NumaNodeFormat,
 
     /// What to print.
     #[arg(long, short, value_enum, default_value = "table")]
@@ -74,7 +56,7 @@ pub(crate) struct DiscoverArgs {
 impl DiscoverArgs {
     fn config(&self) -> DiscoveryConfig {
         DiscoveryConfig {
-            nvml_lib: Some(self.nvml_lib.clone()),
+            nvml_lib: Some(self.discovery.nvml_lib.clone()),
             nvml: if self.no_nvml {
                 NvmlPolicy::Disabled
             } else if self.require_nvml {
@@ -82,12 +64,12 @@ impl DiscoverArgs {
             } else {
                 NvmlPolicy::Optional
             },
-            topology: match (&self.hwloc_xml, self.sysfs_only) {
+            topology: match (&self.discovery.hwloc_xml, self.sysfs_only) {
                 (Some(path), _) => TopologyInput::HwlocXml(path.clone()),
-                (None, true) => TopologyInput::Sysfs(self.sysfs_root.clone()),
+                (None, true) => TopologyInput::Sysfs(self.discovery.sysfs_root.clone()),
                 (None, false) => TopologyInput::Live,
             },
-            sysfs_root: self.sysfs_root.clone(),
+            sysfs_root: self.discovery.sysfs_root.clone(),
         }
     }
 
@@ -105,8 +87,8 @@ pub(crate) fn run(args: &DiscoverArgs, out: &mut impl Write) -> Result<()> {
     // discover() logs each warning; the inventory output carries them too.
     let inventory = discovery::discover(&args.config()).context("discovery failed")?;
     let options = SliceOptions {
-        driver_name: args.driver_name.clone(),
-        numa_node_format: args.numa_node_format,
+        driver_name: args.discovery.driver_name.clone(),
+        numa_node_format: args.discovery.numa_node_format,
         ..SliceOptions::new(args.node_name()?)
     };
     match args.output {

@@ -4,18 +4,21 @@
 //! process: the kubelet's DRA and registration services, ResourceSlice publishing,
 //! health, metrics.
 
+mod args;
 mod discover_cmd;
-mod grpc;
+mod events;
 mod health;
 mod lifecycle;
 mod liveness;
 mod metrics;
+mod node_driver;
 mod ownership;
 mod publish;
 mod reconcile;
 mod serve_cmd;
+mod shutdown;
 mod table;
-mod uds;
+mod taint_loop;
 mod yaml;
 
 use anyhow::Result;

@@ -1,39 +1,19 @@
-//! Prometheus metrics of the plugin; `topodra_ops::http` serves them.
+//! Prometheus metrics of the plugin; `topodra_ops::http` serves them. The DRA
+//! services' own (`topodra_prepare_duration_seconds`, ...) come from
+//! [`ClaimMetrics`], registered here under the same prefix.
 
-use std::time::Duration;
+use std::sync::Arc;
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
+use dra_kubeletplugin::metrics::ClaimMetrics;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use topodra_ops::metrics::Registry;
 use topodra_ops::requests::RequestCounter;
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct OutcomeLabels {
-    outcome: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ErrorLabels {
-    operation: String,
-    kind: String,
-}
-
-fn latency_histogram() -> Histogram {
-    // 0.5 ms to ~16 s: a prepare is a GET plus two fsyncs, normally milliseconds.
-    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
-}
 
 /// The plugin's metrics; cheap to share.
 #[derive(Debug)]
 pub(crate) struct Metrics {
     registry: Registry,
-    prepare_seconds: Family<OutcomeLabels, Histogram>,
-    unprepare_seconds: Family<OutcomeLabels, Histogram>,
-    errors: Family<ErrorLabels, Counter>,
-    prepared_devices: Gauge,
+    claims: Arc<ClaimMetrics>,
     devices: Gauge,
 }
 
@@ -42,79 +22,19 @@ impl Metrics {
     pub(crate) fn new(requests: &RequestCounter) -> Self {
         let mut base = Registry::new("topodra", requests);
         let registry = base.registry_mut();
-        let prepare_seconds = Family::<OutcomeLabels, Histogram>::new_with_constructor(
-            latency_histogram as fn() -> Histogram,
-        );
-        let unprepare_seconds = Family::<OutcomeLabels, Histogram>::new_with_constructor(
-            latency_histogram as fn() -> Histogram,
-        );
-        let errors = Family::<ErrorLabels, Counter>::default();
-        let prepared_devices = Gauge::default();
+        let claims = Arc::new(ClaimMetrics::register(registry));
         let devices = Gauge::default();
-        registry.register(
-            "prepare_duration_seconds",
-            "NodePrepareResources latency per claim, including the claim GET",
-            prepare_seconds.clone(),
-        );
-        registry.register(
-            "unprepare_duration_seconds",
-            "NodeUnprepareResources latency per claim",
-            unprepare_seconds.clone(),
-        );
-        registry.register(
-            "claim_errors",
-            "Failed prepares and unprepares by kind",
-            errors.clone(),
-        );
-        registry.register(
-            "prepared_devices",
-            "Devices held by prepared claims",
-            prepared_devices.clone(),
-        );
         registry.register("devices", "GPUs published by this node", devices.clone());
         Self {
             registry: base,
-            prepare_seconds,
-            unprepare_seconds,
-            errors,
-            prepared_devices,
+            claims,
             devices,
         }
     }
 
-    fn observe(
-        &self,
-        family: &Family<OutcomeLabels, Histogram>,
-        operation: &str,
-        elapsed: Duration,
-        outcome: &str,
-    ) {
-        family
-            .get_or_create(&OutcomeLabels {
-                outcome: if outcome == "ok" { "ok" } else { "error" }.to_owned(),
-            })
-            .observe(elapsed.as_secs_f64());
-        if outcome != "ok" {
-            self.errors
-                .get_or_create(&ErrorLabels {
-                    operation: operation.to_owned(),
-                    kind: outcome.to_owned(),
-                })
-                .inc();
-        }
-    }
-
-    pub(crate) fn observe_prepare(&self, elapsed: Duration, outcome: &str) {
-        self.observe(&self.prepare_seconds, "prepare", elapsed, outcome);
-    }
-
-    pub(crate) fn observe_unprepare(&self, elapsed: Duration, outcome: &str) {
-        self.observe(&self.unprepare_seconds, "unprepare", elapsed, outcome);
-    }
-
-    pub(crate) fn set_prepared_devices(&self, n: usize) {
-        self.prepared_devices
-            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    /// What the DRA services record, for them and for prepares outside them.
+    pub(crate) fn claims(&self) -> &Arc<ClaimMetrics> {
+        &self.claims
     }
 
     pub(crate) fn set_devices(&self, n: usize) {
@@ -134,15 +54,18 @@ impl Metrics {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
     fn encodes_latency_errors_and_api_totals() {
         let requests = RequestCounter::new();
         let m = Metrics::new(&requests);
-        m.observe_prepare(Duration::from_millis(3), "ok");
-        m.observe_prepare(Duration::from_millis(3), "config");
-        m.set_prepared_devices(8);
+        m.claims().observe_prepare(Duration::from_millis(3), "ok");
+        m.claims()
+            .observe_prepare(Duration::from_millis(3), "config");
+        m.claims().set_prepared_devices(8);
         let nodes = http::Request::get("/api/v1/nodes/n").body(()).unwrap();
         for _ in 0..3 {
             requests.record_request(&nodes);

@@ -15,7 +15,7 @@ use topodra_driver::Inventory;
 use topodra_driver::slice::{NumaNodeFormat, SliceOptions, build_slices};
 
 pub(crate) use dra_kubeletplugin::publish::{
-    Backoff, DesiredPool, PublishStatus, Publisher, PublisherConfig,
+    DesiredPool, PublishStatus, Publisher, PublisherConfig,
 };
 
 /// Builds this node's pool from the inventory and the devices' taints.

@@ -17,7 +17,8 @@ use tokio::time::Instant;
 use topodra_driver::checkpoint::{ClaimRecord, ClaimState};
 use topodra_driver::prepare::Preparer;
 
-use crate::grpc::claims::BoxFuture;
+use dra_kubeletplugin::claims::{ApiClaims, BoxFuture, check_claim_ref};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 
 /// Finds a claim's current UID; `Ok(None)` when it does not exist.
 pub(crate) trait ClaimLookup: Send + Sync {
@@ -26,6 +27,27 @@ pub(crate) trait ClaimLookup: Send + Sync {
         namespace: &'a str,
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<String>, String>>;
+}
+
+impl ClaimLookup for ApiClaims {
+    fn uid_of<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, String>> {
+        Box::pin(async move {
+            check_claim_ref(namespace, name)?;
+            let api = kube::Api::<ResourceClaim>::namespaced(self.client().clone(), namespace);
+            match tokio::time::timeout(self.policy().attempt_timeout, api.get_opt(name)).await {
+                Ok(Ok(claim)) => Ok(claim.map(|c| c.metadata.uid.unwrap_or_default())),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!(
+                    "no answer within {:?}",
+                    self.policy().attempt_timeout
+                )),
+            }
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -36,8 +36,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceSlice;
 
+pub use crate::backoff::Backoff;
 pub use publisher::Publisher;
-pub use timing::Backoff;
 
 /// What the pool should contain, as the driver built it. The driver sends a new value
 /// when it changes (a device goes bad or recovers, the inventory changes).

@@ -16,8 +16,9 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::state::{Decision, PoolState};
-use super::timing::{Backoff, Debounce};
+use super::timing::Debounce;
 use super::{DesiredPool, PublishStatus, PublisherConfig};
+use crate::backoff::Backoff;
 
 /// Keeps this node's ResourceSlices equal to the desired pool.
 pub struct Publisher {

@@ -11,9 +11,8 @@ use tokio::sync::{oneshot, watch};
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::server::Router;
 use tonic::transport::{Channel, Server};
-use topodra_driver::health::{Cause, DeviceHealth, HealthState, Status};
 
-use super::grpc::HealthService;
+use super::{DeviceHealth, HealthService, HealthStatus as Status, NodeHealth as HealthState};
 
 fn serve(router: Router, dir: &std::path::Path) -> (PathBuf, oneshot::Sender<()>) {
     let path = dir.join("health.sock");
@@ -31,15 +30,14 @@ fn serve(router: Router, dir: &std::path::Path) -> (PathBuf, oneshot::Sender<()>
 }
 
 async fn connect(path: PathBuf) -> Channel {
-    crate::liveness::channel(&path).await.unwrap()
+    crate::testing::channel(&path).await.unwrap()
 }
 
 fn device(status: Status, reason: &str, since: u64) -> DeviceHealth {
     DeviceHealth {
         status,
         since: SystemTime::UNIX_EPOCH + Duration::from_secs(since),
-        reason: reason.to_owned(),
-        cause: (status == Status::Unhealthy).then_some(Cause::Xid(79)),
+        message: reason.to_owned(),
     }
 }
 

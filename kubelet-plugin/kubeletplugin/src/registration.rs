@@ -10,12 +10,13 @@ use topodra_proto::pluginregistration::v1::{
     registration_server::Registration,
 };
 
-pub(crate) struct RegistrationService {
-    pub(crate) driver_name: String,
+#[derive(Debug)]
+pub struct RegistrationService {
+    pub driver_name: String,
     /// The DRA socket, as the kubelet (on the host) sees it.
-    pub(crate) endpoint: String,
-    pub(crate) supported_versions: Vec<String>,
-    pub(crate) registered: Arc<AtomicBool>,
+    pub endpoint: String,
+    pub supported_versions: Vec<String>,
+    pub registered: Arc<AtomicBool>,
 }
 
 #[tonic::async_trait]

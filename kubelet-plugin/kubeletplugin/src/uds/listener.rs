@@ -19,7 +19,7 @@ pub(crate) const SOCKET_MODE: u32 = 0o660;
 const DIR_MODE: u32 = 0o750;
 
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum BindError {
+pub enum BindError {
     #[error("refusing to replace {}: it is a {kind}, not a socket", path.display())]
     NotASocket { path: PathBuf, kind: &'static str },
     #[error("cannot inspect {}", path.display())]
@@ -59,20 +59,20 @@ pub(crate) enum BindError {
 /// Only that very socket (same device and inode) is removed: if another process
 /// has since bound a new socket at the path, it is left alone.
 #[derive(Debug)]
-pub(crate) struct SocketGuard {
+pub struct SocketGuard {
     path: PathBuf,
     identity: Option<(u64, u64)>,
     removed: bool,
 }
 
 impl SocketGuard {
-    pub(crate) fn path(&self) -> &Path {
+    pub fn path(&self) -> &Path {
         &self.path
     }
 
     /// Removes the socket now, so the kubelet stops dialing it before the process
     /// exits (the SIGTERM path). Idempotent; drop does nothing afterwards.
-    pub(crate) fn remove(&mut self) -> io::Result<()> {
+    pub fn remove(&mut self) -> io::Result<()> {
         if self.removed {
             return Ok(());
         }
@@ -182,7 +182,7 @@ fn remove_stale(path: &Path) -> Result<(), BindError> {
 /// Accepted connections, each wrapped in the `:authority` shim; feed it to
 /// `tonic::transport::Server::serve_with_incoming`.
 #[derive(Debug)]
-pub(crate) struct Incoming {
+pub struct Incoming {
     listener: UnixListener,
 }
 
@@ -210,7 +210,7 @@ impl Stream for Incoming {
 /// watcher would keep failing to register it. A socket that still accepts a
 /// connection is left alone, in case something else serves it. Returns the paths
 /// removed.
-pub(crate) async fn remove_leftover_sockets(
+pub async fn remove_leftover_sockets(
     dir: &Path,
     matches: impl Fn(&str) -> bool,
     keep: &Path,

@@ -17,24 +17,23 @@ use std::time::Instant;
 use tokio::sync::Semaphore;
 use tokio::task::{Id, JoinSet};
 use tonic::{Request, Response, Status};
-use topodra_driver::checkpoint::ClaimRef;
-use topodra_driver::prepare::Preparer;
 use topodra_proto::dra::{v1, v1beta1};
 
-use super::claims::{ClaimReader, check_claim_ref};
-use crate::metrics::Metrics;
+use crate::claims::{ClaimReader, check_claim_ref};
+use crate::driver::{ClaimRef, Driver};
+use crate::metrics::ClaimMetrics;
 
 /// How many claims are worked on at once: at most `per_call` of one call, and at most
 /// as many as `overall` has permits across all calls.
 #[derive(Debug, Clone)]
-pub(crate) struct ClaimConcurrency {
+pub struct ClaimConcurrency {
     per_call: usize,
     overall: Arc<Semaphore>,
 }
 
 impl ClaimConcurrency {
     /// Zero is taken as one: a bound of zero would answer nothing.
-    pub(crate) fn new(per_call: usize, overall: usize) -> Self {
+    pub fn new(per_call: usize, overall: usize) -> Self {
         Self {
             per_call: per_call.max(1),
             overall: Arc::new(Semaphore::new(overall.max(1))),
@@ -83,26 +82,41 @@ impl ClaimConcurrency {
     }
 }
 
+/// The DRA v1 service; [`DraServiceV1beta1`] serves v1beta1 with it.
 #[derive(Clone)]
-pub(crate) struct DraService {
-    preparer: Arc<Preparer>,
+pub struct DraService {
+    driver: Arc<dyn Driver>,
     claims: Arc<dyn ClaimReader>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ClaimMetrics>,
     concurrency: ClaimConcurrency,
 }
 
+impl std::fmt::Debug for DraService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DraService")
+            .field("concurrency", &self.concurrency)
+            .finish_non_exhaustive()
+    }
+}
+
 impl DraService {
-    pub(crate) fn new(
-        preparer: Arc<Preparer>,
+    pub fn new(
+        driver: Arc<dyn Driver>,
         claims: Arc<dyn ClaimReader>,
-        metrics: Arc<Metrics>,
+        metrics: Arc<ClaimMetrics>,
         concurrency: ClaimConcurrency,
     ) -> Self {
         Self {
-            preparer,
+            driver,
             claims,
             metrics,
             concurrency,
+        }
+    }
+
+    fn update_prepared_devices(&self) {
+        if let Some(n) = self.driver.prepared_devices() {
+            self.metrics.set_prepared_devices(n);
         }
     }
 
@@ -114,25 +128,22 @@ impl DraService {
                 .claims
                 .get(&claim.namespace, &claim.name)
                 .await
-                .map_err(|e| ("read", e))?;
+                .map_err(|e| ("read", e.to_string()))?;
             let claim_ref = ClaimRef {
                 uid: claim.uid.clone(),
                 namespace: claim.namespace.clone(),
                 name: claim.name.clone(),
             };
-            let preparer = self.preparer.clone();
-            tokio::task::spawn_blocking(move || {
-                preparer.prepare(&claim_ref, &object).map_err(Box::new)
-            })
-            .await
-            .map_err(|e| ("internal", format!("prepare task failed: {e}")))?
-            .map_err(|e| (e.kind(), e.to_string()))
+            let driver = self.driver.clone();
+            tokio::task::spawn_blocking(move || driver.prepare(&claim_ref, &object))
+                .await
+                .map_err(|e| ("internal", format!("prepare task failed: {e}")))?
+                .map_err(|e| (e.kind, e.message))
         }
         .await;
         let outcome = result.as_ref().map_or_else(|(kind, _)| *kind, |_| "ok");
         self.metrics.observe_prepare(started.elapsed(), outcome);
-        self.metrics
-            .set_prepared_devices(self.preparer.prepared_devices());
+        self.update_prepared_devices();
         match result {
             Ok(devices) => {
                 tracing::info!(claim = ?claim.uid, namespace = ?claim.namespace, name = ?claim.name, devices = devices.len(), "prepared");
@@ -165,17 +176,19 @@ impl DraService {
 
     async fn unprepare_one(&self, claim: v1::Claim) -> v1::NodeUnprepareResourceResponse {
         let started = Instant::now();
-        let preparer = self.preparer.clone();
-        let uid = claim.uid.clone();
-        let result =
-            tokio::task::spawn_blocking(move || preparer.unprepare(&uid).map_err(Box::new))
-                .await
-                .map_err(|e| ("internal", format!("unprepare task failed: {e}")))
-                .and_then(|r| r.map_err(|e| (e.kind(), e.to_string())));
+        let driver = self.driver.clone();
+        let claim_ref = ClaimRef {
+            uid: claim.uid.clone(),
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+        };
+        let result = tokio::task::spawn_blocking(move || driver.unprepare(&claim_ref))
+            .await
+            .map_err(|e| ("internal", format!("unprepare task failed: {e}")))
+            .and_then(|r| r.map_err(|e| (e.kind, e.message)));
         let outcome = result.as_ref().map_or_else(|(kind, _)| *kind, |_| "ok");
         self.metrics.observe_unprepare(started.elapsed(), outcome);
-        self.metrics
-            .set_prepared_devices(self.preparer.prepared_devices());
+        self.update_prepared_devices();
         let error = match result {
             Ok(()) => {
                 tracing::info!(claim = ?claim.uid, namespace = ?claim.namespace, name = ?claim.name, "unprepared");
@@ -189,7 +202,8 @@ impl DraService {
         v1::NodeUnprepareResourceResponse { error }
     }
 
-    pub(crate) async fn prepare(
+    /// Prepares every claim of one call; one answer per claim UID.
+    pub async fn prepare(
         &self,
         claims: Vec<v1::Claim>,
     ) -> HashMap<String, v1::NodePrepareResourceResponse> {
@@ -204,7 +218,8 @@ impl DraService {
         self.concurrency.run(claims, work, failed).await
     }
 
-    pub(crate) async fn unprepare(
+    /// Unprepares every claim of one call; one answer per claim UID.
+    pub async fn unprepare(
         &self,
         claims: Vec<v1::Claim>,
     ) -> HashMap<String, v1::NodeUnprepareResourceResponse> {
@@ -263,8 +278,8 @@ impl v1::dra_plugin_server::DraPlugin for DraService {
 
 /// v1beta1 carries the same messages without `share_id`; it is served by converting
 /// to v1 and back, so both versions run the same code.
-#[derive(Clone)]
-pub(crate) struct DraServiceV1beta1(pub(crate) DraService);
+#[derive(Debug, Clone)]
+pub struct DraServiceV1beta1(pub DraService);
 
 fn claims_to_v1(claims: Vec<v1beta1::Claim>) -> Vec<v1::Claim> {
     claims

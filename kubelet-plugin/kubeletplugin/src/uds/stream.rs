@@ -15,13 +15,13 @@ use super::authority::AuthorityRewriter;
 const READ_CHUNK: usize = 16_384 + 9;
 
 /// A unix-socket connection whose client-to-server bytes go through
-/// [`AuthorityRewriter`]; writes go straight to the socket.
+/// the `:authority` shim; writes go straight to the socket.
 ///
 /// Rewriting happens inline in `poll_read` rather than in a relay task: no extra
 /// task or copy per connection, backpressure is the socket's own, and peer
 /// credentials come from the real socket.
 #[derive(Debug)]
-pub(crate) struct ShimmedStream {
+pub struct ShimmedStream {
     inner: UnixStream,
     rewriter: AuthorityRewriter,
     chunk: Box<[u8]>,

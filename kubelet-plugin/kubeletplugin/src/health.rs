@@ -9,32 +9,59 @@
 //! the full list every 30 s and declare 60 s. `last_updated_time` carries when the
 //! device's health last changed, in unix seconds, for operators.
 
+use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::time::{Duration, SystemTime};
 
 use futures::Stream;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status as GrpcStatus};
-use topodra_driver::health::{DeviceHealth, HealthState, Status};
 use topodra_proto::health::{v1, v1alpha1};
 
-pub(crate) const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(30);
-pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+#[cfg(test)]
+mod tests;
+
+/// Health of one device, in the terms of the kubelet's DRA health API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HealthStatus {
+    Healthy,
+    Unhealthy,
+    /// Not determined (yet).
+    Unknown,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceHealth {
+    pub status: HealthStatus,
+    /// When `status` last changed; the kubelet shows it to operators.
+    pub since: SystemTime,
+    /// Why, for operators (cut to the kubelet's 1024 characters).
+    pub message: String,
+}
+
+/// Health of every device of the plugin's pool, keyed by ResourceSlice device name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeHealth {
+    pub devices: BTreeMap<String, DeviceHealth>,
+}
+
+const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(30);
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 /// The kubelet truncates longer messages.
 const MAX_MESSAGE_CHARS: usize = 1024;
 
-/// Serves health from the monitor's `watch` channel. Streams end when the client
-/// goes away or when the monitor stops (its sender is dropped).
+/// Serves health from the driver's `watch` channel. Streams end when the client
+/// goes away or when the driver stops sending (its sender is dropped).
 #[derive(Debug, Clone)]
-pub(crate) struct HealthService {
+pub struct HealthService {
     pool_name: String,
-    rx: watch::Receiver<HealthState>,
+    rx: watch::Receiver<NodeHealth>,
     heartbeat: Duration,
     timeout_seconds: i64,
 }
 
 impl HealthService {
-    pub(crate) fn new(pool_name: impl Into<String>, rx: watch::Receiver<HealthState>) -> Self {
+    pub fn new(pool_name: impl Into<String>, rx: watch::Receiver<NodeHealth>) -> Self {
         Self {
             pool_name: pool_name.into(),
             rx,
@@ -63,11 +90,11 @@ impl HealthService {
         self.timeout_seconds
     }
 
-    pub(crate) fn v1_server(self) -> v1::dra_resource_health_server::DraResourceHealthServer<Self> {
+    pub fn v1_server(self) -> v1::dra_resource_health_server::DraResourceHealthServer<Self> {
         v1::dra_resource_health_server::DraResourceHealthServer::new(self)
     }
 
-    pub(crate) fn v1alpha1_server(
+    pub fn v1alpha1_server(
         self,
     ) -> v1alpha1::dra_resource_health_server::DraResourceHealthServer<Self> {
         v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(self)
@@ -76,7 +103,7 @@ impl HealthService {
     /// The full list now, then again on each change or after `heartbeat` of silence.
     fn stream<M: Send + 'static>(
         &self,
-        build: impl Fn(&HealthState) -> M + Send + 'static,
+        build: impl Fn(&NodeHealth) -> M + Send + 'static,
     ) -> BoxStream<M> {
         let heartbeat = self.heartbeat;
         let mut rx = self.rx.clone();
@@ -108,14 +135,14 @@ fn unix_seconds(t: SystemTime) -> i64 {
 }
 
 fn message(h: &DeviceHealth) -> String {
-    h.reason.chars().take(MAX_MESSAGE_CHARS).collect()
+    h.message.chars().take(MAX_MESSAGE_CHARS).collect()
 }
 
 /// The two API versions are field-for-field identical; one body serves both.
 macro_rules! health_api {
     ($v:ident) => {
         impl HealthService {
-            fn $v(&self) -> impl Fn(&HealthState) -> $v::NodeWatchResourcesResponse + use<> {
+            fn $v(&self) -> impl Fn(&NodeHealth) -> $v::NodeWatchResourcesResponse + use<> {
                 let pool_name = self.pool_name.clone();
                 let timeout = self.timeout_seconds;
                 move |state| $v::NodeWatchResourcesResponse {
@@ -128,9 +155,9 @@ macro_rules! health_api {
                                 device_name: name.clone(),
                             }),
                             health: match h.status {
-                                Status::Healthy => $v::HealthStatus::Healthy,
-                                Status::Unhealthy => $v::HealthStatus::Unhealthy,
-                                Status::Unknown => $v::HealthStatus::Unknown,
+                                HealthStatus::Healthy => $v::HealthStatus::Healthy,
+                                HealthStatus::Unhealthy => $v::HealthStatus::Unhealthy,
+                                HealthStatus::Unknown => $v::HealthStatus::Unknown,
                             }
                             .into(),
                             last_updated_time: unix_seconds(h.since),

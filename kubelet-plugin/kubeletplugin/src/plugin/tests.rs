@@ -1,0 +1,139 @@
+//! A plugin with a fake driver, over real sockets, called as the kubelet calls it.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use topodra_proto::dra::{v1, v1beta1};
+use topodra_proto::pluginregistration::v1::InfoRequest;
+use topodra_proto::pluginregistration::v1::registration_client::RegistrationClient;
+
+use super::PluginBuilder;
+use crate::claims::{BoxFuture, ClaimReadError, ClaimReader};
+use crate::driver::{ClaimError, ClaimRef, Driver, PreparedDevice};
+use crate::testing::channel;
+use crate::uds::PluginSockets;
+
+/// Prepares every claim but `broken` with one device named for the claim.
+#[derive(Default)]
+struct Fake {
+    unprepared: AtomicUsize,
+}
+
+impl Driver for Fake {
+    fn prepare(
+        &self,
+        claim: &ClaimRef,
+        _object: &ResourceClaim,
+    ) -> Result<Vec<PreparedDevice>, ClaimError> {
+        if claim.name == "broken" {
+            return Err(ClaimError::new("config", "bad opaque config"));
+        }
+        Ok(vec![PreparedDevice {
+            requests: vec!["gpu".to_owned()],
+            pool: "node-a".to_owned(),
+            device: format!("dev-{}", claim.name),
+            cdi_device_ids: vec![format!("example.com/device={}", claim.name)],
+            share_id: Some("s1".to_owned()),
+        }])
+    }
+
+    fn unprepare(&self, _claim: &ClaimRef) -> Result<(), ClaimError> {
+        self.unprepared.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// Every claim exists.
+struct AnyClaim;
+
+impl ClaimReader for AnyClaim {
+    fn get<'a>(
+        &'a self,
+        _namespace: &'a str,
+        _name: &'a str,
+    ) -> BoxFuture<'a, Result<ResourceClaim, ClaimReadError>> {
+        Box::pin(async { Ok(ResourceClaim::default()) })
+    }
+}
+
+fn claim(name: &str) -> v1::Claim {
+    v1::Claim {
+        namespace: "team-a".to_owned(),
+        uid: format!("uid-{name}"),
+        name: name.to_owned(),
+    }
+}
+
+#[tokio::test]
+async fn registers_prepares_on_both_versions_and_removes_its_sockets() {
+    let dir = tempfile::tempdir().unwrap();
+    let sockets = PluginSockets::new(
+        &dir.path().join("registry"),
+        &dir.path().join("plugins"),
+        "example.com",
+        Some("pod-1"),
+    );
+    let driver = Arc::new(Fake::default());
+    let mut plugin = PluginBuilder::new(
+        "example.com",
+        "node-a",
+        sockets.clone(),
+        driver.clone(),
+        Arc::new(AnyClaim),
+    )
+    .start()
+    .unwrap();
+
+    let info = RegistrationClient::new(channel(&sockets.registration).await.unwrap())
+        .get_info(InfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.name, "example.com");
+    assert_eq!(info.endpoint, sockets.dra.display().to_string());
+
+    let dra = channel(&sockets.dra).await.unwrap();
+    let answer = v1::dra_plugin_client::DraPluginClient::new(dra.clone())
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![claim("a"), claim("broken"), claim("Not/A-Name")],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .claims;
+    let a = &answer["uid-a"];
+    assert_eq!(a.error, "");
+    assert_eq!(a.devices[0].cdi_device_ids, ["example.com/device=a"]);
+    assert_eq!(a.devices[0].share_id.as_deref(), Some("s1"));
+    assert_eq!(answer["uid-broken"].error, "bad opaque config");
+    assert!(
+        answer["uid-Not/A-Name"]
+            .error
+            .starts_with("invalid claim reference")
+    );
+
+    let answer = v1beta1::dra_plugin_client::DraPluginClient::new(dra.clone())
+        .node_unprepare_resources(v1beta1::NodeUnprepareResourcesRequest {
+            claims: vec![v1beta1::Claim {
+                namespace: "team-a".to_owned(),
+                uid: "uid-a".to_owned(),
+                name: "a".to_owned(),
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .claims;
+    assert_eq!(answer["uid-a"].error, "");
+    assert_eq!(driver.unprepared.load(Ordering::SeqCst), 1);
+
+    plugin.unregister().await;
+    assert!(!sockets.registration.exists());
+    assert!(sockets.dra.exists());
+    drop(dra);
+    plugin.stop().await;
+    assert!(!sockets.dra.exists());
+}

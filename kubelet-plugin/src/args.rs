@@ -1,0 +1,410 @@
+//! The flags of `serve`, in groups, and the discovery flags `discover` shares.
+//! Names, environment variables and defaults are an interface: the Helm chart and
+//! the e2e tests pass them.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+
+use clap::Args;
+use dra_kubeletplugin::uds::PluginSockets;
+use topodra_driver::discovery;
+use topodra_driver::slice::{self, NumaNodeFormat};
+
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// This node's name: the pool name and the slices' nodeName.
+    #[arg(long, env = "NODE_NAME")]
+    pub(crate) node_name: String,
+
+    #[command(flatten)]
+    pub(crate) discovery: DiscoveryFlags,
+
+    #[command(flatten)]
+    pub(crate) kubelet: KubeletFlags,
+
+    #[command(flatten)]
+    pub(crate) cdi: CdiFlags,
+
+    #[command(flatten)]
+    pub(crate) http: HttpFlags,
+
+    #[command(flatten)]
+    pub(crate) claims: ClaimFlags,
+
+    #[command(flatten)]
+    pub(crate) health: HealthFlags,
+
+    /// Fault injection for tests: abort the process at this point of every prepare.
+    #[arg(long, env = "TOPODRA_TEST_CRASH_AT", hide = true)]
+    pub(crate) test_crash_at: Option<String>,
+}
+
+/// Where the kubelet looks for the plugin, and where the plugin keeps its state.
+#[derive(Debug, Args)]
+pub(crate) struct KubeletFlags {
+    /// The kubelet's plugin registry directory, watched by its plugin manager.
+    #[arg(
+        long,
+        env = "TOPODRA_KUBELET_REGISTRY_DIR",
+        default_value = "/var/lib/kubelet/plugins_registry"
+    )]
+    pub(crate) kubelet_registry_dir: PathBuf,
+
+    /// The kubelet's plugins directory; the DRA socket goes in `<dir>/<driver>/`.
+    #[arg(
+        long,
+        env = "TOPODRA_KUBELET_PLUGINS_DIR",
+        default_value = "/var/lib/kubelet/plugins"
+    )]
+    pub(crate) kubelet_plugins_dir: PathBuf,
+
+    /// Where the checkpoint lives (default: the plugin's directory under the kubelet's).
+    #[arg(long, env = "TOPODRA_STATE_DIR")]
+    pub(crate) state_dir: Option<PathBuf>,
+
+    /// The pod's UID, for socket names that let a new plugin pod register before the
+    /// old one is gone (rolling update).
+    #[arg(long, env = "POD_UID")]
+    pub(crate) pod_uid: Option<String>,
+}
+
+/// What the CDI specs are built from: the driver installation and device nodes.
+#[derive(Debug, Args)]
+pub(crate) struct CdiFlags {
+    /// The CDI spec directory container runtimes read.
+    #[arg(long, env = "TOPODRA_CDI_DIR", default_value = topodra_driver::cdi::DEFAULT_SPEC_DIR)]
+    pub(crate) cdi_dir: PathBuf,
+
+    /// Root of the NVIDIA driver installation as the host sees it (`/run/nvidia/driver`
+    /// for a containerized driver).
+    #[arg(long, env = "TOPODRA_DRIVER_ROOT", default_value = "/")]
+    pub(crate) driver_root: PathBuf,
+
+    /// Where this container sees the driver root, when it is mounted elsewhere.
+    #[arg(long, env = "TOPODRA_DRIVER_ROOT_LOCAL")]
+    pub(crate) driver_root_local: Option<PathBuf>,
+
+    /// A toolkit-generated CDI spec whose mounts and hooks replace our own discovery.
+    #[arg(long, env = "TOPODRA_TOOLKIT_CDI_SPEC")]
+    pub(crate) toolkit_cdi_spec: Option<PathBuf>,
+
+    /// The directory holding the host's `dev/`, as this container sees it.
+    #[arg(long, env = "TOPODRA_DEV_ROOT", default_value = "/")]
+    pub(crate) dev_root: PathBuf,
+
+    /// The kernel's device registry, for device majors when a node is not in `/dev`.
+    #[arg(long, env = "TOPODRA_PROC_DEVICES", default_value = "/proc/devices")]
+    pub(crate) proc_devices: PathBuf,
+
+    /// Where the NVIDIA driver lists the capability minors of MIG devices.
+    #[arg(long, env = "TOPODRA_NVIDIA_CAPABILITIES_DIR", default_value = topodra_driver::cdi::DEFAULT_CAPABILITIES_DIR)]
+    pub(crate) nvidia_capabilities_dir: PathBuf,
+
+    /// File holding the kernel's boot id.
+    #[arg(long, env = "TOPODRA_BOOT_ID_FILE", default_value = topodra_driver::checkpoint::DEFAULT_BOOT_ID_PATH)]
+    pub(crate) boot_id_file: PathBuf,
+}
+
+/// How the node's GPUs and topology are found and published; `discover` and `serve`
+/// take the same.
+#[derive(Debug, Args)]
+pub(crate) struct DiscoveryFlags {
+    /// DRA driver name.
+    #[arg(long, env = "TOPODRA_DRIVER_NAME", default_value = slice::DEFAULT_DRIVER_NAME)]
+    pub(crate) driver_name: String,
+
+    /// NVML library to load.
+    #[arg(long, env = "TOPODRA_NVML_LIB", default_value = discovery::nvml::DEFAULT_NVML_LIB)]
+    pub(crate) nvml_lib: PathBuf,
+
+    /// Read topology from an hwloc XML export (`lstopo --of xml`) instead of this machine.
+    #[arg(long, env = "TOPODRA_HWLOC_XML")]
+    pub(crate) hwloc_xml: Option<PathBuf>,
+
+    /// sysfs root for the topology fallback.
+    #[arg(long, env = "TOPODRA_SYSFS_ROOT", default_value = "/sys")]
+    pub(crate) sysfs_root: PathBuf,
+
+    /// How `resource.kubernetes.io/numaNode` is published: `int`, or `list` (KEP-6072:
+    /// own node first, then same-socket nodes at minimum distance; needs the
+    /// DRAListTypeAttributes feature gate).
+    #[arg(long, env = "TOPODRA_NUMA_NODE_FORMAT", default_value = "int")]
+    pub(crate) numa_node_format: NumaNodeFormat,
+}
+
+/// The /metrics, /healthz and /readyz endpoint.
+#[derive(Debug, Args)]
+pub(crate) struct HttpFlags {
+    /// IP address the /metrics, /healthz and /readyz endpoint binds (IPv4 or IPv6,
+    /// without brackets). The Helm chart sets the pod's IP.
+    #[arg(long, env = "TOPODRA_HTTP_BIND_ADDRESS", default_value_t = IpAddr::V4(Ipv4Addr::UNSPECIFIED))]
+    pub(crate) http_bind_address: IpAddr,
+
+    /// Port of the /metrics, /healthz and /readyz endpoint.
+    #[arg(long, env = "TOPODRA_HTTP_PORT", default_value_t = 9464)]
+    pub(crate) http_port: u16,
+
+    /// Address and port of the endpoint in one (`127.0.0.1:9464`, `[::1]:9464`);
+    /// when set, it takes the place of --http-bind-address and --http-port.
+    #[arg(long, env = "TOPODRA_HTTP_ADDR")]
+    pub(crate) http_addr: Option<SocketAddr>,
+
+    /// Seconds a client of the endpoint has to send a request's headers (and the
+    /// longest an idle connection stays open); slower ones are disconnected.
+    #[arg(
+        long,
+        env = "TOPODRA_HTTP_HEADER_READ_TIMEOUT_SECONDS",
+        default_value_t = 5,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub(crate) http_header_read_timeout_seconds: u64,
+
+    /// Open connections the endpoint serves at once; further ones are closed at once.
+    #[arg(
+        long,
+        env = "TOPODRA_HTTP_MAX_CONNECTIONS",
+        default_value_t = 32,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub(crate) http_max_connections: u32,
+}
+
+/// Bounds on the work for the kubelet's calls, and the check for stale claims.
+#[derive(Debug, Args)]
+pub(crate) struct ClaimFlags {
+    /// Claims of one NodePrepareResources or NodeUnprepareResources call worked on at
+    /// once (each prepare is one claim GET); the others wait their turn.
+    #[arg(
+        long,
+        env = "TOPODRA_MAX_CONCURRENT_CLAIMS_PER_CALL",
+        default_value_t = 16,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub(crate) max_concurrent_claims_per_call: u32,
+
+    /// Claims worked on at once across all calls.
+    #[arg(
+        long,
+        env = "TOPODRA_MAX_CONCURRENT_CLAIMS",
+        default_value_t = 64,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub(crate) max_concurrent_claims: u32,
+
+    /// Limit on one GET of a claim on the prepare path.
+    #[arg(
+        long,
+        env = "TOPODRA_CLAIM_READ_TIMEOUT_SECONDS",
+        default_value_t = 10,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub(crate) claim_read_timeout_seconds: u64,
+
+    /// Limit on reading a claim, retries included (jittered backoff from 200 ms);
+    /// keep it under the kubelet's 45 s for a whole prepare call.
+    #[arg(
+        long,
+        env = "TOPODRA_CLAIM_READ_DEADLINE_SECONDS",
+        default_value_t = 30,
+        value_parser = clap::value_parser!(u64).range(1..=40)
+    )]
+    pub(crate) claim_read_deadline_seconds: u64,
+
+    /// How often prepared claims are looked up in the API server (one GET each) to
+    /// find those that no longer exist.
+    #[arg(
+        long,
+        env = "TOPODRA_STALE_CLAIM_CHECK_INTERVAL_SECONDS",
+        default_value_t = 600,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub(crate) stale_claim_check_interval_seconds: u64,
+
+    /// How long a prepared claim must have been gone from the API server before the
+    /// plugin unprepares it itself (the kubelet normally does it first).
+    #[arg(long, env = "TOPODRA_STALE_CLAIM_GRACE_SECONDS", default_value_t = 300)]
+    pub(crate) stale_claim_grace_seconds: u64,
+}
+
+/// What counts as a GPU failure, and what it does to the GPU's pods.
+#[derive(Debug, Args)]
+pub(crate) struct HealthFlags {
+    /// XIDs never treated as a GPU failure, on top of the built-in application errors
+    /// (13, 31, 43, 45, 68, 109). Comma-separated.
+    #[arg(long, env = "TOPODRA_IGNORED_XIDS", value_delimiter = ',')]
+    pub(crate) ignored_xids: Vec<u64>,
+
+    /// Seconds without a fatal XID before an unhealthy GPU may be healthy again.
+    #[arg(
+        long,
+        env = "TOPODRA_HEALTH_QUIET_PERIOD_SECONDS",
+        default_value_t = 300
+    )]
+    pub(crate) health_quiet_period_seconds: u64,
+
+    /// Taint unhealthy GPUs `NoExecute` (evicting the pods using them) instead of
+    /// `NoSchedule`.
+    #[arg(long, env = "TOPODRA_EVICT_UNHEALTHY")]
+    pub(crate) evict_unhealthy: bool,
+}
+
+impl ServeArgs {
+    pub(crate) fn sockets(&self) -> PluginSockets {
+        PluginSockets::new(
+            &self.kubelet.kubelet_registry_dir,
+            &self.kubelet.kubelet_plugins_dir,
+            &self.discovery.driver_name,
+            self.kubelet.pod_uid.as_deref(),
+        )
+    }
+
+    pub(crate) fn state_dir(&self) -> PathBuf {
+        self.kubelet.state_dir.clone().unwrap_or_else(|| {
+            self.kubelet
+                .kubelet_plugins_dir
+                .join(&self.discovery.driver_name)
+        })
+    }
+
+    /// The name this instance gives itself in takeover requests and the lock file.
+    pub(crate) fn instance_name(&self) -> String {
+        match &self.kubelet.pod_uid {
+            Some(uid) => format!("pod {uid}"),
+            None => format!("process {}", std::process::id()),
+        }
+    }
+}
+
+impl HttpFlags {
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.http_addr
+            .unwrap_or(SocketAddr::new(self.http_bind_address, self.http_port))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn http_addr(flags: &[&str]) -> Result<SocketAddr, clap::Error> {
+        let argv = ["serve", "--node-name=node-a"].iter().chain(flags);
+        Cli::try_parse_from(argv).map(|c| c.serve.http.addr())
+    }
+
+    #[test]
+    fn http_endpoint_address_from_bind_address_and_port() {
+        assert_eq!(http_addr(&[]).unwrap(), "0.0.0.0:9464".parse().unwrap());
+        assert_eq!(
+            http_addr(&["--http-bind-address=10.1.2.3", "--http-port=9000"]).unwrap(),
+            "10.1.2.3:9000".parse().unwrap()
+        );
+        // A pod IP from the downward API is a bare IPv6 address, without brackets.
+        assert_eq!(
+            http_addr(&["--http-bind-address=fd00::12"]).unwrap(),
+            "[fd00::12]:9464".parse().unwrap()
+        );
+        assert_eq!(
+            http_addr(&["--http-bind-address=10.1.2.3", "--http-addr=127.0.0.1:0"]).unwrap(),
+            "127.0.0.1:0".parse().unwrap()
+        );
+        assert!(http_addr(&["--http-bind-address=node-a.local"]).is_err());
+    }
+
+    #[test]
+    fn limits_of_zero_are_refused() {
+        for flag in [
+            "--http-max-connections=0",
+            "--http-header-read-timeout-seconds=0",
+            "--max-concurrent-claims-per-call=0",
+            "--max-concurrent-claims=0",
+        ] {
+            assert!(http_addr(&[flag]).is_err(), "{flag}");
+        }
+    }
+
+    /// The Helm chart and the e2e tests pass these; grouping the flags must not
+    /// rename one.
+    #[test]
+    fn flag_names_and_environment_variables_stay_as_they_were() {
+        use clap::CommandFactory;
+
+        let mut flags: Vec<(String, String)> = Cli::command()
+            .get_arguments()
+            .filter_map(|a| {
+                let env = a.get_env()?.to_str()?.to_owned();
+                Some((a.get_long()?.to_owned(), env))
+            })
+            .collect();
+        flags.sort();
+        let mut expected: Vec<(String, String)> = [
+            ("node-name", "NODE_NAME"),
+            ("driver-name", "TOPODRA_DRIVER_NAME"),
+            ("kubelet-registry-dir", "TOPODRA_KUBELET_REGISTRY_DIR"),
+            ("kubelet-plugins-dir", "TOPODRA_KUBELET_PLUGINS_DIR"),
+            ("state-dir", "TOPODRA_STATE_DIR"),
+            ("pod-uid", "POD_UID"),
+            ("cdi-dir", "TOPODRA_CDI_DIR"),
+            ("driver-root", "TOPODRA_DRIVER_ROOT"),
+            ("driver-root-local", "TOPODRA_DRIVER_ROOT_LOCAL"),
+            ("toolkit-cdi-spec", "TOPODRA_TOOLKIT_CDI_SPEC"),
+            ("dev-root", "TOPODRA_DEV_ROOT"),
+            ("proc-devices", "TOPODRA_PROC_DEVICES"),
+            ("nvidia-capabilities-dir", "TOPODRA_NVIDIA_CAPABILITIES_DIR"),
+            ("nvml-lib", "TOPODRA_NVML_LIB"),
+            ("hwloc-xml", "TOPODRA_HWLOC_XML"),
+            ("sysfs-root", "TOPODRA_SYSFS_ROOT"),
+            ("numa-node-format", "TOPODRA_NUMA_NODE_FORMAT"),
+            ("http-bind-address", "TOPODRA_HTTP_BIND_ADDRESS"),
+            ("http-port", "TOPODRA_HTTP_PORT"),
+            ("http-addr", "TOPODRA_HTTP_ADDR"),
+            (
+                "http-header-read-timeout-seconds",
+                "TOPODRA_HTTP_HEADER_READ_TIMEOUT_SECONDS",
+            ),
+            ("http-max-connections", "TOPODRA_HTTP_MAX_CONNECTIONS"),
+            (
+                "max-concurrent-claims-per-call",
+                "TOPODRA_MAX_CONCURRENT_CLAIMS_PER_CALL",
+            ),
+            (
+                "claim-read-timeout-seconds",
+                "TOPODRA_CLAIM_READ_TIMEOUT_SECONDS",
+            ),
+            (
+                "claim-read-deadline-seconds",
+                "TOPODRA_CLAIM_READ_DEADLINE_SECONDS",
+            ),
+            (
+                "stale-claim-check-interval-seconds",
+                "TOPODRA_STALE_CLAIM_CHECK_INTERVAL_SECONDS",
+            ),
+            (
+                "stale-claim-grace-seconds",
+                "TOPODRA_STALE_CLAIM_GRACE_SECONDS",
+            ),
+            ("max-concurrent-claims", "TOPODRA_MAX_CONCURRENT_CLAIMS"),
+            ("boot-id-file", "TOPODRA_BOOT_ID_FILE"),
+            ("ignored-xids", "TOPODRA_IGNORED_XIDS"),
+            (
+                "health-quiet-period-seconds",
+                "TOPODRA_HEALTH_QUIET_PERIOD_SECONDS",
+            ),
+            ("evict-unhealthy", "TOPODRA_EVICT_UNHEALTHY"),
+            ("test-crash-at", "TOPODRA_TEST_CRASH_AT"),
+        ]
+        .iter()
+        .map(|(f, e)| ((*f).to_owned(), (*e).to_owned()))
+        .collect();
+        expected.sort();
+        assert_eq!(flags, expected);
+    }
+}

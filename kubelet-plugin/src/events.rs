@@ -1,0 +1,118 @@
+//! Warning Events on this plugin's Node: what recovery, discovery and the stale-claim
+//! check found, for an operator who does not read the plugin's logs.
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use topodra_driver::checkpoint::ClaimRecord;
+use topodra_driver::prepare::StartupReport;
+
+/// Records a Warning Event on this plugin's Node, where `kubectl describe node`
+/// shows it; failing to record one is logged, never fatal.
+pub(crate) async fn node_event(
+    client: kube::Client,
+    node: &str,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    let recorder = kube::runtime::events::Recorder::new(
+        client,
+        kube::runtime::events::Reporter {
+            controller: "topodra-kubelet-plugin".into(),
+            instance: Some(node.to_owned()),
+        },
+    );
+    let event = kube::runtime::events::Event {
+        type_: kube::runtime::events::EventType::Warning,
+        reason: reason.into(),
+        note: Some(note),
+        action: action.into(),
+        secondary: None,
+    };
+    let node_ref = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node.to_owned()),
+        ..Default::default()
+    };
+    if let Err(e) = recorder.publish(&event, &node_ref).await {
+        tracing::warn!(error = %e, reason, "could not record an event on the node");
+    }
+}
+
+/// Warning Events on the Node for what recovery found wrong with the node's own
+/// state, so an operator learns of it without reading logs.
+pub(crate) async fn recovery_events(client: kube::Client, node: &str, report: &StartupReport) {
+    if let Some(q) = &report.quarantined {
+        let note = format!(
+            "corrupt checkpoint ({}) moved to {}; rebuilt {} claim(s) from CDI specs",
+            q.reason,
+            q.path.display(),
+            report.rebuilt.len()
+        );
+        node_event(
+            client.clone(),
+            node,
+            "CheckpointQuarantined",
+            "Recover",
+            note,
+        )
+        .await;
+    }
+    for bad in &report.bad_records {
+        node_event(
+            client.clone(),
+            node,
+            "CheckpointRecordDropped",
+            "Recover",
+            bad.clone(),
+        )
+        .await;
+    }
+    if let Some(e) = &report.save_failed {
+        let note = format!(
+            "recovered state could not be saved ({e}); serving from memory, prepares fail until the disk accepts writes"
+        );
+        node_event(client, node, "CheckpointNotSaved", "Recover", note).await;
+    }
+}
+
+/// One Event per GPU that discovery left out because of its MIG mode, so an
+/// operator sees on the Node why it offers fewer devices than it has GPUs.
+pub(crate) async fn mig_events(
+    client: kube::Client,
+    node: &str,
+    inventory: &topodra_driver::Inventory,
+) {
+    for gpu in &inventory.gpus {
+        let Some(warning) = topodra_driver::discovery::mig_warning(gpu) else {
+            continue;
+        };
+        node_event(client.clone(), node, "GpuNotOffered", "Discover", warning).await;
+    }
+}
+
+/// What the stale-claim check calls with each claim it unprepared: an Event on the
+/// Node, recorded in a task of its own so the check never waits for the API server.
+pub(crate) fn stale_claim_unprepared(
+    client: kube::Client,
+    node: String,
+) -> impl Fn(&ClaimRecord, &str) + Send + Sync {
+    move |record, why| {
+        let note = format!(
+            "unprepared claim {}/{} (UID {}, devices {}): {why}",
+            record.namespace,
+            record.name,
+            record.uid,
+            record
+                .devices
+                .iter()
+                .map(|d| d.device.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let (client, node) = (client.clone(), node.clone());
+        tokio::spawn(async move {
+            node_event(client, &node, "StaleClaimUnprepared", "Unprepare", note).await;
+        });
+    }
+}

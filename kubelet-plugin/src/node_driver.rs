@@ -1,0 +1,153 @@
+//! topodra as a [`dra_kubeletplugin::Driver`]: the prepare state machine behind the
+//! kubelet's calls, and the health monitor's picture behind the health stream.
+
+use std::sync::Arc;
+
+use dra_kubeletplugin::health::{DeviceHealth, HealthStatus, NodeHealth};
+use dra_kubeletplugin::{ClaimError, ClaimRef, Driver, PreparedDevice};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use tokio::sync::watch;
+use topodra_driver::prepare::Preparer;
+
+use topodra_driver::health::{HealthState, Status};
+
+#[derive(Debug)]
+pub(crate) struct NodeDriver {
+    preparer: Arc<Preparer>,
+    health: watch::Receiver<NodeHealth>,
+}
+
+impl NodeDriver {
+    /// Serves `preparer`, and health as `health` reports it until its sender is
+    /// dropped (which ends the kubelet's health streams).
+    pub(crate) fn new(preparer: Arc<Preparer>, health: watch::Receiver<HealthState>) -> Self {
+        Self {
+            preparer,
+            health: forward_health(health),
+        }
+    }
+}
+
+fn claim_error(e: &topodra_driver::prepare::ClaimError) -> ClaimError {
+    ClaimError::new(e.kind(), e.to_string())
+}
+
+impl Driver for NodeDriver {
+    fn prepare(
+        &self,
+        claim: &ClaimRef,
+        object: &ResourceClaim,
+    ) -> Result<Vec<PreparedDevice>, ClaimError> {
+        let claim_ref = topodra_driver::checkpoint::ClaimRef {
+            uid: claim.uid.clone(),
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+        };
+        let devices = self
+            .preparer
+            .prepare(&claim_ref, object)
+            .map_err(|e| claim_error(&e))?;
+        Ok(devices
+            .into_iter()
+            .map(|d| PreparedDevice {
+                requests: d.requests,
+                pool: d.pool,
+                device: d.device,
+                cdi_device_ids: d.cdi_device_ids,
+                share_id: d.share_id,
+            })
+            .collect())
+    }
+
+    fn unprepare(&self, claim: &ClaimRef) -> Result<(), ClaimError> {
+        self.preparer
+            .unprepare(&claim.uid)
+            .map_err(|e| claim_error(&e))
+    }
+
+    fn prepared_devices(&self) -> Option<usize> {
+        Some(self.preparer.prepared_devices())
+    }
+
+    fn health(&self) -> Option<watch::Receiver<NodeHealth>> {
+        Some(self.health.clone())
+    }
+}
+
+fn node_health(state: &HealthState) -> NodeHealth {
+    let devices = state
+        .devices
+        .iter()
+        .map(|(name, h)| {
+            let status = match h.status {
+                Status::Healthy => HealthStatus::Healthy,
+                Status::Unhealthy => HealthStatus::Unhealthy,
+                Status::Unknown => HealthStatus::Unknown,
+            };
+            let health = DeviceHealth {
+                status,
+                since: h.since,
+                message: h.reason.clone(),
+            };
+            (name.clone(), health)
+        })
+        .collect();
+    NodeHealth { devices }
+}
+
+/// The monitor's picture in the plugin crate's terms, for as long as the monitor
+/// runs: when it stops, the forwarded channel closes too.
+fn forward_health(mut rx: watch::Receiver<HealthState>) -> watch::Receiver<NodeHealth> {
+    let (tx, out) = watch::channel(node_health(&rx.borrow_and_update()));
+    tokio::spawn(async move {
+        while rx.changed().await.is_ok() {
+            // Every change is passed on, even one that looks the same here: the
+            // health streams send the list on each, as they did reading the monitor.
+            tx.send_replace(node_health(&rx.borrow_and_update()));
+        }
+    });
+    out
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use super::*;
+    use topodra_driver::health::{Cause, DeviceHealth as MonitorHealth};
+
+    #[tokio::test]
+    async fn the_monitors_picture_reaches_the_plugin_until_the_monitor_stops() {
+        let since = SystemTime::UNIX_EPOCH + Duration::from_secs(7);
+        let healthy = MonitorHealth {
+            status: Status::Healthy,
+            since,
+            reason: String::new(),
+            cause: None,
+        };
+        let (tx, rx) = watch::channel(HealthState {
+            devices: [("gpu-0".to_owned(), healthy)].into(),
+        });
+        let mut out = forward_health(rx);
+        assert_eq!(
+            out.borrow_and_update().devices["gpu-0"].status,
+            HealthStatus::Healthy
+        );
+        tx.send_modify(|s| {
+            let d = s.devices.get_mut("gpu-0").unwrap();
+            d.status = Status::Unhealthy;
+            d.reason = "XID 79".to_owned();
+            d.cause = Some(Cause::Xid(79));
+        });
+        out.changed().await.unwrap();
+        let expected = DeviceHealth {
+            status: HealthStatus::Unhealthy,
+            since,
+            message: "XID 79".to_owned(),
+        };
+        assert_eq!(out.borrow_and_update().devices["gpu-0"], expected);
+        drop(tx);
+        assert!(out.changed().await.is_err());
+    }
+}

@@ -1,0 +1,44 @@
+//! Device taints from health: each change of the health picture becomes the pool's
+//! taints, which the publisher writes into the ResourceSlices.
+
+use std::collections::BTreeMap;
+
+use tokio::sync::watch;
+use topodra_driver::health::{HealthState, TaintEffect, device_taints};
+
+use crate::publish::{DesiredPool, PoolBuilder};
+
+/// Turns each health change into the pool's taints; the publisher writes them.
+pub(crate) async fn follow_health(
+    mut health: watch::Receiver<HealthState>,
+    desired: watch::Sender<DesiredPool>,
+    pool: PoolBuilder,
+    effect: TaintEffect,
+) {
+    // The taints the pool in `desired` was built with: at first, none.
+    let mut built = BTreeMap::new();
+    loop {
+        let taints = device_taints(
+            &health.borrow_and_update(),
+            std::time::SystemTime::now(),
+            effect,
+        );
+        if taints != built {
+            desired.send_replace(pool.build(taints.clone()));
+            built = taints;
+        }
+        if health.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// `NoExecute` evicts the pods using an unhealthy GPU; `NoSchedule` only keeps new
+/// ones away.
+pub(crate) fn effect(evict_unhealthy: bool) -> TaintEffect {
+    if evict_unhealthy {
+        TaintEffect::NoExecute
+    } else {
+        TaintEffect::NoSchedule
+    }
+}
