@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use topodra_driver::cdi::{CdiConfig, DriverFiles};
 use topodra_driver::checkpoint::read_boot_id;
 use topodra_driver::discovery::{self, DiscoveryConfig, NvmlPolicy, TopologyInput};
-use topodra_driver::prepare::{CrashPoint, Preparer, PreparerConfig, StartupReport};
+use topodra_driver::prepare::{Preparer, PreparerConfig, StartupReport};
 use topodra_driver::slice::{self, NumaNodeFormat};
 use topodra_proto::dra::{v1, v1beta1};
 use topodra_proto::pluginregistration::v1::registration_server::RegistrationServer;
@@ -255,10 +255,23 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "TOPODRA_EVICT_UNHEALTHY")]
     evict_unhealthy: bool,
 
-    /// Fault injection for tests: abort the process at this point of every prepare.
+    #[command(flatten)]
+    crash: CrashArgs,
+}
+
+/// Fault injection for tests, only in builds with the `crash-points` feature: a
+/// release binary has no such flag.
+#[cfg(feature = "crash-points")]
+#[derive(Debug, clap::Args)]
+struct CrashArgs {
+    /// Abort the process at this point of every prepare.
     #[arg(long, env = "TOPODRA_TEST_CRASH_AT", hide = true)]
     test_crash_at: Option<String>,
 }
+
+#[cfg(not(feature = "crash-points"))]
+#[derive(Debug, clap::Args)]
+struct CrashArgs {}
 
 struct Sockets {
     registration: PathBuf,
@@ -525,7 +538,7 @@ async fn serve(
     lifecycle: &Lifecycle,
     ownership: &ownership::Ownership,
 ) -> Result<Stop> {
-    let (mut preparer, report) = Preparer::start(
+    let (preparer, report) = Preparer::start(
         &PreparerConfig {
             driver_name: args.driver_name.clone(),
             node_name: args.node_name.clone(),
@@ -547,19 +560,8 @@ async fn serve(
         save_failed = report.save_failed.is_some(),
         "recovered prepared claims"
     );
-    if let Some(point) = &args.test_crash_at {
-        let point: CrashPoint = point.parse().map_err(anyhow::Error::msg)?;
-        tracing::warn!(
-            ?point,
-            "fault injection: the process aborts there in every prepare"
-        );
-        preparer = preparer.with_crash_hook(Arc::new(move |at| {
-            if at == point {
-                std::process::abort();
-            }
-            false
-        }));
-    }
+    #[cfg(feature = "crash-points")]
+    let preparer = with_test_crash_at(preparer, &args.crash)?;
     let preparer = Arc::new(preparer);
     {
         let (client, node) = (client.clone(), args.node_name.clone());
@@ -759,6 +761,25 @@ fn grpc_server() -> tonic::transport::Server {
     tonic::transport::Server::builder()
         .http2_max_header_list_size(uds::MAX_HEADER_LIST as u32)
         .max_frame_size(uds::MAX_FRAME_SIZE as u32)
+}
+
+#[cfg(feature = "crash-points")]
+fn with_test_crash_at(mut preparer: Preparer, args: &CrashArgs) -> Result<Preparer> {
+    use topodra_driver::prepare::CrashPoint;
+    if let Some(point) = &args.test_crash_at {
+        let point: CrashPoint = point.parse().map_err(anyhow::Error::msg)?;
+        tracing::warn!(
+            ?point,
+            "fault injection: the process aborts there in every prepare"
+        );
+        preparer = preparer.with_crash_hook(Arc::new(move |at| {
+            if at == point {
+                std::process::abort();
+            }
+            false
+        }));
+    }
+    Ok(preparer)
 }
 
 #[cfg(test)]

@@ -130,17 +130,30 @@ pub struct ClaimRef {
     pub name: String,
 }
 
+/// A device that another claim's record holds. The one place the plugin checks
+/// exclusivity: [`begin_prepare`], under the same lock as the save that records the
+/// new claim, so two prepares racing for a GPU cannot both pass.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "device {device} is already prepared for claim {}/{} ({}): delete the pod using that claim first; \
+     if it is gone, its unprepare failed (see the plugin's logs)",
+    holder.namespace, holder.name, holder.uid
+)]
+pub struct DeviceInUse {
+    pub pool: String,
+    pub device: String,
+    pub holder: ClaimRef,
+}
+
 /// A two-phase transition that the checkpoint refuses.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PrepareError {
-    #[error("device {pool}/{device} is already prepared for claim {holder}")]
-    DeviceInUse {
-        pool: String,
-        device: String,
-        holder: String,
-    },
+pub enum TransitionError {
+    #[error(transparent)]
+    DeviceInUse(#[from] DeviceInUse),
+    /// A caller bug: completing a claim that was never started.
     #[error("claim {0} is not in the checkpoint")]
     UnknownClaim(String),
+    /// A caller bug: completing a claim that was not (re)started in this boot.
     #[error("claim {uid} cannot complete prepare from state {state}")]
     NotStarted { uid: String, state: ClaimState },
 }
@@ -192,16 +205,21 @@ pub fn begin_prepare(
     devices: Vec<PreparedDevice>,
     cdi_spec: Option<String>,
     now: u64,
-) -> Result<&ClaimRecord, PrepareError> {
+) -> Result<&ClaimRecord, TransitionError> {
     for d in &devices {
         if let Some(holder) = checkpoint.holder_of(&d.pool, &d.device)
             && holder.uid != claim.uid
         {
-            return Err(PrepareError::DeviceInUse {
+            return Err(DeviceInUse {
                 pool: d.pool.clone(),
                 device: d.device.clone(),
-                holder: holder.uid.clone(),
-            });
+                holder: ClaimRef {
+                    uid: holder.uid.clone(),
+                    namespace: holder.namespace.clone(),
+                    name: holder.name.clone(),
+                },
+            }
+            .into());
         }
     }
     let record = ClaimRecord {
@@ -229,11 +247,11 @@ pub fn complete_prepare<'a>(
     checkpoint: &'a mut Checkpoint,
     uid: &str,
     now: u64,
-) -> Result<&'a ClaimRecord, PrepareError> {
+) -> Result<&'a ClaimRecord, TransitionError> {
     let record = checkpoint
         .claims
         .get_mut(uid)
-        .ok_or_else(|| PrepareError::UnknownClaim(uid.to_owned()))?;
+        .ok_or_else(|| TransitionError::UnknownClaim(uid.to_owned()))?;
     match record.state {
         ClaimState::PrepareCompleted => {}
         ClaimState::PrepareStarted => {
@@ -241,7 +259,7 @@ pub fn complete_prepare<'a>(
             record.updated_at = now;
         }
         ClaimState::NeedsReprepare => {
-            return Err(PrepareError::NotStarted {
+            return Err(TransitionError::NotStarted {
                 uid: uid.to_owned(),
                 state: record.state,
             });
@@ -436,11 +454,11 @@ pub(crate) mod tests {
         .unwrap_err();
         assert_eq!(
             err,
-            PrepareError::DeviceInUse {
+            TransitionError::DeviceInUse(DeviceInUse {
                 pool: "node-1".into(),
                 device: "gpu-1".into(),
-                holder: "u1".into()
-            }
+                holder: claim("u1"),
+            })
         );
         assert!(cp.get("u3").is_none(), "a refused prepare records nothing");
     }
@@ -471,12 +489,12 @@ pub(crate) mod tests {
         assert_eq!((r.state, r.updated_at), (ClaimState::PrepareCompleted, 400));
         assert_eq!(
             complete_prepare(&mut cp, "nope", 1).unwrap_err(),
-            PrepareError::UnknownClaim("nope".into())
+            TransitionError::UnknownClaim("nope".into())
         );
         after_reboot(&mut cp, "boot-b");
         assert_eq!(
             complete_prepare(&mut cp, "u1", 1).unwrap_err(),
-            PrepareError::NotStarted {
+            TransitionError::NotStarted {
                 uid: "u1".into(),
                 state: ClaimState::NeedsReprepare
             }
