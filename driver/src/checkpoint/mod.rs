@@ -145,11 +145,18 @@ pub struct DeviceInUse {
     pub holder: ClaimRef,
 }
 
+impl DeviceInUse {
+    fn into_transition(self) -> TransitionError {
+        TransitionError::DeviceInUse(Box::new(self))
+    }
+}
+
 /// A two-phase transition that the checkpoint refuses.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TransitionError {
+    /// Boxed: the other variants are the rare ones, and this keeps the type small.
     #[error(transparent)]
-    DeviceInUse(#[from] DeviceInUse),
+    DeviceInUse(Box<DeviceInUse>),
     /// A caller bug: completing a claim that was never started.
     #[error("claim {0} is not in the checkpoint")]
     UnknownClaim(String),
@@ -219,7 +226,7 @@ pub fn begin_prepare(
                     name: holder.name.clone(),
                 },
             }
-            .into());
+            .into_transition());
         }
     }
     let record = ClaimRecord {
@@ -454,11 +461,11 @@ pub(crate) mod tests {
         .unwrap_err();
         assert_eq!(
             err,
-            TransitionError::DeviceInUse(DeviceInUse {
+            TransitionError::DeviceInUse(Box::new(DeviceInUse {
                 pool: "node-1".into(),
                 device: "gpu-1".into(),
                 holder: claim("u1"),
-            })
+            }))
         );
         assert!(cp.get("u3").is_none(), "a refused prepare records nothing");
     }

@@ -75,7 +75,7 @@ pub enum ClaimError {
 
     /// Another claim's record holds one of the devices; the message names it.
     #[error(transparent)]
-    DeviceInUse(#[from] DeviceInUse),
+    DeviceInUse(Box<DeviceInUse>),
 
     /// A fault of the plugin itself (a checkpoint transition its own code should
     /// never ask for), not of the claim: the user can only retry and report it.
