@@ -1,4 +1,4 @@
-//! The production [`OpenSource`]: XID and double-bit ECC events from NVML, through
+//! The production [`EventSourceOpener`]: XID and double-bit ECC events from NVML, through
 //! `nvml-wrapper`, and probes by device handle lookup.
 
 use std::path::PathBuf;
@@ -13,7 +13,7 @@ use topodra_driver::discovery::nvml::NvmlSource;
 use tracing::{info, warn};
 
 use super::model::DeviceRef;
-use super::source::{EventDevice, EventSource, OpenSource, Probe, SourceError, XidEvent};
+use super::source::{EventDevice, EventSource, EventSourceOpener, Probe, SourceError, XidEvent};
 use super::xid::UNKNOWN_XID;
 
 /// XID 48 is the driver's own report of a double-bit ECC error.
@@ -32,7 +32,7 @@ impl NvmlOpener {
     }
 }
 
-impl OpenSource for NvmlOpener {
+impl EventSourceOpener for NvmlOpener {
     fn with_source(
         &mut self,
         devices: &[DeviceRef],
