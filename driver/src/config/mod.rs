@@ -8,14 +8,7 @@
 //! {
 //!   "apiVersion": "gpu.topodra.dev/v1alpha1",
 //!   "kind": "GpuConfig",
-//!   "sharing": {
-//!     "strategy": "MPS",
-//!     "mps": {
-//!       "defaultActiveThreadPercentage": 50,
-//!       "defaultPinnedDeviceMemoryLimit": "10Gi",
-//!       "perDevicePinnedMemoryLimit": {"gpu-1": "20Gi"}
-//!     }
-//!   },
+//!   "sharing": {"strategy": "TimeSlicing"},
 //!   "numa": {"exportHints": true, "requireAligned": false}
 //! }
 //! ```
@@ -23,6 +16,9 @@
 //! `sharing.strategy` is `Exclusive` (default), `TimeSlicing` (with an optional
 //! `timeSlicing: {interval: Default | Short | Medium | Long}`) or `MPS` (with an
 //! optional `mps` block); only the block that matches the strategy may be present.
+//! MPS and an interval other than `Default` decode, so the schema is the one they will
+//! have, but are not implemented yet: converting to [`EffectiveConfig`] refuses them,
+//! naming the field (and the chart's admission policy refuses them at `kubectl apply`).
 //!
 //! Decoding is strict: an unknown field, a wrong type, an unserved apiVersion or kind,
 //! or a value out of range refuses the claim with a message that names the field
@@ -57,8 +53,8 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 pub use effective::{
-    EffectiveConfig, MpsPolicy, NumaPolicy, SOURCE_FROM_CLAIM, SOURCE_FROM_CLASS, SharingPolicy,
-    TimeSlice, effective_configs,
+    EffectiveConfig, NumaPolicy, SOURCE_FROM_CLAIM, SOURCE_FROM_CLASS, SharingPolicy,
+    effective_configs,
 };
 pub use error::ConfigError;
 pub use quantity::{MemoryQuantity, QuantityError};
@@ -97,7 +93,7 @@ impl GpuConfig {
     }
 
     /// The normalized form the driver acts on.
-    pub fn to_effective(&self) -> EffectiveConfig {
+    pub fn to_effective(&self) -> Result<EffectiveConfig, ConfigError> {
         match self {
             Self::V1alpha1(config) => config.to_effective(),
         }

@@ -24,6 +24,26 @@ fn ok(parameters: Value) -> EffectiveConfig {
         .unwrap()
         .unwrap()
         .to_effective()
+        .unwrap()
+}
+
+/// Asserts the config decodes but is refused as not implemented yet, at `path`.
+fn not_implemented_at(parameters: Value, path: &str) -> String {
+    let decoded = decode(DRIVER, &opaque(DRIVER, parameters))
+        .unwrap()
+        .unwrap();
+    let error = decoded.to_effective().unwrap_err();
+    let message = error.to_string();
+    assert!(
+        matches!(error, ConfigError::NotImplemented { .. }),
+        "{message}"
+    );
+    assert_eq!(error.path(), Some(path), "{message}");
+    assert!(
+        message.starts_with(&format!("{path}: ")) && message.contains("not implemented yet"),
+        "{message}"
+    );
+    message
 }
 
 fn err(parameters: Value) -> ConfigError {
@@ -78,52 +98,35 @@ fn exclusive() {
 #[test]
 fn time_slicing() {
     let config = ok(with(json!({"sharing": {"strategy": "TimeSlicing"}})));
-    assert_eq!(
-        config.sharing,
-        SharingPolicy::TimeSlicing {
-            interval: TimeSlice::Default
-        }
-    );
-    for (name, interval) in [
-        ("Default", TimeSlice::Default),
-        ("Short", TimeSlice::Short),
-        ("Medium", TimeSlice::Medium),
-        ("Long", TimeSlice::Long),
-    ] {
-        let config = ok(with(json!({"sharing": {
-            "strategy": "TimeSlicing", "timeSlicing": {"interval": name}
-        }})));
-        assert_eq!(config.sharing, SharingPolicy::TimeSlicing { interval });
+    assert_eq!(config.sharing, SharingPolicy::TimeSlicing);
+    let config = ok(with(json!({"sharing": {
+        "strategy": "TimeSlicing", "timeSlicing": {"interval": "Default"}
+    }})));
+    assert_eq!(config.sharing, SharingPolicy::TimeSlicing);
+    for name in ["Short", "Medium", "Long"] {
+        let message = not_implemented_at(
+            with(json!({"sharing": {
+                "strategy": "TimeSlicing", "timeSlicing": {"interval": name}
+            }})),
+            "sharing.timeSlicing.interval",
+        );
+        assert!(message.contains(name), "{message}");
     }
 }
 
 #[test]
 fn mps() {
-    let config = ok(with(json!({"sharing": {"strategy": "MPS"}})));
-    assert_eq!(config.sharing, SharingPolicy::Mps(MpsPolicy::default()));
-
-    let config = ok(with(json!({"sharing": {"strategy": "MPS", "mps": {
-        "defaultActiveThreadPercentage": 100,
-        "defaultPinnedDeviceMemoryLimit": "10Gi",
-        "perDevicePinnedMemoryLimit": {"gpu-0": "1Gi", "gpu-12": "512M"}
-    }}})));
-    let SharingPolicy::Mps(mps) = config.sharing else {
-        panic!("{config:?}");
-    };
-    assert_eq!(mps.active_thread_percentage, Some(100));
-    assert_eq!(mps.default_pinned_memory_limit, Some(10 << 30));
-    assert_eq!(mps.per_device_pinned_memory_limit["gpu-0"], 1 << 30);
-    assert_eq!(mps.per_device_pinned_memory_limit["gpu-12"], 512_000_000);
-    let config = ok(with(json!({"sharing": {"strategy": "MPS", "mps": {
-        "defaultActiveThreadPercentage": 1
-    }}})));
-    assert!(matches!(
-        config.sharing,
-        SharingPolicy::Mps(MpsPolicy {
-            active_thread_percentage: Some(1),
-            ..
-        })
-    ));
+    // The whole block decodes strictly (see the invalid cases), then MPS is refused.
+    for sharing in [
+        json!({"strategy": "MPS"}),
+        json!({"strategy": "MPS", "mps": {
+            "defaultActiveThreadPercentage": 100,
+            "defaultPinnedDeviceMemoryLimit": "10Gi",
+            "perDevicePinnedMemoryLimit": {"gpu-0": "1Gi", "gpu-12": "512M"}
+        }}),
+    ] {
+        not_implemented_at(with(json!({ "sharing": sharing })), "sharing.strategy");
+    }
 }
 
 #[test]
@@ -565,14 +568,7 @@ fn documented_examples_decode() {
         effective.push(got.remove(request).unwrap());
     }
     assert!(effective[0].numa.require_aligned);
-    assert_eq!(
-        effective[1].sharing,
-        SharingPolicy::Mps(MpsPolicy {
-            active_thread_percentage: Some(50),
-            default_pinned_memory_limit: Some(10 << 30),
-            per_device_pinned_memory_limit: Default::default(),
-        })
-    );
+    assert_eq!(effective[1].sharing, SharingPolicy::TimeSlicing);
 }
 
 #[test]
@@ -586,10 +582,7 @@ fn module_doc_example_decodes() {
         .map(|l| l.trim_start_matches("//!"))
         .collect();
     let config = ok(serde_json::from_str(&json).unwrap());
-    let SharingPolicy::Mps(mps) = config.sharing else {
-        panic!("{config:?}");
-    };
-    assert_eq!(mps.pinned_memory_limit("gpu-1"), Some(20 << 30));
+    assert_eq!(config.sharing, SharingPolicy::TimeSlicing);
 }
 
 fn arbitrary_json() -> impl Strategy<Value = Value> {
