@@ -123,9 +123,7 @@ impl ClaimError {
             Self::Crashed(_) => "crashed",
         }
     }
-}
 
-impl ClaimError {
     /// A refused checkpoint transition of `claim`: in use is the claim's problem,
     /// anything else the plugin's.
     pub(crate) fn transition(claim: &ClaimRef, error: TransitionError) -> Self {
