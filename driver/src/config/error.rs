@@ -88,6 +88,7 @@ pub enum ConfigError {
         /// the claim has to change.
         origin: String,
         /// What is wrong with it.
+        #[source]
         error: Box<ConfigError>,
     },
 }
