@@ -44,7 +44,8 @@ test: setup fmt-check clippy chart-check deps-check test-unit test-e2e e2e image
 test-unit: tools-cdi
 	@echo "== cargo test (first build compiles the dependency tree: a few minutes on 2 cores)"
 	$(CARGO) build -p topodra-fake-nvml
-	TOPODRA_CDI_CHECK=$$(bash tests/cdi-check/build.sh) TOPODRA_REQUIRE_TOOLS=1 $(CARGO) test --workspace --no-fail-fast
+	TOPODRA_CDI_CHECK=$$(bash tests/cdi-check/build.sh) TOPODRA_REQUIRE_TOOLS=1 $(CARGO) test --workspace --no-fail-fast \
+		--features topodra-kubelet-plugin/crash-points
 
 ## test-e2e: a real control plane built from its Go modules (tools cached outside the
 ## repository: the first build takes 15-30 minutes on 2 cores), then the end-to-end suites.
@@ -99,8 +100,10 @@ fmt:
 fmt-check:
 	$(CARGO) fmt --all -- --check
 
+# Twice: the crash-points code (test-only fault injection) is compiled only with its feature.
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --features topodra-kubelet-plugin/crash-points -- -D warnings
 
 ## bench-prepare: prepare/unprepare latency of the release plugin over its real sockets, as
 ## ratios to references measured in the same run; writes target/bench/prepare.json.

@@ -34,9 +34,8 @@ pub(crate) struct ServeArgs {
     #[command(flatten)]
     pub(crate) health: HealthFlags,
 
-    /// Fault injection for tests: abort the process at this point of every prepare.
-    #[arg(long, env = "TOPODRA_TEST_CRASH_AT", hide = true)]
-    pub(crate) test_crash_at: Option<String>,
+    #[command(flatten)]
+    pub(crate) crash: crate::crash::CrashArgs,
 }
 
 /// Where the kubelet looks for the plugin, and where the plugin keeps its state.
@@ -399,6 +398,7 @@ mod tests {
                 "TOPODRA_HEALTH_QUIET_PERIOD_SECONDS",
             ),
             ("evict-unhealthy", "TOPODRA_EVICT_UNHEALTHY"),
+            #[cfg(feature = "crash-points")]
             ("test-crash-at", "TOPODRA_TEST_CRASH_AT"),
         ]
         .iter()

@@ -5,6 +5,7 @@
 //! health, metrics.
 
 mod args;
+mod crash;
 mod discover_cmd;
 mod events;
 mod health;

@@ -16,7 +16,7 @@ use topodra_driver::cdi::{CdiConfig, DriverFiles};
 use topodra_driver::checkpoint::read_boot_id;
 use topodra_driver::discovery::{self, DiscoveryConfig, NvmlPolicy, TopologyInput};
 use topodra_driver::health::{HealthPolicy, HealthState};
-use topodra_driver::prepare::{CrashPoint, Preparer, PreparerConfig};
+use topodra_driver::prepare::{Preparer, PreparerConfig};
 use topodra_ops::http::{Endpoints, HttpLimits};
 use topodra_ops::requests::RequestCounter;
 
@@ -175,7 +175,7 @@ fn start_preparer(
     boot_id: String,
     client: &kube::Client,
 ) -> Result<Arc<Preparer>> {
-    let (mut preparer, report) = Preparer::start(
+    let (preparer, report) = Preparer::start(
         &PreparerConfig {
             driver_name: args.discovery.driver_name.clone(),
             node_name: args.node_name.clone(),
@@ -197,19 +197,8 @@ fn start_preparer(
         save_failed = report.save_failed.is_some(),
         "recovered prepared claims"
     );
-    if let Some(point) = &args.test_crash_at {
-        let point: CrashPoint = point.parse().map_err(anyhow::Error::msg)?;
-        tracing::warn!(
-            ?point,
-            "fault injection: the process aborts there in every prepare"
-        );
-        preparer = preparer.with_crash_hook(Arc::new(move |at| {
-            if at == point {
-                std::process::abort();
-            }
-            false
-        }));
-    }
+    #[cfg(feature = "crash-points")]
+    let preparer = crate::crash::with_test_crash_at(preparer, &args.crash)?;
     let (client, node, inventory) = (client.clone(), args.node_name.clone(), inventory.clone());
     tokio::spawn(async move {
         events::recovery_events(client.clone(), &node, &report).await;

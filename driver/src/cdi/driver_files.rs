@@ -194,15 +194,25 @@ impl DriverFiles {
         let err = |reason: String| CdiError::ToolkitSpec {
             path: path.to_owned(),
             reason,
+            source: None,
         };
-        let text = fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+        let failed = |reason: String, source: Box<dyn std::error::Error + Send + Sync>| {
+            CdiError::ToolkitSpec {
+                path: path.to_owned(),
+                reason,
+                source: Some(source),
+            }
+        };
+        let text = fs::read_to_string(path).map_err(|e| failed(e.to_string(), e.into()))?;
         let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+        let yaml =
+            |text: &str| serde_saphyr::from_str(text).map_err(|e| failed(yaml_error(&e), e.into()));
         let parsed: ToolkitSpec = match ext {
-            "json" => serde_json::from_str(&text).map_err(|e| err(e.to_string()))?,
-            "yaml" | "yml" => serde_saphyr::from_str(&text).map_err(|e| err(yaml_error(&e)))?,
+            "json" => serde_json::from_str(&text).map_err(|e| failed(e.to_string(), e.into()))?,
+            "yaml" | "yml" => yaml(&text)?,
             _ => match serde_json::from_str(&text) {
                 Ok(s) => s,
-                Err(_) => serde_saphyr::from_str(&text).map_err(|e| err(yaml_error(&e)))?,
+                Err(_) => yaml(&text)?,
             },
         };
         let edits = parsed.container_edits;

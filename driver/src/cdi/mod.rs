@@ -206,8 +206,15 @@ pub enum CdiError {
     )]
     DriverFilesMissing { root: PathBuf, missing: Vec<String> },
 
+    /// `source` is the read or parse error, when there is one (`reason` already says
+    /// it, without a parser's source snippet).
     #[error("toolkit CDI spec {}: {reason}", path.display())]
-    ToolkitSpec { path: PathBuf, reason: String },
+    ToolkitSpec {
+        path: PathBuf,
+        reason: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
 
     #[error("the CDI spec for claim {claim_uid} would be refused by runtimes: {problems}")]
     InvalidSpec {

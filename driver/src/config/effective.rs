@@ -19,66 +19,19 @@ pub struct EffectiveConfig {
 }
 
 /// How the GPUs of a request are shared between the containers that use the claim.
+///
+/// Only what the plugin implements: a config asking for MPS or a time-slice interval
+/// other than the default is refused when it is converted (see
+/// [`v1alpha1::GpuConfig::to_effective`](super::v1alpha1::GpuConfig::to_effective)),
+/// so nothing downstream has to refuse it again.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum SharingPolicy {
     /// No sharing setup; the default.
     #[default]
     Exclusive,
-    /// Time-sliced contexts.
-    TimeSlicing {
-        /// Slice length.
-        interval: TimeSlice,
-    },
-    /// CUDA MPS.
-    Mps(MpsPolicy),
-}
-
-/// Time-slice length, as `nvidia-smi compute-policy --set-timeslice` takes it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum TimeSlice {
-    /// The driver's default.
-    #[default]
-    Default,
-    /// Short.
-    Short,
-    /// Medium.
-    Medium,
-    /// Long.
-    Long,
-}
-
-impl TimeSlice {
-    /// The value of `nvidia-smi compute-policy --set-timeslice`.
-    pub fn nvidia_smi_value(self) -> u8 {
-        match self {
-            Self::Default => 0,
-            Self::Short => 1,
-            Self::Medium => 2,
-            Self::Long => 3,
-        }
-    }
-}
-
-/// MPS settings, with defaults resolved to "not set".
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MpsPolicy {
-    /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, 1 to 100.
-    pub active_thread_percentage: Option<u8>,
-    /// Pinned device memory limit in bytes for devices without an override.
-    pub default_pinned_memory_limit: Option<u64>,
-    /// Overrides in bytes, by device name (`gpu-0`). A name that is not allocated to
-    /// the request is for the caller to refuse; only it knows the allocation.
-    pub per_device_pinned_memory_limit: BTreeMap<String, u64>,
-}
-
-impl MpsPolicy {
-    /// The pinned memory limit in bytes for `device`, if any applies.
-    pub fn pinned_memory_limit(&self, device: &str) -> Option<u64> {
-        self.per_device_pinned_memory_limit
-            .get(device)
-            .copied()
-            .or(self.default_pinned_memory_limit)
-    }
+    /// Time-sliced contexts at the driver's default interval: GPUs already time-slice
+    /// between the processes of one claim, so there is nothing to set up.
+    TimeSlicing,
 }
 
 /// NUMA behaviour.
@@ -157,17 +110,19 @@ pub fn effective_configs(
                 });
             }
         };
-        let decoded = decode(driver_name, opaque).map_err(|error| ConfigError::InConfig {
-            index,
-            origin: config.source.clone(),
-            error: Box::new(error),
-        })?;
-        if let Some(decoded) = decoded {
+        let effective = decode(driver_name, opaque)
+            .and_then(|decoded| decoded.map(|d| d.to_effective()).transpose())
+            .map_err(|error| ConfigError::InConfig {
+                index,
+                origin: config.source.clone(),
+                error: Box::new(error),
+            })?;
+        if let Some(effective) = effective {
             ranked.push(Ranked {
                 from_claim,
                 index,
                 scope: config.requests.as_deref().unwrap_or_default(),
-                effective: decoded.to_effective(),
+                effective,
             });
         }
     }
@@ -230,15 +185,27 @@ mod tests {
         gpu_config(json!({"strategy": "TimeSlicing", "timeSlicing": {"interval": interval}}))
     }
 
-    fn names(names: &[&str]) -> Vec<String> {
-        names.iter().map(|n| (*n).to_owned()).collect()
+    /// A config told apart by its NUMA flags, the only settings with more than one
+    /// accepted value.
+    fn numa(export_hints: bool, require_aligned: bool) -> Value {
+        json!({"apiVersion": "gpu.topodra.dev/v1alpha1", "kind": "GpuConfig",
+               "numa": {"exportHints": export_hints, "requireAligned": require_aligned}})
     }
 
-    fn interval(config: &EffectiveConfig) -> Option<TimeSlice> {
-        match config.sharing {
-            SharingPolicy::TimeSlicing { interval } => Some(interval),
-            _ => None,
-        }
+    const A: (bool, bool) = (false, false);
+    const B: (bool, bool) = (false, true);
+    const C: (bool, bool) = (true, true);
+
+    fn config(flags: (bool, bool)) -> Value {
+        numa(flags.0, flags.1)
+    }
+
+    fn flags(config: &EffectiveConfig) -> (bool, bool) {
+        (config.numa.export_hints, config.numa.require_aligned)
+    }
+
+    fn names(names: &[&str]) -> Vec<String> {
+        names.iter().map(|n| (*n).to_owned()).collect()
     }
 
     #[test]
@@ -255,30 +222,35 @@ mod tests {
     #[test]
     fn claim_overrides_class_even_when_listed_first() {
         let configs = [
-            entry(SOURCE_FROM_CLAIM, &[], DRIVER, time_slicing("Long")),
-            entry(SOURCE_FROM_CLASS, &[], DRIVER, time_slicing("Short")),
+            entry(SOURCE_FROM_CLAIM, &[], DRIVER, config(A)),
+            entry(SOURCE_FROM_CLASS, &[], DRIVER, config(C)),
         ];
         let got = effective_configs(DRIVER, &configs, &names(&["gpu"])).unwrap();
-        assert_eq!(interval(&got["gpu"]), Some(TimeSlice::Long));
+        assert_eq!(flags(&got["gpu"]), A);
     }
 
     #[test]
     fn later_config_of_the_same_source_wins() {
         let configs = [
-            entry(SOURCE_FROM_CLASS, &[], DRIVER, time_slicing("Short")),
-            entry(SOURCE_FROM_CLASS, &[], DRIVER, time_slicing("Medium")),
-            entry(SOURCE_FROM_CLAIM, &[], DRIVER, time_slicing("Default")),
-            entry(SOURCE_FROM_CLAIM, &[], DRIVER, time_slicing("Long")),
+            entry(SOURCE_FROM_CLASS, &[], DRIVER, config(C)),
+            entry(SOURCE_FROM_CLASS, &[], DRIVER, config(B)),
+            entry(SOURCE_FROM_CLAIM, &[], DRIVER, numa(true, false)),
+            entry(SOURCE_FROM_CLAIM, &[], DRIVER, config(A)),
         ];
         let got = effective_configs(DRIVER, &configs, &names(&["gpu"])).unwrap();
-        assert_eq!(interval(&got["gpu"]), Some(TimeSlice::Long));
+        assert_eq!(flags(&got["gpu"]), A);
     }
 
     #[test]
     fn whole_object_replacement() {
         // The claim only asks for alignment; the class's time-slicing does not survive.
         let configs = [
-            entry(SOURCE_FROM_CLASS, &[], DRIVER, time_slicing("Short")),
+            entry(
+                SOURCE_FROM_CLASS,
+                &[],
+                DRIVER,
+                gpu_config(json!({"strategy": "TimeSlicing"})),
+            ),
             entry(
                 SOURCE_FROM_CLAIM,
                 &[],
@@ -295,47 +267,20 @@ mod tests {
     #[test]
     fn scoping_by_request_and_subrequest() {
         let configs = [
-            entry(SOURCE_FROM_CLASS, &[], DRIVER, time_slicing("Short")),
-            entry(SOURCE_FROM_CLAIM, &["train"], DRIVER, time_slicing("Long")),
-            entry(
-                SOURCE_FROM_CLAIM,
-                &["infer/small"],
-                DRIVER,
-                time_slicing("Medium"),
-            ),
-            entry(
-                SOURCE_FROM_CLAIM,
-                &["nowhere"],
-                DRIVER,
-                time_slicing("Default"),
-            ),
+            entry(SOURCE_FROM_CLASS, &[], DRIVER, config(C)),
+            entry(SOURCE_FROM_CLAIM, &["train"], DRIVER, config(A)),
+            entry(SOURCE_FROM_CLAIM, &["infer/small"], DRIVER, config(B)),
+            entry(SOURCE_FROM_CLAIM, &["nowhere"], DRIVER, numa(true, false)),
         ];
         let requests = names(&["train", "train/a", "infer/small", "infer/big", "other"]);
         let got = effective_configs(DRIVER, &configs, &requests).unwrap();
-        let intervals: Vec<_> = requests
-            .iter()
-            .map(|r| interval(&got[r]).unwrap())
-            .collect();
-        assert_eq!(
-            intervals,
-            [
-                TimeSlice::Long,
-                TimeSlice::Long,
-                TimeSlice::Medium,
-                TimeSlice::Short,
-                TimeSlice::Short,
-            ]
-        );
+        let got: Vec<_> = requests.iter().map(|r| flags(&got[r])).collect();
+        assert_eq!(got, [A, A, B, C, C]);
     }
 
     #[test]
     fn subrequest_scope_does_not_match_a_prefix() {
-        let configs = [entry(
-            SOURCE_FROM_CLAIM,
-            &["gpu"],
-            DRIVER,
-            time_slicing("Long"),
-        )];
+        let configs = [entry(SOURCE_FROM_CLAIM, &["gpu"], DRIVER, config(A))];
         let got = effective_configs(DRIVER, &configs, &names(&["gpus", "gpus/x"])).unwrap();
         assert!(got.values().all(|c| *c == EffectiveConfig::default()));
     }
@@ -358,7 +303,7 @@ mod tests {
     #[test]
     fn error_names_index_and_source() {
         let configs = [
-            entry(SOURCE_FROM_CLASS, &[], DRIVER, time_slicing("Short")),
+            entry(SOURCE_FROM_CLASS, &[], DRIVER, config(C)),
             entry(
                 SOURCE_FROM_CLAIM,
                 &["unrelated"],
@@ -389,35 +334,41 @@ mod tests {
     }
 
     #[test]
-    fn mps_limits_resolve_per_device() {
+    fn not_implemented_sharing_is_refused_naming_entry_and_field() {
+        for (parameters, path, what) in [
+            (
+                gpu_config(
+                    json!({"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 25}}),
+                ),
+                "sharing.strategy",
+                "MPS sharing is not implemented yet",
+            ),
+            (
+                time_slicing("Long"),
+                "sharing.timeSlicing.interval",
+                "Long is not implemented yet",
+            ),
+        ] {
+            let configs = [
+                entry(SOURCE_FROM_CLASS, &[], DRIVER, config(C)),
+                entry(SOURCE_FROM_CLAIM, &["gpu"], DRIVER, parameters),
+            ];
+            let err = effective_configs(DRIVER, &configs, &names(&["gpu"])).unwrap_err();
+            let msg = err.to_string();
+            assert!(
+                msg.starts_with(&format!("config[1] (FromClaim): {path}: {what}")),
+                "{msg}"
+            );
+            assert_eq!(err.path(), Some(path));
+        }
+        // The default interval is what GPUs do anyway.
         let configs = [entry(
             SOURCE_FROM_CLAIM,
             &[],
             DRIVER,
-            gpu_config(json!({"strategy": "MPS", "mps": {
-                "defaultActiveThreadPercentage": 25,
-                "defaultPinnedDeviceMemoryLimit": "1Gi",
-                "perDevicePinnedMemoryLimit": {"gpu-3": "2Gi"}
-            }})),
+            time_slicing("Default"),
         )];
         let got = effective_configs(DRIVER, &configs, &names(&["gpu"])).unwrap();
-        let SharingPolicy::Mps(mps) = &got["gpu"].sharing else {
-            panic!("{:?}", got["gpu"]);
-        };
-        assert_eq!(mps.active_thread_percentage, Some(25));
-        assert_eq!(mps.pinned_memory_limit("gpu-3"), Some(2 << 30));
-        assert_eq!(mps.pinned_memory_limit("gpu-0"), Some(1 << 30));
-    }
-
-    #[test]
-    fn time_slice_values() {
-        let values = [
-            TimeSlice::Default,
-            TimeSlice::Short,
-            TimeSlice::Medium,
-            TimeSlice::Long,
-        ]
-        .map(TimeSlice::nvidia_smi_value);
-        assert_eq!(values, [0, 1, 2, 3]);
+        assert_eq!(got["gpu"].sharing, SharingPolicy::TimeSlicing);
     }
 }

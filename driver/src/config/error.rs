@@ -60,6 +60,16 @@ pub enum ConfigError {
         message: String,
     },
 
+    /// A field decodes, but its setting is not implemented yet by this version of the
+    /// plugin (MPS, a time-slice interval other than Default).
+    #[error("{path}: {message}")]
+    NotImplemented {
+        /// Dotted path from the top of `parameters`, e.g. `sharing.strategy`.
+        path: String,
+        /// What is not implemented and what to use instead.
+        message: String,
+    },
+
     /// An allocation config entry is not something this driver can order.
     #[error("config[{index}]: unknown source {origin:?}; expected FromClass or FromClaim")]
     UnknownSource {
@@ -78,6 +88,7 @@ pub enum ConfigError {
         /// the claim has to change.
         origin: String,
         /// What is wrong with it.
+        #[source]
         error: Box<ConfigError>,
     },
 }
@@ -86,7 +97,7 @@ impl ConfigError {
     /// The field path the error is about, when it is about one field.
     pub fn path(&self) -> Option<&str> {
         match self {
-            Self::Invalid { path, .. } => Some(path),
+            Self::Invalid { path, .. } | Self::NotImplemented { path, .. } => Some(path),
             Self::MissingTypeField { field, .. } => Some(field),
             Self::UnsupportedApiVersion { .. } => Some("apiVersion"),
             Self::UnsupportedKind { .. } => Some("kind"),

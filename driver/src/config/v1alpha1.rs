@@ -13,7 +13,7 @@ use std::fmt;
 use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::effective::{EffectiveConfig, MpsPolicy, NumaPolicy, SharingPolicy, TimeSlice};
+use super::effective::{EffectiveConfig, NumaPolicy, SharingPolicy};
 use super::{ConfigError, MemoryQuantity, strict};
 
 /// The version string of this module's types.
@@ -305,45 +305,42 @@ impl GpuConfig {
         Ok(())
     }
 
-    /// The normalized form the driver acts on.
-    pub fn to_effective(&self) -> EffectiveConfig {
+    /// The normalized form the driver acts on. Refuses, naming the field, what the
+    /// schema accepts but the plugin does not implement yet (MPS, a time-slice
+    /// interval other than Default): refused here, every caller refuses it the same
+    /// way instead of prepare finding out later.
+    pub fn to_effective(&self) -> Result<EffectiveConfig, ConfigError> {
         let sharing = self.sharing.clone().unwrap_or_default();
         let sharing = match sharing.strategy {
             SharingStrategy::Exclusive => SharingPolicy::Exclusive,
-            SharingStrategy::TimeSlicing => SharingPolicy::TimeSlicing {
-                interval: match sharing.time_slicing.unwrap_or_default().interval {
-                    TimeSliceInterval::Default => TimeSlice::Default,
-                    TimeSliceInterval::Short => TimeSlice::Short,
-                    TimeSliceInterval::Medium => TimeSlice::Medium,
-                    TimeSliceInterval::Long => TimeSlice::Long,
-                },
+            SharingStrategy::TimeSlicing => match sharing.time_slicing.unwrap_or_default().interval
+            {
+                TimeSliceInterval::Default => SharingPolicy::TimeSlicing,
+                other => {
+                    return Err(ConfigError::NotImplemented {
+                        path: "sharing.timeSlicing.interval".into(),
+                        message: format!(
+                            "{other:?} is not implemented yet; leave interval out or set Default"
+                        ),
+                    });
+                }
             },
             SharingStrategy::Mps => {
-                let mps = sharing.mps.unwrap_or_default();
-                SharingPolicy::Mps(MpsPolicy {
-                    active_thread_percentage: mps
-                        .default_active_thread_percentage
-                        .map(Percentage::get),
-                    default_pinned_memory_limit: mps
-                        .default_pinned_device_memory_limit
-                        .map(|q| q.bytes()),
-                    per_device_pinned_memory_limit: mps
-                        .per_device_pinned_memory_limit
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|(device, q)| (device.0, q.bytes()))
-                        .collect(),
-                })
+                return Err(ConfigError::NotImplemented {
+                    path: "sharing.strategy".into(),
+                    message: "MPS sharing is not implemented yet; use Exclusive or TimeSlicing"
+                        .into(),
+                });
             }
         };
         let numa = self.numa.clone().unwrap_or_default();
-        EffectiveConfig {
+        Ok(EffectiveConfig {
             sharing,
             numa: NumaPolicy {
                 export_hints: numa.export_hints,
                 require_aligned: numa.require_aligned,
             },
-        }
+        })
     }
 }
 

@@ -1,5 +1,7 @@
 use std::path::PathBuf;
 
+use nvml_wrapper::error::NvmlError;
+
 /// Why discovery could not produce an inventory. Each variant names what is missing
 /// or wrong so that an operator can act on the message alone.
 #[derive(Debug, thiserror::Error)]
@@ -11,16 +13,21 @@ pub enum DiscoveryError {
     NvmlLibraryMissing { lib: String, reason: String },
 
     #[error("NVML failed to initialize: {0}; is the NVIDIA kernel module loaded?")]
-    NvmlInit(String),
+    NvmlInit(#[source] NvmlError),
 
-    #[error("NVML {call} failed: {reason}")]
-    Nvml { call: String, reason: String },
+    #[error("NVML {call} failed: {source}")]
+    Nvml {
+        call: String,
+        #[source]
+        source: NvmlError,
+    },
 
     #[error("hwloc topology file {}: {reason}", path.display())]
     HwlocXml { path: PathBuf, reason: String },
 
+    /// Boxed because each hwloc call has an error type of its own.
     #[error("hwloc could not load the topology: {0}")]
-    Hwloc(String),
+    Hwloc(#[source] Box<dyn std::error::Error + Send + Sync>),
 
     #[error("sysfs at {}: {reason}", path.display())]
     Sysfs { path: PathBuf, reason: String },

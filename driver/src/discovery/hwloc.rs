@@ -53,13 +53,11 @@ impl HwlocSource {
         // locality of most GPUs. Exports taken inside such a pod need the same.
         let builder = Topology::builder()
             .with_flags(BuildFlags::INCLUDE_DISALLOWED)
-            .map_err(|e| DiscoveryError::Hwloc(e.to_string()))?
+            .map_err(|e| DiscoveryError::Hwloc(e.into()))?
             .with_io_type_filter(TypeFilter::KeepAll)
-            .map_err(|e| DiscoveryError::Hwloc(e.to_string()))?;
+            .map_err(|e| DiscoveryError::Hwloc(e.into()))?;
         match &self.input {
-            Input::Live => builder
-                .build()
-                .map_err(|e| DiscoveryError::Hwloc(e.to_string())),
+            Input::Live => builder.build().map_err(|e| DiscoveryError::Hwloc(e.into())),
             Input::Xml(path) => {
                 let xml = read_topology_xml(path)?;
                 let err = |reason: String| DiscoveryError::HwlocXml {

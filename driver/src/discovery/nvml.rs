@@ -56,7 +56,7 @@ impl NvmlSource {
                     lib: lib.display().to_string(),
                     reason: format!("it does not export the NVML API ({sym})"),
                 },
-                other => DiscoveryError::NvmlInit(other.to_string()),
+                other => DiscoveryError::NvmlInit(other),
             })
     }
 }
@@ -68,9 +68,9 @@ impl IdentitySource for NvmlSource {
 }
 
 fn call_error(call: &str) -> impl FnOnce(NvmlError) -> DiscoveryError + '_ {
-    move |e| DiscoveryError::Nvml {
+    move |source| DiscoveryError::Nvml {
         call: call.to_owned(),
-        reason: e.to_string(),
+        source,
     }
 }
 

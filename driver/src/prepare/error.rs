@@ -1,5 +1,5 @@
 use crate::cdi::CdiError;
-use crate::checkpoint::CheckpointError;
+use crate::checkpoint::{CheckpointError, ClaimRef, DeviceInUse, TransitionError};
 use crate::config::ConfigError;
 
 /// Why one claim could not be prepared or unprepared. The message goes into that
@@ -73,8 +73,22 @@ pub enum ClaimError {
         nodes: String,
     },
 
-    #[error("device {device} is already prepared for claim {holder}")]
-    DeviceInUse { device: String, holder: String },
+    /// Another claim's record holds one of the devices; the message names it.
+    #[error(transparent)]
+    DeviceInUse(Box<DeviceInUse>),
+
+    /// A fault of the plugin itself (a checkpoint transition its own code should
+    /// never ask for), not of the claim: the user can only retry and report it.
+    #[error(
+        "claim {namespace}/{name}: internal error of the plugin: {source}; \
+         retry by recreating the pod, and report this with the plugin's logs"
+    )]
+    Internal {
+        namespace: String,
+        name: String,
+        #[source]
+        source: TransitionError,
+    },
 
     #[error("writing the CDI spec: {0}")]
     Cdi(#[from] CdiError),
@@ -84,6 +98,7 @@ pub enum ClaimError {
 
     /// Only from a crash point set for fault-injection tests: the process stopped
     /// here on purpose, leaving state as a crash would.
+    #[cfg(feature = "crash-points")]
     #[error("stopped at crash point {0:?}")]
     Crashed(super::CrashPoint),
 }
@@ -100,10 +115,25 @@ impl ClaimError {
             Self::Config { .. } => "config",
             Self::Unsupported { .. } => "unsupported",
             Self::NotAligned { .. } => "not_aligned",
-            Self::DeviceInUse { .. } => "device_in_use",
+            Self::DeviceInUse(_) => "device_in_use",
+            Self::Internal { .. } => "internal",
             Self::Cdi(_) => "cdi",
             Self::Checkpoint(_) => "checkpoint",
+            #[cfg(feature = "crash-points")]
             Self::Crashed(_) => "crashed",
+        }
+    }
+
+    /// A refused checkpoint transition of `claim`: in use is the claim's problem,
+    /// anything else the plugin's.
+    pub(crate) fn transition(claim: &ClaimRef, error: TransitionError) -> Self {
+        match error {
+            TransitionError::DeviceInUse(e) => Self::DeviceInUse(e),
+            source => Self::Internal {
+                namespace: claim.namespace.clone(),
+                name: claim.name.clone(),
+                source,
+            },
         }
     }
 }

@@ -10,6 +10,8 @@
 //! checkpoint writes are serialized, and memory is only updated after the disk is.
 //! Every error is per claim: the caller answers each claim of a batch separately.
 
+#[cfg(feature = "crash-points")]
+mod crash;
 mod error;
 mod locks;
 mod plan;
@@ -17,10 +19,12 @@ mod recovery;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
+#[cfg(feature = "crash-points")]
+pub use crash::{CrashHook, CrashPoint};
 pub use error::{ClaimError, StartError};
 pub use recovery::StartupReport;
 
@@ -30,35 +34,6 @@ use crate::checkpoint::{
     PreparedDevice,
 };
 use crate::inventory::{AllocatableDevice, Inventory};
-
-/// Points where fault-injection tests stop a prepare as a crash would.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CrashPoint {
-    /// The started record is on disk; no CDI spec yet.
-    AfterStartedRecord,
-    /// The CDI spec is written; the claim is still recorded as started.
-    AfterCdiWrite,
-    /// The completed record is on disk; the kubelet never got the answer.
-    AfterCompletedRecord,
-}
-
-impl std::str::FromStr for CrashPoint {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "after-started-record" => Ok(Self::AfterStartedRecord),
-            "after-cdi-write" => Ok(Self::AfterCdiWrite),
-            "after-completed-record" => Ok(Self::AfterCompletedRecord),
-            other => Err(format!(
-                "unknown crash point {other:?}: after-started-record, after-cdi-write, after-completed-record"
-            )),
-        }
-    }
-}
-
-/// Called at each [`CrashPoint`]; returning `true` stops the prepare there without any
-/// cleanup. The kubelet plugin's hook aborts the process instead of returning.
-pub type CrashHook = Arc<dyn Fn(CrashPoint) -> bool + Send + Sync>;
 
 /// Where the state machine keeps its state and who it is.
 #[derive(Debug, Clone)]
@@ -74,9 +49,6 @@ pub struct PreparerConfig {
     pub cdi_spec_dir: PathBuf,
 }
 
-/// One prepared device in the answer to the kubelet.
-pub type Prepared = PreparedDevice;
-
 pub struct Preparer {
     driver_name: String,
     pool: String,
@@ -88,6 +60,7 @@ pub struct Preparer {
     files: DriverFiles,
     store: CheckpointStore,
     state: Mutex<Checkpoint>,
+    #[cfg(feature = "crash-points")]
     crash_hook: Option<CrashHook>,
 }
 
@@ -132,22 +105,10 @@ impl Preparer {
             files,
             store,
             state: Mutex::new(checkpoint),
+            #[cfg(feature = "crash-points")]
             crash_hook: None,
         };
         Ok((preparer, report))
-    }
-
-    /// Installs a fault-injection hook; see [`CrashPoint`].
-    pub fn with_crash_hook(mut self, hook: CrashHook) -> Self {
-        self.crash_hook = Some(hook);
-        self
-    }
-
-    fn crash(&self, point: CrashPoint) -> Result<(), ClaimError> {
-        match &self.crash_hook {
-            Some(hook) if hook(point) => Err(ClaimError::Crashed(point)),
-            _ => Ok(()),
-        }
     }
 
     fn state(&self) -> MutexGuard<'_, Checkpoint> {
@@ -157,11 +118,15 @@ impl Preparer {
     }
 
     /// Applies `change` to a copy of the checkpoint, saves the copy, and only then
-    /// makes it current, so memory never runs ahead of disk.
-    fn update<T>(&self, change: impl FnOnce(&mut Checkpoint) -> T) -> Result<T, CheckpointError> {
+    /// makes it current, so memory never runs ahead of disk. A refused change saves
+    /// nothing.
+    fn update<T, E: From<CheckpointError>>(
+        &self,
+        change: impl FnOnce(&mut Checkpoint) -> Result<T, E>,
+    ) -> Result<T, E> {
         let mut state = self.state();
         let mut next = state.clone();
-        let out = change(&mut next);
+        let out = change(&mut next)?;
         self.store.save(&next)?;
         *state = next;
         Ok(out)
@@ -170,11 +135,12 @@ impl Preparer {
     /// Brings a completed record's answer up to date (request names after a
     /// rebuild). Best effort: the answer given is right either way; the record only
     /// matters again after a restart.
-    fn refresh_record(&self, uid: &str, prepared: &[Prepared]) {
+    fn refresh_record(&self, uid: &str, prepared: &[PreparedDevice]) {
         let result = self.update(|cp| {
             if let Some(record) = cp.claims.get_mut(uid) {
                 record.devices = prepared.to_vec();
             }
+            Ok::<_, CheckpointError>(())
         });
         if let Err(e) = result {
             tracing::warn!(claim = uid, error = %e, "could not record refreshed request names");
@@ -197,7 +163,7 @@ impl Preparer {
         &self,
         claim_ref: &ClaimRef,
         claim: &ResourceClaim,
-    ) -> Result<Vec<Prepared>, ClaimError> {
+    ) -> Result<Vec<PreparedDevice>, ClaimError> {
         let ctx = plan::Context {
             driver_name: &self.driver_name,
             pool: &self.pool,
@@ -209,7 +175,7 @@ impl Preparer {
         // The answer always comes from the claim as it is now: request names in
         // particular, which a checkpoint rebuilt from CDI specs by an older version
         // may lack, and which the kubelet needs to hand devices to containers.
-        let prepared: Vec<Prepared> = plan
+        let prepared: Vec<PreparedDevice> = plan
             .devices
             .iter()
             .map(|d| PreparedDevice {
@@ -235,20 +201,11 @@ impl Preparer {
                 }
                 return Ok(prepared);
             }
-            for name in &names {
-                if let Some(holder) = state.holder_of(&self.pool, name)
-                    && holder.uid != claim_ref.uid
-                {
-                    return Err(ClaimError::DeviceInUse {
-                        device: name.clone(),
-                        holder: format!("{}/{} ({})", holder.namespace, holder.name, holder.uid),
-                    });
-                }
-            }
         }
 
         // Build the spec before recording anything: if the node cannot describe the
-        // devices, there is nothing to roll back.
+        // devices, there is nothing to roll back. Whether another claim holds one of
+        // them is only known under the lock of the save below (begin_prepare).
         let gpus = plan
             .devices
             .iter()
@@ -279,36 +236,29 @@ impl Preparer {
                 checkpoint::unix_now(),
             )
             .map(|_| ())
-        })?
-        .map_err(|e| match e {
-            checkpoint::PrepareError::DeviceInUse { device, holder, .. } => {
-                ClaimError::DeviceInUse { device, holder }
-            }
-            other => ClaimError::Unsupported {
-                namespace: claim_ref.namespace.clone(),
-                name: claim_ref.name.clone(),
-                what: other.to_string(),
-            },
+            .map_err(|e| ClaimError::transition(claim_ref, e))
         })?;
+        #[cfg(feature = "crash-points")]
         self.crash(CrashPoint::AfterStartedRecord)?;
 
         if let Err(e) = self.writer.write(&claim_ref.uid, &spec) {
             // Nothing was handed out: forget the claim so its devices are free again.
-            if let Err(rollback) = self.update(|cp| cp.remove(&claim_ref.uid)) {
+            if let Err(rollback) =
+                self.update(|cp| Ok::<_, CheckpointError>(cp.remove(&claim_ref.uid)))
+            {
                 tracing::error!(claim = %claim_ref.uid, error = %rollback, "rolling back a failed prepare");
             }
             return Err(e.into());
         }
+        #[cfg(feature = "crash-points")]
         self.crash(CrashPoint::AfterCdiWrite)?;
 
         self.update(|cp| {
-            checkpoint::complete_prepare(cp, &claim_ref.uid, checkpoint::unix_now()).map(|_| ())
-        })?
-        .map_err(|e| ClaimError::Unsupported {
-            namespace: claim_ref.namespace.clone(),
-            name: claim_ref.name.clone(),
-            what: e.to_string(),
+            checkpoint::complete_prepare(cp, &claim_ref.uid, checkpoint::unix_now())
+                .map(|_| ())
+                .map_err(|e| ClaimError::transition(claim_ref, e))
         })?;
+        #[cfg(feature = "crash-points")]
         self.crash(CrashPoint::AfterCompletedRecord)?;
         Ok(prepared)
     }
@@ -326,7 +276,7 @@ impl Preparer {
         // spec that no record owns until the next start.
         self.writer.remove(uid)?;
         if self.state().get(uid).is_some() {
-            self.update(|cp| cp.remove(uid))?;
+            self.update(|cp| Ok::<_, ClaimError>(cp.remove(uid)))?;
         }
         Ok(())
     }

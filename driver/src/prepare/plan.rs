@@ -7,7 +7,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use super::ClaimError;
 use crate::checkpoint::ClaimRef;
-use crate::config::{EffectiveConfig, SharingPolicy, TimeSlice, effective_configs};
+use crate::config::{EffectiveConfig, effective_configs};
 use crate::inventory::AllocatableDevice;
 
 /// One allocated device of ours.
@@ -131,31 +131,8 @@ pub(super) fn plan(
     let default = EffectiveConfig::default();
     let config_of = |request: &str| configs.get(request).unwrap_or(&default);
 
-    for request in &request_names {
-        match &config_of(request).sharing {
-            SharingPolicy::Exclusive => {}
-            // GPUs time-slice between the processes of one claim by default; only a
-            // non-default interval needs the driver's compute policy, not done yet.
-            SharingPolicy::TimeSlicing {
-                interval: TimeSlice::Default,
-            } => {}
-            SharingPolicy::TimeSlicing { interval } => {
-                return Err(ClaimError::Unsupported {
-                    namespace,
-                    name,
-                    what: format!("time-slice interval {interval:?}"),
-                });
-            }
-            SharingPolicy::Mps(_) => {
-                return Err(ClaimError::Unsupported {
-                    namespace,
-                    name,
-                    what: "MPS sharing".into(),
-                });
-            }
-        }
-    }
-
+    // Sharing needs no work here: what is not implemented (MPS, a non-default
+    // time-slice interval) was refused when the configs were decoded.
     if request_names
         .iter()
         .any(|r| config_of(r).numa.require_aligned)

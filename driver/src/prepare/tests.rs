@@ -367,7 +367,7 @@ fn a_device_prepared_for_another_live_claim_is_refused() {
     let err = p
         .prepare(&claim_ref("u2"), &claim("u2", &[1, 2]))
         .unwrap_err();
-    assert!(matches!(err, ClaimError::DeviceInUse { .. }), "{err}");
+    assert!(matches!(err, ClaimError::DeviceInUse(_)), "{err}");
     assert!(
         err.to_string().contains("gpu-1") && err.to_string().contains("u1"),
         "{err}"

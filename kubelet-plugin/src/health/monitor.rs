@@ -1,4 +1,4 @@
-//! Runs an [`OpenSource`] on a dedicated thread and keeps a [`HealthState`] current.
+//! Runs an [`EventSourceOpener`] on a dedicated thread and keeps a [`HealthState`] current.
 //!
 //! NVML's event wait blocks, so it gets a thread of its own rather than a slot in
 //! tokio's blocking pool; the thread also makes the periodic probes, because NVML
@@ -21,7 +21,7 @@ use topodra_driver::health::{
     DeviceRef, EventDevice, HealthPolicy, HealthState, Probe, Status, Tracker, XidEvent,
 };
 
-use super::source::{EventSource, OpenSource};
+use super::source::{EventSource, EventSourceOpener};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct MonitorConfig {
@@ -67,7 +67,7 @@ impl HealthMonitor {
     /// has closed NVML; dropping its sender ends every health stream.
     pub(crate) fn spawn(
         inventory: &Inventory,
-        source: impl OpenSource,
+        source: impl EventSourceOpener,
         config: MonitorConfig,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> (JoinHandle<()>, watch::Receiver<HealthState>) {
@@ -183,7 +183,7 @@ fn log_transition(tracker: &Tracker, name: &str) {
 /// The event thread: opens the source, pumps it, and reopens it after failures,
 /// until `stop` is set or the async side is gone.
 fn run_source(
-    mut source: impl OpenSource,
+    mut source: impl EventSourceOpener,
     devices: &[DeviceRef],
     config: &MonitorConfig,
     stop: &AtomicBool,
@@ -330,7 +330,7 @@ mod tests {
         }
     }
 
-    impl OpenSource for Scripted {
+    impl EventSourceOpener for Scripted {
         fn with_source(
             &mut self,
             _devices: &[DeviceRef],

@@ -1,4 +1,4 @@
-//! The production [`OpenSource`]: XID and double-bit ECC events from NVML, through
+//! The production [`EventSourceOpener`]: XID and double-bit ECC events from NVML, through
 //! `nvml-wrapper`, and probes by device handle lookup.
 
 use std::path::PathBuf;
@@ -13,7 +13,7 @@ use topodra_driver::discovery::nvml::NvmlSource;
 use topodra_driver::health::{DeviceRef, EventDevice, Probe, UNKNOWN_XID, XidEvent};
 use tracing::{info, warn};
 
-use super::source::{EventSource, OpenSource, SourceError};
+use super::source::{EventSource, EventSourceOpener, SourceError};
 
 /// XID 48 is the driver's own report of a double-bit ECC error.
 const DOUBLE_BIT_ECC_XID: u64 = 48;
@@ -31,7 +31,7 @@ impl NvmlOpener {
     }
 }
 
-impl OpenSource for NvmlOpener {
+impl EventSourceOpener for NvmlOpener {
     fn with_source(
         &mut self,
         devices: &[DeviceRef],

@@ -30,7 +30,7 @@ pub(crate) trait EventSource {
 /// A callback rather than a returned value because a real source borrows from the
 /// NVML handle it was opened with: both live on the opener's stack for exactly as
 /// long as `body` runs.
-pub(crate) trait OpenSource: Send + 'static {
+pub(crate) trait EventSourceOpener: Send + 'static {
     /// Fails when the source cannot be opened; otherwise returns once `body` does.
     fn with_source(
         &mut self,

@@ -1,0 +1,50 @@
+//! Fault injection for crash tests, compiled only with the `crash-points` feature so
+//! that a release binary cannot be told to abort in the middle of a prepare.
+
+use std::sync::Arc;
+
+use super::{ClaimError, Preparer};
+
+/// Points where fault-injection tests stop a prepare as a crash would.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CrashPoint {
+    /// The started record is on disk; no CDI spec yet.
+    AfterStartedRecord,
+    /// The CDI spec is written; the claim is still recorded as started.
+    AfterCdiWrite,
+    /// The completed record is on disk; the kubelet never got the answer.
+    AfterCompletedRecord,
+}
+
+impl std::str::FromStr for CrashPoint {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "after-started-record" => Ok(Self::AfterStartedRecord),
+            "after-cdi-write" => Ok(Self::AfterCdiWrite),
+            "after-completed-record" => Ok(Self::AfterCompletedRecord),
+            other => Err(format!(
+                "unknown crash point {other:?}: after-started-record, after-cdi-write, after-completed-record"
+            )),
+        }
+    }
+}
+
+/// Called at each [`CrashPoint`]; returning `true` stops the prepare there without any
+/// cleanup. The kubelet plugin's hook aborts the process instead of returning.
+pub type CrashHook = Arc<dyn Fn(CrashPoint) -> bool + Send + Sync>;
+
+impl Preparer {
+    /// Installs a fault-injection hook; see [`CrashPoint`].
+    pub fn with_crash_hook(mut self, hook: CrashHook) -> Self {
+        self.crash_hook = Some(hook);
+        self
+    }
+
+    pub(super) fn crash(&self, point: CrashPoint) -> Result<(), ClaimError> {
+        match &self.crash_hook {
+            Some(hook) if hook(point) => Err(ClaimError::Crashed(point)),
+            _ => Ok(()),
+        }
+    }
+}
