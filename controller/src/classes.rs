@@ -75,7 +75,6 @@ fn selects_driver(class: &DeviceClass, driver: &str) -> bool {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use k8s_openapi::api::resource::v1::{CELDeviceSelector, DeviceClassSpec, DeviceSelector};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

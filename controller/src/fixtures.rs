@@ -2,8 +2,6 @@
 //! the controller's state (in the binary). A binary's tests cannot see the library's
 //! `cfg(test)` items, so both crate roots declare this module.
 
-#![allow(clippy::unwrap_used)]
-
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use serde_json::{Value, json};
 use topodra_controller::nrt::NrtOptions;

@@ -115,7 +115,6 @@ fn contains(have: &Value, want: &Value) -> bool {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use k8s_openapi::api::resource::v1::DeviceTaint;
     use topodra_driver::capacity::Cluster;

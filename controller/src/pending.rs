@@ -213,7 +213,6 @@ fn limit(mut message: String) -> String {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use k8s_openapi::api::core::v1::{
         Container, PodCondition, PodResourceClaim, PodResourceClaimStatus, PodSpec, PodStatus,

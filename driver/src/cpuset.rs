@@ -109,7 +109,6 @@ impl fmt::Display for IdList {
 serde_as_string!(IdList);
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

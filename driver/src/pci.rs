@@ -144,7 +144,6 @@ impl FromStr for PcieRoot {
 serde_as_string!(PcieRoot);
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -176,7 +176,6 @@ pub fn nvlink_domains(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::cpuset::IdList;

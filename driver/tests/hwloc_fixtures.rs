@@ -3,6 +3,7 @@
 //! The expected GPU-to-NUMA mapping is read from the XML independently (with a plain
 //! XML parser, not hwloc), so a mistake in how we drive hwloc cannot hide itself.
 
+// clippy.toml allows unwrap in #[test] functions only; this crate's helpers are tests too.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;

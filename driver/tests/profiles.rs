@@ -5,6 +5,7 @@
 //! which NUMA node and socket, which GPUs share a PCIe switch or an NVLink fabric),
 //! not read back from the profiles, so a wrong profile fails here too.
 
+// clippy.toml allows unwrap in #[test] functions only; this crate's helpers are tests too.
 #![allow(clippy::unwrap_used)]
 
 use std::path::PathBuf;

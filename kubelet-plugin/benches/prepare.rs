@@ -22,8 +22,6 @@
 //! (1000 after 100 warm-up); measuring stops early after `TOPODRA_BENCH_BUDGET_S`
 //! seconds (90), so a disk with slow fsyncs keeps the run short, with fewer samples.
 
-#![allow(clippy::unwrap_used)]
-
 #[path = "../tests/support/mod.rs"]
 mod support;
 

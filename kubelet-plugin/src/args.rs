@@ -282,7 +282,6 @@ impl HttpFlags {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use clap::Parser;
 

@@ -110,7 +110,6 @@ fn forward_health(mut rx: watch::Receiver<HealthState>) -> watch::Receiver<NodeH
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use std::time::{Duration, SystemTime};
 

@@ -188,7 +188,6 @@ impl Ownership {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

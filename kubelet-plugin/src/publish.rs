@@ -57,7 +57,6 @@ impl PoolBuilder {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use std::time::Duration;
 

@@ -8,6 +8,7 @@
 //! `tests/cdi-check/build.sh` (needs `go`). Without either the test prints why and
 //! passes, unless `TOPODRA_REQUIRE_TOOLS=1`, when it fails.
 
+// clippy.toml allows unwrap in #[test] functions only; this crate's helpers are tests too.
 #![allow(clippy::unwrap_used)]
 
 mod support;

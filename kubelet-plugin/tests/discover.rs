@@ -1,6 +1,7 @@
 //! `topodra-kubelet-plugin discover` as an operator runs it: the real binary on the
 //! fake NVML and the profile's hwloc topology.
 
+// clippy.toml allows unwrap in #[test] functions only; this crate's helpers are tests too.
 #![allow(clippy::unwrap_used)]
 
 use std::process::{Command, Output};

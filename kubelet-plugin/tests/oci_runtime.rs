@@ -15,6 +15,7 @@
 //! bare container here (a kernel or sandbox limit, not a tool missing) it skips with
 //! the runtime's own error.
 
+// clippy.toml allows unwrap in #[test] functions only; this crate's helpers are tests too.
 #![allow(clippy::unwrap_used)]
 
 mod support;

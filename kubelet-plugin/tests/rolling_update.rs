@@ -3,6 +3,7 @@
 //! instance takes the node's state over from the live old one; claims prepared by
 //! either are kept, and each can be unprepared by the new one.
 
+// clippy.toml allows unwrap in #[test] functions only; this crate's helpers are tests too.
 #![allow(clippy::unwrap_used)]
 
 mod support;

@@ -1,6 +1,7 @@
 //! The real plugin binary on a simulated node: registration, prepare and unprepare
 //! over its Unix sockets, claims read from a (mock) API server, restarts and crashes.
 
+// clippy.toml allows unwrap in #[test] functions only; this crate's helpers are tests too.
 #![allow(clippy::unwrap_used)]
 
 mod support;

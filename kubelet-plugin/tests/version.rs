@@ -3,8 +3,6 @@
 //! and the RPATH that keeps the image's glibc ahead of the host libraries on
 //! LD_LIBRARY_PATH (build.rs).
 
-#![allow(clippy::unwrap_used)]
-
 use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_topodra-kubelet-plugin");

@@ -287,7 +287,6 @@ fn candidates(demand: &Demand, e: &Explanation) -> String {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use serde_json::json;
 

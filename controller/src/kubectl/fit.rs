@@ -109,7 +109,6 @@ pub(crate) fn json(f: &Fit) -> String {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::fixtures::{golden, two_dgx};

@@ -3,8 +3,6 @@
 //! NVLink domain), slices made by the plugin's own slice builder, claims allocated as
 //! the scheduler writes them, and one GPU tainted by the plugin's health checks.
 
-#![allow(clippy::unwrap_used)]
-
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceClaim};

@@ -294,7 +294,6 @@ impl Connection {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use std::cell::RefCell;
 

@@ -197,7 +197,6 @@ pub(crate) fn json(cluster: &Cluster) -> String {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::fixtures::{DRIVER, add_node, dgx_h100_mig, golden, two_dgx};

@@ -1,8 +1,6 @@
 //! The state's decisions driven by plain watch events: NodeResourceTopology writes,
 //! relists, Events for waiting pods, readiness.
 
-#![allow(clippy::unwrap_used)]
-
 use serde_json::json;
 use topodra_driver::slice::attributes::NUMA_NODE;
 

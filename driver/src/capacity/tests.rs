@@ -1,8 +1,6 @@
 //! The model against slices built by our own slice builder, claims as the scheduler
 //! writes them, and taints as the plugin and DeviceTaintRules set them.
 
-#![allow(clippy::unwrap_used)]
-
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{

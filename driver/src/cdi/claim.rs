@@ -272,7 +272,6 @@ fn env_key(entry: &str) -> Option<&str> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::cdi::driver_files::{DriverFilesSource, DriverRoot, tests::fake_driver_root};

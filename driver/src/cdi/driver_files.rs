@@ -391,7 +391,6 @@ fn components(path: &Path) -> Vec<OsString> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 pub(crate) mod tests {
     use std::os::unix::fs::symlink;
 

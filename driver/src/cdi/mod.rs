@@ -252,7 +252,6 @@ pub(crate) fn check_claim_uid(uid: &str) -> Result<(), CdiError> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -323,7 +323,6 @@ pub(crate) fn dev_path(name: &str) -> String {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use std::path::Path;
 

@@ -160,7 +160,6 @@ pub struct NetDevice {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

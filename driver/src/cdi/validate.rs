@@ -301,7 +301,6 @@ fn check_qualified_name(key: &str) -> Result<(), String> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::cdi::spec::{Device, DeviceNode, Hook, IntelRdt, Mount, NetDevice};

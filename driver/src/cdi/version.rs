@@ -149,7 +149,6 @@ pub fn minimum_version(spec: &Spec) -> Version {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::cdi::spec::{Device, DeviceNode, IntelRdt, Mount, NetDevice};

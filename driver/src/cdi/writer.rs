@@ -238,7 +238,6 @@ fn sync_dir(dir: &Path) -> Result<(), CdiError> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::cdi::spec::{ContainerEdits, Device, DeviceNode};

@@ -156,7 +156,6 @@ fn json_error(e: serde_json::Error) -> CorruptReason {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 pub(crate) mod tests {
     use super::*;
     use crate::checkpoint::tests::{arb_checkpoint, sample};

@@ -313,5 +313,4 @@ pub fn unix_now() -> u64 {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 pub(crate) mod tests;

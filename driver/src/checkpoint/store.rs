@@ -335,7 +335,6 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::checkpoint::format::tests::{V1_FIXTURE, envelope};

@@ -3,8 +3,6 @@
 //! real API server by `TestOpaqueConfigPolicy` in `tests/e2e`, so the decoder and the
 //! policy are held to one list of what is accepted and which field a refusal names.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::collections::BTreeSet;
 
 use serde::Deserialize;

@@ -150,7 +150,6 @@ fn applies(scope: &[String], request: &str) -> bool {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use k8s_openapi::api::resource::v1::OpaqueDeviceConfiguration;
     use k8s_openapi::apimachinery::pkg::runtime::RawExtension;

@@ -227,5 +227,4 @@ fn exceeds(value: &Value, limit: usize) -> bool {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests;

@@ -200,7 +200,6 @@ impl<'de> Deserialize<'de> for MemoryQuantity {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -67,7 +67,6 @@ where
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use serde::Deserialize;
     use serde_json::json;

@@ -313,7 +313,6 @@ fn attached_numa_node(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::discovery::LostGpu;

@@ -251,7 +251,6 @@ fn numa_distances(topology: &Topology, warnings: &mut Vec<String>) -> Option<Dis
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::discovery::assemble;

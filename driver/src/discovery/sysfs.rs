@@ -189,7 +189,6 @@ fn mem_total_bytes(meminfo: &str) -> Option<u64> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;

@@ -229,7 +229,6 @@ impl Tracker {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -97,7 +97,6 @@ fn label_value(s: &str) -> String {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::super::model::{Cause, DeviceHealth, Status};
     use super::*;

@@ -286,7 +286,6 @@ impl<'a> Attributes<'a> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::slice::fixtures::{addr, dgx_h100, snc};

@@ -1,7 +1,5 @@
 //! Hand-built inventories for the slice tests.
 
-#![allow(clippy::unwrap_used)]
-
 use crate::cpuset::IdList;
 use crate::inventory::{
     ComputeCapability, CudaVersion, DistanceMatrix, Gpu, Inventory, NumaKind, NumaNode,

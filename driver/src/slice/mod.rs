@@ -368,7 +368,6 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 pub(crate) mod fixtures;
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use fixtures::{dgx_h100, many, snc};

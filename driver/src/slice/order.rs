@@ -35,7 +35,6 @@ pub(crate) fn in_allocation_order(inv: &Inventory) -> Vec<AllocatableDevice> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::pci::PciAddress;

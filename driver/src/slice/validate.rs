@@ -402,7 +402,6 @@ fn qualified_name(name: &str) -> Result<(), &'static str> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::slice::fixtures::dgx_h100;

@@ -239,7 +239,6 @@ impl ClaimReader for ApiClaims {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

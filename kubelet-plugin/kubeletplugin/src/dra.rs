@@ -353,7 +353,6 @@ impl v1beta1::dra_plugin_server::DraPlugin for DraServiceV1beta1 {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;

@@ -1,7 +1,5 @@
 //! Test helpers: a gRPC client over a unix socket, as the kubelet dials.
 
-#![allow(clippy::unwrap_used)]
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

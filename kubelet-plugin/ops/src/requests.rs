@@ -288,7 +288,6 @@ fn parse_path(path: &str) -> Option<Target<'_>> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -278,7 +278,6 @@ fn pump(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use std::collections::VecDeque;
     use std::sync::Mutex;

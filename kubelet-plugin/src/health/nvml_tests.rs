@@ -1,8 +1,6 @@
 //! The monitor over the real `nvml-wrapper`, loading the fake NVML library with a
 //! small two-GPU profile.
 
-#![allow(clippy::unwrap_used)]
-
 use std::path::PathBuf;
 use std::time::Duration;
 

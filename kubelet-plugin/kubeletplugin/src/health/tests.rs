@@ -1,8 +1,6 @@
 //! The health services over a real unix socket with a tonic client, as the kubelet
 //! subscribes.
 
-#![allow(clippy::unwrap_used)]
-
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 

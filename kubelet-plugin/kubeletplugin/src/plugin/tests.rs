@@ -1,7 +1,5 @@
 //! A plugin with a fake driver, over real sockets, called as the kubelet calls it.
 
-#![allow(clippy::unwrap_used)]
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 

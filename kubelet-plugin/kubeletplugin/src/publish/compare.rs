@@ -64,7 +64,6 @@ pub(crate) fn covers(observed: &Value, desired: &Value) -> bool {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use serde_json::json;

@@ -284,7 +284,6 @@ fn at_generation(slices: &[ResourceSlice], generation: i64) -> Vec<ResourceSlice
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::publish::tests::pool_slices;

@@ -1,8 +1,6 @@
 //! The publisher against a mocked API server, on a simulated clock: which requests it
 //! sends, and when it sends none.
 
-#![allow(clippy::unwrap_used)]
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 

@@ -243,7 +243,6 @@ pub async fn remove_leftover_sockets(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -87,7 +87,6 @@ pub(crate) fn encode_never_indexed(out: &mut Vec<u8>, name: &[u8], value: &[u8])
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use loona_hpack::Decoder;

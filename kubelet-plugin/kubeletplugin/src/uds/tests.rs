@@ -1,8 +1,6 @@
 //! End-to-end tests over real unix sockets: a hand-written HTTP/2 client that sends
 //! what grpc-go may send, against tonic and h2 servers behind the shim.
 
-#![allow(clippy::unwrap_used)]
-
 use std::path::Path;
 use std::time::Duration;
 

@@ -1,7 +1,5 @@
 //! The shim on frames and header blocks built by hand.
 
-#![allow(clippy::unwrap_used)]
-
 use super::*;
 
 fn frame(kind: u8, flags: u8, stream_id: u32, payload: &[u8]) -> Vec<u8> {
