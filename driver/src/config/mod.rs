@@ -40,8 +40,6 @@
 //!
 #![doc = include_str!("examples.md")]
 
-#[cfg(test)]
-mod corpus_tests;
 mod effective;
 mod error;
 mod quantity;

@@ -1,3 +1,5 @@
+mod corpus;
+
 use k8s_openapi::api::resource::v1::{
     DeviceAllocationConfiguration, OpaqueDeviceConfiguration, ResourceClaimTemplate,
 };

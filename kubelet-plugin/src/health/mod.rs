@@ -14,4 +14,4 @@ pub(crate) mod nvml;
 pub(crate) mod source;
 
 #[cfg(test)]
-mod nvml_tests;
+mod tests;

@@ -8,9 +8,9 @@ use std::collections::BTreeSet;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::decode_parameters;
+use super::super::decode_parameters;
 
-const CASES: &str = include_str!("../../../tests/opaque-config/cases.yaml");
+const CASES: &str = include_str!("../../../../tests/opaque-config/cases.yaml");
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
