@@ -1,0 +1,301 @@
+use super::*;
+use crate::cdi::driver_files::{DriverFilesSource, DriverRoot, tests::fake_driver_root};
+use crate::cdi::nodes::TableDeviceNodes;
+use crate::cdi::spec::Mount;
+use crate::cdi::version::Version;
+
+const UID: &str = "0b7c2f4e-3c1d-4a5e-9f60-1d2e3f4a5b6c";
+
+fn gpu(minor: u32, numa: u32, cpus: &str) -> ClaimGpu {
+    ClaimGpu {
+        device_name: format!("gpu-{minor}"),
+        minor,
+        uuid: Some(format!("GPU-0000000{minor}-aaaa-bbbb-cccc-dddddddddddd")),
+        numa_node: Some(numa),
+        local_cpus: cpus.parse().unwrap(),
+        mig_nodes: vec![],
+        requests: vec![],
+    }
+}
+
+fn request(gpus: Vec<ClaimGpu>) -> ClaimSpecRequest {
+    ClaimSpecRequest {
+        claim_uid: UID.into(),
+        claim_namespace: "team-a".into(),
+        claim_name: "train-gpus".into(),
+        gpus,
+        env_hints: true,
+        kind: CdiKind::default(),
+    }
+}
+
+fn driver() -> DriverFiles {
+    DriverFiles {
+        source: DriverFilesSource::Discovered { root: "/".into() },
+        edits: ContainerEdits {
+            mounts: vec![Mount {
+                host_path: "/usr/lib64/libcuda.so.1".into(),
+                container_path: "/usr/lib64/libcuda.so.1".into(),
+                kind: Some("bind".into()),
+                options: vec!["ro".into(), "nosuid".into(), "nodev".into(), "rbind".into()],
+            }],
+            ..Default::default()
+        },
+    }
+}
+
+#[test]
+fn two_gpu_claim() {
+    let nodes = TableDeviceNodes::nvidia([0, 1, 2, 3], 509);
+    let req = request(vec![gpu(2, 1, "28-41,84-97"), gpu(3, 1, "28-41,84-97")]);
+    let spec = claim_spec(&req, &nodes, &driver()).unwrap();
+
+    assert_eq!(spec.kind, "k8s.gpu.topodra.dev/claim");
+    // Annotations make 0.6.0 the floor, and nothing newer is used.
+    assert_eq!(spec.cdi_version, "0.6.0");
+    assert_eq!(spec.annotations[ANNOTATION_CLAIM_UID], UID);
+    assert_eq!(spec.annotations[ANNOTATION_CLAIM_NAMESPACE], "team-a");
+    let names: Vec<_> = spec.devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, [format!("{UID}-gpu-2"), format!("{UID}-gpu-3")]);
+    let node = &spec.devices[1].container_edits.device_nodes[0];
+    assert_eq!(node.path, "/dev/nvidia3");
+    assert_eq!(
+        (node.kind.as_deref(), node.major, node.minor),
+        (Some("c"), Some(195), Some(3))
+    );
+    assert_eq!(node.host_path, None);
+
+    let ctl: Vec<_> = spec
+        .container_edits
+        .device_nodes
+        .iter()
+        .map(|n| (n.path.as_str(), n.major, n.minor))
+        .collect();
+    assert_eq!(
+        ctl,
+        [
+            ("/dev/nvidiactl", Some(195), Some(255)),
+            ("/dev/nvidia-uvm", Some(509), Some(0)),
+            ("/dev/nvidia-uvm-tools", Some(509), Some(1)),
+        ]
+    );
+    assert_eq!(
+        spec.container_edits.env,
+        [
+            "TOPODRA_VISIBLE_GPUS=GPU-00000002-aaaa-bbbb-cccc-dddddddddddd,GPU-00000003-aaaa-bbbb-cccc-dddddddddddd",
+            "TOPODRA_NUMA_NODES=1",
+            "TOPODRA_CPUS=28-41,84-97",
+            "CUDA_DEVICE_ORDER=PCI_BUS_ID",
+        ]
+    );
+    assert_eq!(spec.container_edits.mounts, driver().edits.mounts);
+    assert_eq!(
+        req.cdi_device_ids(),
+        [
+            format!("k8s.gpu.topodra.dev/claim={UID}-gpu-2"),
+            format!("k8s.gpu.topodra.dev/claim={UID}-gpu-3"),
+        ]
+    );
+}
+
+/// The whole file, as runtimes will read it.
+#[test]
+fn golden_json() {
+    let nodes = TableDeviceNodes::nvidia([0, 1], 509);
+    let req = request(vec![gpu(0, 0, "0-13,56-69"), gpu(1, 0, "0-13,56-69")]);
+    let spec = claim_spec(&req, &nodes, &driver()).unwrap();
+    let got = serde_json::to_value(&spec).unwrap();
+    let want = serde_json::json!({
+      "cdiVersion": "0.6.0",
+      "kind": "k8s.gpu.topodra.dev/claim",
+      "annotations": {
+        "topodra.dev/claim-name": "train-gpus",
+        "topodra.dev/claim-namespace": "team-a",
+        "topodra.dev/claim-uid": UID
+      },
+      "devices": [
+        {
+          "name": format!("{UID}-gpu-0"),
+          "annotations": {"topodra.dev/gpu-uuid": "GPU-00000000-aaaa-bbbb-cccc-dddddddddddd"},
+          "containerEdits": {"deviceNodes": [
+            {"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0, "permissions": "rw"}
+          ]}
+        },
+        {
+          "name": format!("{UID}-gpu-1"),
+          "annotations": {"topodra.dev/gpu-uuid": "GPU-00000001-aaaa-bbbb-cccc-dddddddddddd"},
+          "containerEdits": {"deviceNodes": [
+            {"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1, "permissions": "rw"}
+          ]}
+        }
+      ],
+      "containerEdits": {
+        "env": [
+          "TOPODRA_VISIBLE_GPUS=GPU-00000000-aaaa-bbbb-cccc-dddddddddddd,GPU-00000001-aaaa-bbbb-cccc-dddddddddddd",
+          "TOPODRA_NUMA_NODES=0",
+          "TOPODRA_CPUS=0-13,56-69",
+          "CUDA_DEVICE_ORDER=PCI_BUS_ID"
+        ],
+        "deviceNodes": [
+          {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255, "permissions": "rw"},
+          {"path": "/dev/nvidia-uvm", "type": "c", "major": 509, "minor": 0, "permissions": "rw"},
+          {"path": "/dev/nvidia-uvm-tools", "type": "c", "major": 509, "minor": 1, "permissions": "rw"}
+        ],
+        "mounts": [
+          {
+            "hostPath": "/usr/lib64/libcuda.so.1",
+            "containerPath": "/usr/lib64/libcuda.so.1",
+            "type": "bind",
+            "options": ["ro", "nosuid", "nodev", "rbind"]
+          }
+        ]
+      }
+    });
+    assert_eq!(
+        got,
+        want,
+        "{}",
+        serde_json::to_string_pretty(&spec).unwrap()
+    );
+}
+
+#[test]
+fn hints_cover_gpus_on_different_numa_nodes() {
+    let nodes = TableDeviceNodes::nvidia([0, 4], 509);
+    let req = request(vec![gpu(0, 0, "0-13"), gpu(4, 2, "56-69")]);
+    let spec = claim_spec(&req, &nodes, &driver()).unwrap();
+    assert!(
+        spec.container_edits
+            .env
+            .contains(&"TOPODRA_NUMA_NODES=0,2".to_owned())
+    );
+    assert!(
+        spec.container_edits
+            .env
+            .contains(&"TOPODRA_CPUS=0-13,56-69".to_owned())
+    );
+}
+
+#[test]
+fn partial_topology_leaves_the_hint_out() {
+    let nodes = TableDeviceNodes::nvidia([0, 1], 509);
+    let mut unknown = gpu(1, 0, "0-3");
+    unknown.numa_node = None;
+    unknown.local_cpus = IdList::new();
+    unknown.uuid = None;
+    let spec = claim_spec(&request(vec![gpu(0, 0, "0-3"), unknown]), &nodes, &driver()).unwrap();
+    assert_eq!(spec.container_edits.env, ["CUDA_DEVICE_ORDER=PCI_BUS_ID"]);
+    assert!(spec.devices[1].annotations.is_empty());
+}
+
+#[test]
+fn hints_off_and_toolkit_env() {
+    let nodes = TableDeviceNodes::nvidia([0], 509);
+    let mut drv = driver();
+    drv.edits.env = vec![
+        "NVIDIA_VISIBLE_DEVICES=void".into(),
+        "CUDA_DEVICE_ORDER=FASTEST_FIRST".into(),
+    ];
+    let mut req = request(vec![gpu(0, 0, "0-3")]);
+    let spec = claim_spec(&req, &nodes, &drv).unwrap();
+    assert_eq!(
+        spec.container_edits.env.last().unwrap(),
+        "NVIDIA_VISIBLE_DEVICES=void"
+    );
+    assert!(
+        !spec
+            .container_edits
+            .env
+            .contains(&"CUDA_DEVICE_ORDER=FASTEST_FIRST".to_owned())
+    );
+
+    req.env_hints = false;
+    let spec = claim_spec(&req, &nodes, &drv).unwrap();
+    assert_eq!(spec.container_edits.env, drv.edits.env);
+}
+
+#[test]
+fn missing_nodes() {
+    let mut nodes = TableDeviceNodes::nvidia([0], 509);
+    let err = claim_spec(&request(vec![gpu(1, 0, "0")]), &nodes, &driver()).unwrap_err();
+    assert!(err.to_string().contains("/dev/nvidia1"), "{err}");
+
+    nodes.0.remove("nvidia-uvm-tools");
+    let spec = claim_spec(&request(vec![gpu(0, 0, "0")]), &nodes, &driver()).unwrap();
+    assert_eq!(spec.container_edits.device_nodes.len(), 2);
+
+    nodes.0.remove("nvidia-uvm");
+    let err = claim_spec(&request(vec![gpu(0, 0, "0")]), &nodes, &driver()).unwrap_err();
+    assert!(err.to_string().contains("/dev/nvidia-uvm"), "{err}");
+}
+
+#[test]
+fn bad_requests() {
+    let nodes = TableDeviceNodes::nvidia([0], 509);
+    let err = claim_spec(&request(vec![]), &nodes, &driver()).unwrap_err();
+    assert!(matches!(err, CdiError::NoDevices { .. }), "{err}");
+
+    let err = claim_spec(
+        &request(vec![gpu(0, 0, "0"), gpu(0, 0, "0")]),
+        &nodes,
+        &driver(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, CdiError::DuplicateDevice { .. }), "{err}");
+
+    for uid in ["", "../etc", "a/b", "x y", "-abc"] {
+        let mut req = request(vec![gpu(0, 0, "0")]);
+        req.claim_uid = uid.into();
+        let err = claim_spec(&req, &nodes, &driver()).unwrap_err();
+        assert!(matches!(err, CdiError::InvalidClaimUid { .. }), "{uid}");
+    }
+
+    let mut req = request(vec![gpu(0, 0, "0")]);
+    req.gpus[0].device_name = "gpu_0!".into();
+    let err = claim_spec(&req, &nodes, &driver()).unwrap_err();
+    assert!(matches!(err, CdiError::InvalidSpec { .. }), "{err}");
+}
+
+#[test]
+fn from_inventory_gpu() {
+    let mut g = Gpu::at("0000:18:00.0".parse().unwrap());
+    assert!(matches!(
+        ClaimGpu::from_gpu(&g),
+        Err(CdiError::GpuWithoutMinor { .. })
+    ));
+    g.minor = Some(2);
+    g.uuid = Some("GPU-x".into());
+    g.numa_node = Some(0);
+    g.local_cpus = "0-3".parse().unwrap();
+    let c = ClaimGpu::from_gpu(&g).unwrap();
+    assert_eq!(c.device_name, "gpu-2");
+    assert_eq!(c.minor, 2);
+}
+
+#[test]
+fn with_discovered_driver_files() {
+    let root = fake_driver_root();
+    let files = DriverFiles::discover(&DriverRoot::new(root.path())).unwrap();
+    let nodes = TableDeviceNodes::nvidia([0], 509);
+    let spec = claim_spec(&request(vec![gpu(0, 0, "0-7")]), &nodes, &files).unwrap();
+    assert_eq!(spec.cdi_version, Version::V0_6_0.to_string());
+    assert_eq!(spec.container_edits.mounts, files.edits.mounts);
+    assert!(validate(&spec).is_ok());
+}
+
+#[test]
+fn each_device_records_its_requests() {
+    let mut g0 = gpu(0, 0, "0-3");
+    g0.requests = vec!["gpus".into(), "extra".into()];
+    let req = request(vec![g0, gpu(1, 0, "0-3")]);
+    let spec = claim_spec(&req, &TableDeviceNodes::nvidia([0, 1], 509), &driver()).unwrap();
+    assert_eq!(
+        spec.devices[0].annotations[ANNOTATION_REQUESTS],
+        "gpus,extra"
+    );
+    assert!(
+        !spec.devices[1]
+            .annotations
+            .contains_key(ANNOTATION_REQUESTS)
+    );
+}
