@@ -64,6 +64,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 IMAGE_ROOTFS := target/image/rootfs/kubelet-plugin
 e2e: image
 	$(CARGO) build -p topodra-fake-nvml -p topodra-kubelet-plugin -p topodra-controller
+	$(CARGO) build -p dra-kubeletplugin --example minimal
 	@bash tests/tools/build.sh kube etcd helm
 	rm -rf $(IMAGE_ROOTFS)
 	target/image/bin/topodra-image unpack -ref topodra-kubelet-plugin:$(VERSION) -dest $(IMAGE_ROOTFS)

@@ -50,7 +50,11 @@ func binary(t testing.TB, env, name string) string {
 		p = filepath.Join(repoRoot(t), "target", "debug", name)
 	}
 	if st, err := os.Stat(p); err != nil || st.IsDir() {
-		msg := fmt.Sprintf("%s not found at %s (build it: cargo build -p topodra-kubelet-plugin -p topodra-fake-nvml, or set %s)", name, p, env)
+		build := "cargo build -p topodra-kubelet-plugin -p topodra-fake-nvml"
+		if example, ok := strings.CutPrefix(name, "examples/"); ok {
+			build = "cargo build -p dra-kubeletplugin --example " + example
+		}
+		msg := fmt.Sprintf("%s not found at %s (build it: %s, or set %s)", name, p, build, env)
 		if cluster.RequireTools() {
 			t.Fatal(msg)
 		}
@@ -86,6 +90,9 @@ type envOptions struct {
 	// identity made, no plugin started (the test installs the chart with helm and
 	// runs the DaemonSet's container).
 	fromChart bool
+	// harnessOnly is the cluster and the harness node alone, for another driver's
+	// plugin: no simulated machine, no manifests, no topodra plugin.
+	harnessOnly bool
 }
 
 // manifestsOnlyEnv is a cluster with the objects of deploy/manifests applied and no
@@ -110,8 +117,11 @@ func manifestsOnlyEnvWith(t *testing.T, apiServerArgs ...string) *env {
 
 func newEnv(t *testing.T, o envOptions) *env {
 	t.Helper()
-	binary(t, "TOPODRA_PLUGIN_BIN", "topodra-kubelet-plugin") // skip early when absent
-	simNode := binary(t, "TOPODRA_SIM_NODE_BIN", "topodra-sim-node")
+	var simNode string
+	if !o.harnessOnly {
+		binary(t, "TOPODRA_PLUGIN_BIN", "topodra-kubelet-plugin") // skip early when absent
+		simNode = binary(t, "TOPODRA_SIM_NODE_BIN", "topodra-sim-node")
+	}
 	if o.node == "" {
 		o.node = "gpu-node-a"
 	}
@@ -139,13 +149,15 @@ func newEnv(t *testing.T, o envOptions) *env {
 	if err := os.WriteFile(filepath.Join(e.dir, "boot_id"), []byte("e2e-boot-1\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(simNode, o.profile, filepath.Join(e.dir, "sim")).Output()
-	if err != nil {
-		t.Fatalf("topodra-sim-node %s: %v", o.profile, err)
+	if !o.harnessOnly {
+		out, err := exec.Command(simNode, o.profile, filepath.Join(e.dir, "sim")).Output()
+		if err != nil {
+			t.Fatalf("topodra-sim-node %s: %v", o.profile, err)
+		}
+		e.args = append(strings.Fields(string(out)), e.args...)
 	}
-	e.args = append(strings.Fields(string(out)), e.args...)
 
-	if !o.fromChart {
+	if !o.fromChart && !o.harnessOnly {
 		e.applyManifests()
 	}
 
@@ -181,7 +193,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 			t.Logf("--- tail of %s:\n%s", logFile.Name(), tailFile(logFile.Name(), 40))
 		}
 	})
-	if o.fromChart {
+	if o.fromChart || o.harnessOnly {
 		return e
 	}
 	// The plugin runs as in a deployment: the ServiceAccount of deploy/manifests

@@ -1,6 +1,6 @@
 //! The smallest DRA kubelet plugin: one device, `dev-0`, published in a
-//! ResourceSlice for this node; preparing a claim writes nothing and answers the
-//! CDI id `<driver>/device=dev-0` (a real driver writes that CDI spec first).
+//! ResourceSlice for this node. Preparing a claim writes a CDI spec that sets
+//! `MINIMAL_DEVICE=dev-0` in the container; unpreparing removes it.
 //!
 //! ```text
 //! cargo run -p dra-kubeletplugin --example minimal -- --node-name "$(hostname)"
@@ -8,132 +8,140 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::{fs, io};
 
 use anyhow::Context;
 use clap::Parser;
 use dra_kubeletplugin::claims::{ApiClaims, ReadPolicy};
+use dra_kubeletplugin::publish::{DesiredPool, Publisher, PublisherConfig};
 use dra_kubeletplugin::uds::PluginSockets;
 use dra_kubeletplugin::{ClaimError, ClaimRef, Driver, PluginBuilder, PreparedDevice};
-use k8s_openapi::api::resource::v1::{
-    Device, ResourceClaim, ResourcePool, ResourceSlice, ResourceSliceSpec,
-};
-use kube::api::{ObjectMeta, Patch, PatchParams};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use serde_json::json;
+use tokio::signal::unix::{SignalKind, signal};
+
+const DRIVER: &str = "minimal.example.com";
 
 #[derive(Debug, Parser)]
 struct Args {
     /// This node's name: the pool name and the slice's nodeName.
     #[arg(long, env = "NODE_NAME")]
     node_name: String,
-    #[arg(long, env = "DRIVER_NAME", default_value = "minimal.example.com")]
-    driver_name: String,
-    #[arg(
-        long,
-        env = "KUBELET_REGISTRY_DIR",
-        default_value = "/var/lib/kubelet/plugins_registry"
-    )]
-    kubelet_registry_dir: PathBuf,
-    #[arg(
-        long,
-        env = "KUBELET_PLUGINS_DIR",
-        default_value = "/var/lib/kubelet/plugins"
-    )]
-    kubelet_plugins_dir: PathBuf,
+    /// Holds the kubelet's plugins_registry/ and plugins/ directories.
+    #[arg(long, env = "KUBELET_DIR", default_value = "/var/lib/kubelet")]
+    kubelet_dir: PathBuf,
+    /// Where the container runtime reads CDI specs.
+    #[arg(long, env = "CDI_DIR", default_value = "/var/run/cdi")]
+    cdi_dir: PathBuf,
 }
-
-const DEVICE: &str = "dev-0";
 
 #[derive(Debug)]
 struct Minimal {
-    driver_name: String,
+    cdi_dir: PathBuf,
+}
+
+impl Minimal {
+    /// One CDI spec file per claim, so unprepare removes just that claim's.
+    fn spec_path(&self, claim: &ClaimRef) -> PathBuf {
+        let file = format!("minimal-example-com-{}.json", claim.uid);
+        self.cdi_dir.join(file)
+    }
 }
 
 impl Driver for Minimal {
     fn prepare(
         &self,
-        _claim: &ClaimRef,
+        claim: &ClaimRef,
         object: &ResourceClaim,
     ) -> Result<Vec<PreparedDevice>, ClaimError> {
-        let results = object
-            .status
-            .as_ref()
-            .and_then(|s| s.allocation.as_ref())
-            .and_then(|a| a.devices.as_ref())
-            .and_then(|d| d.results.as_ref())
+        let allocated = object.status.as_ref().and_then(|s| s.allocation.as_ref());
+        let results = allocated
+            .and_then(|a| a.devices.as_ref()?.results.as_ref())
             .ok_or_else(|| ClaimError::new("not_allocated", "the claim is not allocated"))?;
-        Ok(results
+        let ours: Vec<_> = results.iter().filter(|r| r.driver == DRIVER).collect();
+        // CDI device names are unique per kind (vendor/class): prefix the claim's UID.
+        let cdi_name = |device: &str| format!("{}-{device}", claim.uid);
+        let devices: Vec<_> = ours
             .iter()
-            .filter(|r| r.driver == self.driver_name)
+            .map(|r| {
+                json!({
+                    "name": cdi_name(&r.device),
+                    "containerEdits": { "env": [format!("MINIMAL_DEVICE={}", r.device)] },
+                })
+            })
+            .collect();
+        let spec = json!({ "cdiVersion": "0.6.0", "kind": format!("{DRIVER}/device"), "devices": devices });
+        fs::write(self.spec_path(claim), spec.to_string())
+            .map_err(|e| ClaimError::new("cdi_write", format!("writing the CDI spec: {e}")))?;
+        Ok(ours
+            .into_iter()
             .map(|r| PreparedDevice {
                 requests: vec![r.request.clone()],
                 pool: r.pool.clone(),
                 device: r.device.clone(),
-                cdi_device_ids: vec![format!("{}/device={}", self.driver_name, r.device)],
+                cdi_device_ids: vec![format!("{DRIVER}/device={}", cdi_name(&r.device))],
                 share_id: None,
             })
             .collect())
     }
 
-    fn unprepare(&self, _claim: &ClaimRef) -> Result<(), ClaimError> {
-        Ok(())
+    fn unprepare(&self, claim: &ClaimRef) -> Result<(), ClaimError> {
+        match fs::remove_file(self.spec_path(claim)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(ClaimError::new(
+                "cdi_remove",
+                format!("removing the CDI spec: {e}"),
+            )),
+            _ => Ok(()),
+        }
     }
 }
 
-/// One slice, one device, written with server-side apply.
-// TODO: use `dra_kubeletplugin::publish` once ResourceSlice publishing lands in the
-// crate; it keeps the slice in sync and retries, which this one-shot apply does not.
-async fn publish(client: kube::Client, args: &Args) -> anyhow::Result<()> {
-    let name = format!("{}-{}", args.node_name, args.driver_name.replace('.', "-"));
-    let slice = ResourceSlice {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            ..ObjectMeta::default()
+/// The node's pool: one slice with one device. The publisher sets the pool
+/// generation and makes the Node own the slice.
+fn pool(node: &str) -> serde_json::Result<DesiredPool> {
+    let slice: ResourceSlice = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": { "name": format!("{node}-minimal-example-com") },
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": { "name": node, "generation": 0, "resourceSliceCount": 1 },
+            "devices": [{ "name": "dev-0" }],
         },
-        spec: ResourceSliceSpec {
-            driver: args.driver_name.clone(),
-            node_name: Some(args.node_name.clone()),
-            pool: ResourcePool {
-                name: args.node_name.clone(),
-                generation: 1,
-                resource_slice_count: 1,
-            },
-            devices: Some(vec![Device {
-                name: DEVICE.to_owned(),
-                ..Device::default()
-            }]),
-            ..ResourceSliceSpec::default()
-        },
-    };
-    kube::Api::<ResourceSlice>::all(client)
-        .patch(
-            &name,
-            &PatchParams::apply(&args.driver_name).force(),
-            &Patch::Apply(&slice),
-        )
-        .await
-        .context("publishing the ResourceSlice")?;
-    Ok(())
+    }))?;
+    Ok(DesiredPool::new(vec![slice]))
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt::init(); // RUST_LOG=info shows the publisher's work
     let args = Args::parse();
-    let client = kube::Client::try_default()
-        .await
-        .context("finding the API server")?;
-    let sockets = PluginSockets::new(
-        &args.kubelet_registry_dir,
-        &args.kubelet_plugins_dir,
-        &args.driver_name,
-        None,
-    );
+    let client = kube::Client::try_default().await?;
+    fs::create_dir_all(&args.cdi_dir).context("creating the CDI directory")?;
+    let registry = args.kubelet_dir.join("plugins_registry");
+    let sockets = PluginSockets::new(&registry, &args.kubelet_dir.join("plugins"), DRIVER, None);
     let driver = Arc::new(Minimal {
-        driver_name: args.driver_name.clone(),
+        cdi_dir: args.cdi_dir,
     });
     let claims = Arc::new(ApiClaims::new(client.clone(), ReadPolicy::default()));
     let mut plugin =
-        PluginBuilder::new(&args.driver_name, &args.node_name, sockets, driver, claims).start()?;
-    publish(client, &args).await?;
-    tokio::signal::ctrl_c().await?;
+        PluginBuilder::new(DRIVER, &args.node_name, sockets, driver, claims).start()?;
+
+    // Publish until SIGINT or SIGTERM, while the plugin serves the kubelet on its own
+    // tasks. The pool never changes here: a real driver sends new ones on `_pool`.
+    let (_pool, desired) = tokio::sync::watch::channel(pool(&args.node_name)?);
+    let config = PublisherConfig::new(DRIVER, &args.node_name);
+    let publisher = Publisher::new(client, config, desired);
+    let mut term = signal(SignalKind::terminate())?;
+    publisher
+        .run(async {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        })
+        .await;
     plugin.unregister().await;
     plugin.stop().await;
     Ok(())

@@ -6,6 +6,7 @@
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use hyper_util::rt::TokioIo;
@@ -83,13 +84,21 @@ pub fn free_port() -> SocketAddr {
 /// A running plugin process; killed on drop.
 pub struct Plugin {
     pub child: Child,
+    /// The HTTP endpoint: as asked until [`Plugin::wait_live`] reads the address the
+    /// plugin bound from its log (`127.0.0.1:0` for [`Plugin::start`]).
     pub http: SocketAddr,
     pub log: PathBuf,
+    /// The sockets this instance serves the kubelet on (named after `POD_UID`).
+    pub registration: PathBuf,
+    pub dra: PathBuf,
 }
 
 impl Plugin {
+    /// Starts the plugin with its HTTP endpoint on a port the kernel picks when it
+    /// binds: a port chosen here and released would be free for any concurrent test
+    /// to take, and then another plugin would answer this one's probes.
     pub fn start(node: &NodeDirs, kubeconfig: &Path, env: &[(&str, &str)]) -> Self {
-        Self::start_on(node, kubeconfig, env, free_port())
+        Self::start_on(node, kubeconfig, env, "127.0.0.1:0".parse().unwrap())
     }
 
     /// Like [`Plugin::start`], with the HTTP endpoint on `http`.
@@ -99,7 +108,9 @@ impl Plugin {
         env: &[(&str, &str)],
         http: SocketAddr,
     ) -> Self {
-        let log = node.path(&format!("plugin-{}.log", http.port()));
+        static STARTED: AtomicUsize = AtomicUsize::new(0);
+        let n = STARTED.fetch_add(1, Ordering::Relaxed);
+        let log = node.path(&format!("plugin-{n}.log"));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_topodra-kubelet-plugin"));
         cmd.arg("serve")
             .arg(format!("--node-name={}", node.name))
@@ -117,7 +128,10 @@ impl Plugin {
             .args(node.sim.plugin_args())
             .env("KUBECONFIG", kubeconfig)
             .env("TOPODRA_LOG", "info")
+            // wait_live reads the bound address from the text log
+            .env("TOPODRA_LOG_FORMAT", "text")
             .env_remove("TOPODRA_TEST_CRASH_AT")
+            .env_remove("POD_UID")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap());
@@ -127,22 +141,42 @@ impl Plugin {
         for (k, v) in env {
             cmd.env(k, v);
         }
+        let (registration, dra) = match env.iter().find(|(k, _)| *k == "POD_UID") {
+            Some((_, pod)) => (
+                node.path("registry")
+                    .join(format!("{DRIVER}-{pod}-reg.sock")),
+                node.path("plugins")
+                    .join(DRIVER)
+                    .join(format!("dra-{pod}.sock")),
+            ),
+            None => (node.registration_socket(), node.dra_socket()),
+        };
         let child = cmd.spawn().unwrap();
-        Self { child, http, log }
+        Self {
+            child,
+            http,
+            log,
+            registration,
+            dra,
+        }
     }
 
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// Waits until both sockets answer (the liveness endpoint calls both).
+    /// Waits until this instance serves the kubelet: its HTTP endpoint is bound (the
+    /// address read from its own log, so no other process answers for it),
+    /// `/healthz` answers 200, and its registration and DRA sockets accept
+    /// connections. `/healthz` alone is not enough: it answers 200 while the plugin
+    /// waits to own the node state, before it creates the sockets.
     pub async fn wait_live(&mut self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("plugin exited with {status}:\n{}", self.logs());
             }
-            if http_get(self.http, "/healthz").await.map(|(s, _)| s) == Some(200) {
+            if self.serving().await {
                 return;
             }
             assert!(
@@ -152,6 +186,28 @@ impl Plugin {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    async fn serving(&mut self) -> bool {
+        let Some(addr) = self.bound_http() else {
+            return false;
+        };
+        self.http = addr;
+        http_get(addr, "/healthz").await.map(|(s, _)| s) == Some(200)
+            && UnixStream::connect(&self.registration).await.is_ok()
+            && UnixStream::connect(&self.dra).await.is_ok()
+    }
+
+    /// The address the HTTP endpoint bound, from the plugin's log line
+    /// `serving /metrics, /healthz and /readyz addr=127.0.0.1:PORT ...`.
+    fn bound_http(&self) -> Option<SocketAddr> {
+        self.logs()
+            .lines()
+            .filter(|l| l.contains("serving /metrics"))
+            .find_map(|l| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_prefix("addr=")?.parse().ok())
+            })
     }
 
     pub fn terminate(&mut self) -> std::process::ExitStatus {
