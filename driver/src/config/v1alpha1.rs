@@ -3,8 +3,8 @@
 //! These types mirror the JSON exactly (camelCase, every field optional except
 //! `apiVersion` and `kind`) and reject unknown fields, so a typo fails the claim
 //! instead of silently configuring nothing. They are public for building configs;
-//! to read one, go through [`super::decode`], which also checks the rules that span
-//! fields. The driver itself works on [`EffectiveConfig`], which every version
+//! to read one, go through `super::decode`, which also checks the rules that span
+//! fields. The driver itself works on `EffectiveConfig`, which every version
 //! converts into.
 
 use std::collections::BTreeMap;
@@ -309,7 +309,7 @@ impl GpuConfig {
     /// schema accepts but the plugin does not implement yet (MPS, a time-slice
     /// interval other than Default): refused here, every caller refuses it the same
     /// way instead of prepare finding out later.
-    pub fn to_effective(&self) -> Result<EffectiveConfig, ConfigError> {
+    pub(crate) fn to_effective(&self) -> Result<EffectiveConfig, ConfigError> {
         let sharing = self.sharing.clone().unwrap_or_default();
         let sharing = match sharing.strategy {
             SharingStrategy::Exclusive => SharingPolicy::Exclusive,
