@@ -81,7 +81,7 @@ pub struct CdiKind {
 const CDI_CLASS: &str = "claim";
 
 impl CdiKind {
-    pub(crate) fn for_driver(driver_name: &str) -> Self {
+    pub fn for_driver(driver_name: &str) -> Self {
         Self {
             vendor: format!("k8s.{driver_name}"),
         }

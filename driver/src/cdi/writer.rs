@@ -38,7 +38,7 @@ pub struct SpecWriter {
 }
 
 impl SpecWriter {
-    pub(crate) fn new(dir: impl Into<PathBuf>, kind: CdiKind) -> Self {
+    pub fn new(dir: impl Into<PathBuf>, kind: CdiKind) -> Self {
         Self {
             dir: dir.into(),
             kind,
@@ -64,7 +64,7 @@ impl SpecWriter {
 
     /// Validates `spec` and writes it atomically as the claim's file, replacing any
     /// earlier version (prepare is idempotent). Returns the file's path.
-    pub(crate) fn write(&self, claim_uid: &str, spec: &Spec) -> Result<PathBuf, CdiError> {
+    pub fn write(&self, claim_uid: &str, spec: &Spec) -> Result<PathBuf, CdiError> {
         self.write_with(claim_uid, spec, |f| Box::new(f))
     }
 
