@@ -1,6 +1,11 @@
 //! The parts of topodra's cluster side that the controller and `kubectl topodra`
-//! share: which device classes and claims are ours, and why a pod waits for GPUs
-//! ([`pending`]), on top of the capacity model in `topodra_driver::capacity`.
+//! share, on top of the capacity model in `topodra_driver::capacity`:
+//!
+//! - [`classes`]: which DeviceClasses hand out our GPUs, and so which claims are ours.
+//! - [`pending`]: why a pod waits for GPUs: its claims' demands, judged against the
+//!   capacity model.
+//! - [`nrt`]: NodeResourceTopology objects (one per node, one zone per NUMA node) for
+//!   schedulers and platforms that read that CRD.
 
 pub mod classes;
 pub mod nrt;

@@ -24,7 +24,7 @@ impl IdList {
         self.0.insert(id);
     }
 
-    pub fn contains(&self, id: u32) -> bool {
+    pub(crate) fn contains(&self, id: u32) -> bool {
         self.0.contains(&id)
     }
 
@@ -36,16 +36,12 @@ impl IdList {
         self.0.is_empty()
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
         self.0.iter().copied()
     }
 
     pub fn first(&self) -> Option<u32> {
         self.0.first().copied()
-    }
-
-    pub fn is_subset(&self, other: &IdList) -> bool {
-        self.0.is_subset(&other.0)
     }
 }
 

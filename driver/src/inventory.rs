@@ -54,7 +54,7 @@ pub struct CudaVersion {
 }
 
 impl CudaVersion {
-    pub fn from_nvml(v: i32) -> Option<Self> {
+    pub(crate) fn from_nvml(v: i32) -> Option<Self> {
         let v = u32::try_from(v).ok().filter(|v| *v > 0)?;
         Some(Self {
             major: v / 1000,
@@ -105,7 +105,7 @@ pub struct DistanceMatrix {
 
 impl DistanceMatrix {
     /// Returns `None` when the value count does not match the node count.
-    pub fn new(nodes: Vec<u32>, values: Vec<u64>) -> Option<Self> {
+    pub(crate) fn new(nodes: Vec<u32>, values: Vec<u64>) -> Option<Self> {
         (values.len() == nodes.len() * nodes.len()).then_some(Self { nodes, values })
     }
 
@@ -264,14 +264,16 @@ impl AllocatableDevice {
     }
 
     /// The UUID a workload sees: the MIG device's, or the GPU's.
-    pub fn uuid(&self) -> Option<&str> {
+    #[cfg(test)]
+    pub(crate) fn uuid(&self) -> Option<&str> {
         match &self.mig {
             Some(m) => Some(&m.uuid),
             None => self.gpu.uuid.as_deref(),
         }
     }
 
-    pub fn memory_bytes(&self) -> Option<u64> {
+    #[cfg(test)]
+    pub(crate) fn memory_bytes(&self) -> Option<u64> {
         match &self.mig {
             Some(m) => m.memory_bytes,
             None => self.gpu.memory_bytes,
@@ -334,11 +336,12 @@ impl Gpu {
 }
 
 impl Inventory {
-    pub fn gpu(&self, bus_id: PciAddress) -> Option<&Gpu> {
+    #[cfg(test)]
+    pub(crate) fn gpu(&self, bus_id: PciAddress) -> Option<&Gpu> {
         self.gpus.iter().find(|g| g.pci_bus_id == bus_id)
     }
 
-    pub fn numa_node(&self, id: u32) -> Option<&NumaNode> {
+    pub(crate) fn numa_node(&self, id: u32) -> Option<&NumaNode> {
         self.numa_nodes.iter().find(|n| n.id == id)
     }
 

@@ -36,7 +36,8 @@ impl PciAddress {
     }
 
     /// The root complex this address would sit under if `bus` were its root bus.
-    pub fn root(&self) -> PcieRoot {
+    #[cfg(test)]
+    pub(crate) fn root(&self) -> PcieRoot {
         PcieRoot {
             domain: self.domain,
             bus: self.bus,
@@ -44,7 +45,7 @@ impl PciAddress {
     }
 
     /// A DNS-label-safe spelling (`0000-18-00-0`), for names derived from the address.
-    pub fn to_label(&self) -> String {
+    pub(crate) fn to_label(self) -> String {
         format!(
             "{:04x}-{:02x}-{:02x}-{:x}",
             self.domain, self.bus, self.device, self.function

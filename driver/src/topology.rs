@@ -16,7 +16,7 @@ use crate::pci::PciAddress;
 /// lets a constraint match a CPU or NIC on a sibling sub-NUMA cluster, while nodes
 /// further away (or on the other socket) stay out. Without distances only the own
 /// node is listed, since "nearest" is then unknown.
-pub fn same_socket_numa_nodes(
+pub(crate) fn same_socket_numa_nodes(
     own: u32,
     nodes: &[NumaNode],
     distances: Option<&DistanceMatrix>,
@@ -53,7 +53,7 @@ pub fn same_socket_numa_nodes(
 /// above its downstream port bridges, so the first bridge in a chain that two GPUs
 /// share is the switch that joins them. Root ports are shared only when a switch
 /// below them is, so they never win over the switch itself.
-pub fn shared_pcie_switches(
+pub(crate) fn shared_pcie_switches(
     chains: &BTreeMap<PciAddress, Vec<PciAddress>>,
 ) -> BTreeMap<PciAddress, PciAddress> {
     let mut gpus_below: HashMap<PciAddress, usize> = HashMap::new();
@@ -91,11 +91,11 @@ pub enum NvlinkRemote {
 
 /// NVLink connectivity of the node's GPUs, as computed by [`nvlink_domains`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NvlinkDomains {
+pub(crate) struct NvlinkDomains {
     /// Domain name per GPU that shares NVLink with at least one other GPU.
-    pub domain_of: BTreeMap<PciAddress, String>,
+    pub(crate) domain_of: BTreeMap<PciAddress, String>,
     /// The other GPUs in the same domain, per GPU.
-    pub peers_of: BTreeMap<PciAddress, Vec<PciAddress>>,
+    pub(crate) peers_of: BTreeMap<PciAddress, Vec<PciAddress>>,
 }
 
 /// A vertex of the NVLink graph: a PCI endpoint, or the NVSwitch fabric a group of
@@ -120,7 +120,7 @@ enum Endpoint {
 /// the order of each domain's lowest GPU address, so names are stable across
 /// restarts. A link to an endpoint that is not a GPU of this node and that no other
 /// GPU shares joins nothing on its own.
-pub fn nvlink_domains(
+pub(crate) fn nvlink_domains(
     links: &BTreeMap<PciAddress, Vec<NvlinkRemote>>,
     fabric_of: &BTreeMap<PciAddress, String>,
 ) -> NvlinkDomains {

@@ -9,8 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use topodra_driver::discovery::hwloc::HwlocSource;
-use topodra_driver::discovery::{TopologySource, assemble};
+use topodra_driver::discovery::{HwlocSource, TopologySource, assemble};
 use topodra_driver::{IdList, PciAddress};
 
 fn fixtures_dir() -> Option<PathBuf> {

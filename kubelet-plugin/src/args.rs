@@ -113,7 +113,7 @@ pub(crate) struct DiscoveryFlags {
     pub(crate) driver_name: String,
 
     /// NVML library to load.
-    #[arg(long, env = "TOPODRA_NVML_LIB", default_value = discovery::nvml::DEFAULT_NVML_LIB)]
+    #[arg(long, env = "TOPODRA_NVML_LIB", default_value = discovery::DEFAULT_NVML_LIB)]
     pub(crate) nvml_lib: PathBuf,
 
     /// Read topology from an hwloc XML export (`lstopo --of xml`) instead of this machine.

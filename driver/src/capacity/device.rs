@@ -10,7 +10,7 @@ use crate::slice::attributes::{TYPE, TYPE_GPU, TYPE_MIG};
 /// Whole GPUs are what the figures count; MIG devices are counted apart, since one
 /// is a slice of a GPU and never part of an aligned set of GPUs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DeviceKind {
+pub(crate) enum DeviceKind {
     Gpu,
     Mig,
     Other,
@@ -18,18 +18,18 @@ pub enum DeviceKind {
 
 /// One device of a slice, reduced to what placement depends on.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceRecord {
-    pub name: String,
-    pub kind: DeviceKind,
+pub(crate) struct DeviceRecord {
+    pub(crate) name: String,
+    pub(crate) kind: DeviceKind,
     /// The group key at each level (index = position in [`Level::ALL`]); `None` when
     /// the device does not carry the attribute, so no constraint on it can match.
-    pub groups: [Option<String>; 5],
+    pub(crate) groups: [Option<String>; 5],
     /// A taint that keeps new claims off (NoSchedule or NoExecute) in the slice.
-    pub tainted: bool,
+    pub(crate) tainted: bool,
 }
 
 impl DeviceRecord {
-    pub fn from_device(dev: &Device, driver: &str) -> Self {
+    pub(crate) fn from_device(dev: &Device, driver: &str) -> Self {
         let attrs = dev.attributes.as_ref();
         let get = |name: &str| -> Option<&DeviceAttribute> {
             let attrs = attrs?;
@@ -54,7 +54,7 @@ impl DeviceRecord {
         }
     }
 
-    pub fn group(&self, level: Level) -> Option<&str> {
+    pub(crate) fn group(&self, level: Level) -> Option<&str> {
         self.groups[level_index(level)].as_deref()
     }
 }

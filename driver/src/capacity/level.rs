@@ -29,7 +29,7 @@ impl Level {
 
     /// The attribute's name in our slices: standard names are fully qualified, ours
     /// are in the driver's domain and published without it.
-    pub fn attribute(self) -> &'static str {
+    pub(crate) fn attribute(self) -> &'static str {
         match self {
             Level::NumaNode => NUMA_NODE,
             Level::Socket => SOCKET,
@@ -52,7 +52,7 @@ impl Level {
 
     /// The level a `matchAttribute` constraint aligns on, if it names one of ours:
     /// `resource.kubernetes.io/numaNode`, `<driver>/socket`, ...
-    pub fn from_match_attribute(attribute: &str, driver: &str) -> Option<Level> {
+    pub(crate) fn from_match_attribute(attribute: &str, driver: &str) -> Option<Level> {
         Level::ALL.into_iter().find(|l| {
             let a = l.attribute();
             if a.contains('/') {
@@ -67,7 +67,7 @@ impl Level {
     }
 
     /// "one NUMA node", for messages.
-    pub fn one(self) -> &'static str {
+    pub(crate) fn one(self) -> &'static str {
         match self {
             Level::NumaNode => "one NUMA node",
             Level::Socket => "one socket",
@@ -78,7 +78,7 @@ impl Level {
     }
 
     /// How a group of this level is named in messages: "NUMA 1", "socket 0".
-    pub fn group_name(self, key: &str) -> String {
+    pub(crate) fn group_name(self, key: &str) -> String {
         match self {
             Level::NumaNode => format!("NUMA {key}"),
             Level::Socket => format!("socket {key}"),

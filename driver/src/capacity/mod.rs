@@ -21,9 +21,8 @@ mod summary;
 
 pub use cluster::{ClaimKey, Cluster};
 pub use demand::Demand;
-pub use device::{DeviceKind, DeviceRecord};
 pub use explain::{Candidate, Explanation, explain};
-pub use level::Level;
+pub use level::{Level, LevelError};
 pub use summary::{Counts, Group, NodeSummary};
 
 /// The aligned set sizes that metrics, fragmentation figures and `kubectl topodra`

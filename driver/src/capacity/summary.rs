@@ -143,7 +143,7 @@ impl NodeSummary {
 
     /// Whether `count` free GPUs aligned at `level` (anywhere on the node when `None`)
     /// exist now.
-    pub fn fits(&self, count: u32, level: Option<Level>) -> bool {
+    pub(crate) fn fits(&self, count: u32, level: Option<Level>) -> bool {
         self.largest_free(level) >= count
     }
 

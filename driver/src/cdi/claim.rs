@@ -18,24 +18,24 @@ use crate::inventory::{AllocatableDevice, Gpu};
 
 /// Annotation keys on the spec, so an operator reading `/var/run/cdi` can tell which
 /// claim a file belongs to without the checkpoint.
-pub const ANNOTATION_CLAIM_UID: &str = "topodra.dev/claim-uid";
-pub const ANNOTATION_CLAIM_NAMESPACE: &str = "topodra.dev/claim-namespace";
-pub const ANNOTATION_CLAIM_NAME: &str = "topodra.dev/claim-name";
+pub(crate) const ANNOTATION_CLAIM_UID: &str = "topodra.dev/claim-uid";
+pub(crate) const ANNOTATION_CLAIM_NAMESPACE: &str = "topodra.dev/claim-namespace";
+pub(crate) const ANNOTATION_CLAIM_NAME: &str = "topodra.dev/claim-name";
 /// On each device, when NVML gave the GPU a UUID.
-pub const ANNOTATION_GPU_UUID: &str = "topodra.dev/gpu-uuid";
+pub(crate) const ANNOTATION_GPU_UUID: &str = "topodra.dev/gpu-uuid";
 /// On each device: the claim's requests it serves, comma-separated (request names are
 /// DNS labels, so they hold no comma).
-pub const ANNOTATION_REQUESTS: &str = "topodra.dev/requests";
+pub(crate) const ANNOTATION_REQUESTS: &str = "topodra.dev/requests";
 
 /// Env hints (when [`ClaimSpecRequest::env_hints`] is on). They describe the whole
 /// claim: env is claim-wide, because per-device values for one key would overwrite
 /// each other in a container that gets several of the claim's GPUs.
-pub const ENV_VISIBLE_GPUS: &str = "TOPODRA_VISIBLE_GPUS";
-pub const ENV_NUMA_NODES: &str = "TOPODRA_NUMA_NODES";
-pub const ENV_CPUS: &str = "TOPODRA_CPUS";
+pub(crate) const ENV_VISIBLE_GPUS: &str = "TOPODRA_VISIBLE_GPUS";
+pub(crate) const ENV_NUMA_NODES: &str = "TOPODRA_NUMA_NODES";
+pub(crate) const ENV_CPUS: &str = "TOPODRA_CPUS";
 /// CUDA numbers devices fastest-first by default; bus order makes CUDA's device
 /// indices agree with NVML's and `nvidia-smi`'s inside the container.
-pub const ENV_CUDA_DEVICE_ORDER: &str = "CUDA_DEVICE_ORDER=PCI_BUS_ID";
+pub(crate) const ENV_CUDA_DEVICE_ORDER: &str = "CUDA_DEVICE_ORDER=PCI_BUS_ID";
 
 /// Cgroup access for device nodes: containers read and write them but have no reason
 /// to create nodes (`m`).
@@ -65,7 +65,7 @@ pub struct ClaimGpu {
 impl ClaimGpu {
     /// Takes the device name and node data from an inventory GPU. A GPU without a
     /// minor (NVML did not see it) has no device node we could hand out.
-    pub fn from_gpu(gpu: &Gpu) -> Result<Self, CdiError> {
+    pub(crate) fn from_gpu(gpu: &Gpu) -> Result<Self, CdiError> {
         let device_name = gpu.device_name();
         let minor = gpu.minor.ok_or_else(|| CdiError::GpuWithoutMinor {
             device: device_name.clone(),
@@ -84,7 +84,10 @@ impl ClaimGpu {
     /// A whole GPU as [`ClaimGpu::from_gpu`]; a MIG device with its parent's node,
     /// its own UUID and its capability nodes, looked up now so a missing one fails
     /// the prepare instead of the container start.
-    pub fn from_device(dev: &AllocatableDevice, nodes: &dyn DeviceNodes) -> Result<Self, CdiError> {
+    pub(crate) fn from_device(
+        dev: &AllocatableDevice,
+        nodes: &dyn DeviceNodes,
+    ) -> Result<Self, CdiError> {
         let mut out = Self::from_gpu(&dev.gpu)?;
         if let Some(mig) = &dev.mig {
             out.device_name = dev.name();
@@ -121,7 +124,7 @@ impl ClaimSpecRequest {
 }
 
 /// Builds the claim's spec, carrying the lowest `cdiVersion` its fields allow, and
-/// checks it with [`validate`] so a spec runtimes would refuse is never returned.
+/// checks it with `validate` so a spec runtimes would refuse is never returned.
 pub fn claim_spec(
     req: &ClaimSpecRequest,
     nodes: &dyn DeviceNodes,

@@ -25,7 +25,7 @@ use super::{CdiConfig, CdiError};
 /// Library directories, searched in this order; a directory that resolves to one
 /// already searched (merged `/usr`: `/lib64 -> usr/lib64`) is skipped so no file is
 /// mounted twice.
-pub const LIB_DIRS: &[&str] = &[
+pub(crate) const LIB_DIRS: &[&str] = &[
     "/usr/lib/x86_64-linux-gnu",
     "/usr/lib/aarch64-linux-gnu",
     "/usr/lib64",
@@ -37,11 +37,11 @@ pub const LIB_DIRS: &[&str] = &[
 ];
 
 /// Binary directories; the first that has a binary wins, as with `PATH`.
-pub const BIN_DIRS: &[&str] = &["/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin"];
+pub(crate) const BIN_DIRS: &[&str] = &["/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin"];
 
 /// Compute libraries, by the name before the version suffix: every
 /// `<name>.<version>` file (`libcuda.so.1`, `libcuda.so.550.90.07`) is mounted.
-pub const LIBRARIES: &[&str] = &[
+pub(crate) const LIBRARIES: &[&str] = &[
     "libnvidia-ml.so",
     "libcuda.so",
     "libcudadebugger.so",
@@ -57,9 +57,9 @@ pub const LIBRARIES: &[&str] = &[
 
 /// Without these no CUDA program or NVML tool works, so their absence means the
 /// driver root is wrong, not that the node lacks an optional feature.
-pub const REQUIRED_LIBRARIES: &[&str] = &["libnvidia-ml.so", "libcuda.so"];
+pub(crate) const REQUIRED_LIBRARIES: &[&str] = &["libnvidia-ml.so", "libcuda.so"];
 
-pub const BINARIES: &[&str] = &[
+pub(crate) const BINARIES: &[&str] = &[
     "nvidia-smi",
     "nvidia-debugdump",
     "nvidia-persistenced",
@@ -68,22 +68,23 @@ pub const BINARIES: &[&str] = &[
 ];
 
 /// Options of every driver file mount: read-only, no set-uid, no device files.
-pub const MOUNT_OPTIONS: &[&str] = &["ro", "nosuid", "nodev", "rbind"];
-pub const MOUNT_TYPE: &str = "bind";
+pub(crate) const MOUNT_OPTIONS: &[&str] = &["ro", "nosuid", "nodev", "rbind"];
+pub(crate) const MOUNT_TYPE: &str = "bind";
 
 /// Where the driver's files are.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DriverRoot {
+pub(crate) struct DriverRoot {
     /// The root as the host (and so the container runtime) sees it; mount sources
     /// are written under it.
-    pub host: PathBuf,
+    pub(crate) host: PathBuf,
     /// The same directory as this process sees it, where it is scanned. It differs
     /// when the plugin runs in a container with the driver root mounted elsewhere.
-    pub local: PathBuf,
+    pub(crate) local: PathBuf,
 }
 
 impl DriverRoot {
-    pub fn new(host: impl Into<PathBuf>) -> Self {
+    #[cfg(test)]
+    pub(crate) fn new(host: impl Into<PathBuf>) -> Self {
         let host = host.into();
         Self {
             local: host.clone(),
@@ -127,7 +128,7 @@ impl DriverFiles {
     }
 
     /// Finds the driver's libraries and binaries under `root`.
-    pub fn discover(root: &DriverRoot) -> Result<Self, CdiError> {
+    pub(crate) fn discover(root: &DriverRoot) -> Result<Self, CdiError> {
         let mut mounts = Vec::new();
         let mut found_libs = BTreeSet::new();
 
@@ -190,7 +191,7 @@ impl DriverFiles {
 
     /// Takes the top-level mounts, hooks and env of a toolkit-generated spec (JSON
     /// or YAML, by extension; anything else is tried as both).
-    pub fn from_toolkit_spec(path: &Path) -> Result<Self, CdiError> {
+    pub(crate) fn from_toolkit_spec(path: &Path) -> Result<Self, CdiError> {
         let err = |reason: String| CdiError::ToolkitSpec {
             path: path.to_owned(),
             reason,

@@ -2,19 +2,19 @@
 //! that uses one of our GPUs.
 //!
 //! Prepare builds one spec per claim with [`claim_spec`] and writes it with
-//! [`SpecWriter`]; the kubelet gets back the [`CdiKind::device_id`]s and passes them to the
+//! [`SpecWriter`]; the kubelet gets back the `CdiKind::device_id`s and passes them to the
 //! runtime, which looks them up in the spec directory. Unprepare removes the file;
-//! [`SpecWriter::list_owned`] finds files no claim owns any more.
+//! `SpecWriter::list_owned` finds files no claim owns any more.
 //!
-//! - [`spec`]: the CDI document model (JSON field names of the CDI specification).
-//! - [`version`]: the lowest `cdiVersion` a spec's fields require; every generated
+//! - `spec`: the CDI document model (JSON field names of the CDI specification).
+//! - `version`: the lowest `cdiVersion` a spec's fields require; every generated
 //!   spec carries exactly that.
-//! - [`nodes`]: device numbers of `/dev/nvidia*`, behind the [`DeviceNodes`] trait.
-//! - [`driver_files`]: the driver's libraries and tools to bind-mount, discovered
+//! - `nodes`: device numbers of `/dev/nvidia*`, behind the [`DeviceNodes`] trait.
+//! - `driver_files`: the driver's libraries and tools to bind-mount, discovered
 //!   under a driver root or adopted from an NVIDIA Container Toolkit spec.
-//! - [`claim`]: the spec of one claim.
-//! - [`writer`]: atomic files in the spec directory.
-//! - [`validate`](mod@validate): the rules runtimes apply when loading a spec.
+//! - `claim`: the spec of one claim.
+//! - `writer`: atomic files in the spec directory.
+//! - `validate`: the rules runtimes apply when loading a spec.
 //!
 //! Typical use:
 //!
@@ -41,30 +41,31 @@
 //! # let _ = cdi_ids; Ok(()) }
 //! ```
 
-pub mod claim;
-pub mod driver_files;
-pub mod nodes;
-pub mod spec;
-pub mod validate;
-pub mod version;
-pub mod writer;
+pub(crate) mod claim;
+pub(crate) mod driver_files;
+pub(crate) mod nodes;
+pub(crate) mod spec;
+pub(crate) mod validate;
+pub(crate) mod version;
+pub(crate) mod writer;
 
 use std::io;
 use std::path::PathBuf;
 
-pub use claim::{
-    ANNOTATION_CLAIM_NAME, ANNOTATION_CLAIM_NAMESPACE, ANNOTATION_CLAIM_UID, ANNOTATION_REQUESTS,
-    ClaimGpu, ClaimSpecRequest, claim_spec,
-};
-pub use driver_files::{DriverFiles, DriverFilesSource, DriverRoot};
+pub use claim::{ClaimGpu, ClaimSpecRequest, claim_spec};
+pub use driver_files::{DriverFiles, DriverFilesSource};
 pub use nodes::{
-    DEFAULT_CAPABILITIES_DIR, DeviceNodes, HostDeviceNodes, NodeInfo, NodeKind, TABLE_CAPS_MAJOR,
-    TableDeviceNodes, mig_cap_node,
+    DEFAULT_CAPABILITIES_DIR, DeviceNodes, HostDeviceNodes, NodeInfo, NodeKind, TableDeviceNodes,
 };
-pub use spec::{ContainerEdits, Device, DeviceNode, Hook, Mount, Spec};
-pub use validate::{Problems, validate};
-pub use version::{Version, minimum_version};
+pub use spec::{ContainerEdits, Device, DeviceNode, Hook, IntelRdt, Mount, NetDevice, Spec};
+pub use validate::Problems;
 pub use writer::{DEFAULT_SPEC_DIR, SpecWriter};
+
+pub(crate) use claim::{ANNOTATION_CLAIM_NAME, ANNOTATION_CLAIM_NAMESPACE, ANNOTATION_REQUESTS};
+pub(crate) use driver_files::DriverRoot;
+#[cfg(test)]
+pub(crate) use nodes::TABLE_CAPS_MAJOR;
+pub(crate) use validate::validate;
 
 /// The CDI kind of one installation's claim specs: `k8s.<driver name>/claim`.
 ///
@@ -87,18 +88,18 @@ impl CdiKind {
     }
 
     /// `vendor/class`, as the spec's `kind` field and the CDI ids spell it.
-    pub fn kind(&self) -> String {
+    pub(crate) fn kind(&self) -> String {
         format!("{}/{CDI_CLASS}", self.vendor)
     }
 
     /// The fully qualified CDI id the kubelet passes to the runtime:
     /// `k8s.gpu.topodra.dev/claim=<claimUID>-<deviceName>`.
-    pub fn device_id(&self, claim_uid: &str, device: &str) -> String {
+    pub(crate) fn device_id(&self, claim_uid: &str, device: &str) -> String {
         format!("{}={}", self.kind(), cdi_device_name(claim_uid, device))
     }
 
     /// `<vendor>-<class>_`: the CDI convention's file name prefix for transient specs.
-    pub fn file_prefix(&self) -> String {
+    pub(crate) fn file_prefix(&self) -> String {
         format!("{}-{CDI_CLASS}_", self.vendor)
     }
 }
@@ -111,7 +112,7 @@ impl Default for CdiKind {
 }
 
 /// The CDI device name of one allocated device: `<claimUID>-<deviceName>`.
-pub fn cdi_device_name(claim_uid: &str, device: &str) -> String {
+pub(crate) fn cdi_device_name(claim_uid: &str, device: &str) -> String {
     format!("{claim_uid}-{device}")
 }
 
@@ -150,7 +151,7 @@ impl Default for CdiConfig {
 }
 
 impl CdiConfig {
-    pub fn driver_root(&self) -> DriverRoot {
+    pub(crate) fn driver_root(&self) -> DriverRoot {
         DriverRoot {
             host: self.driver_root.clone(),
             local: self

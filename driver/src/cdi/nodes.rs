@@ -14,9 +14,9 @@ use std::path::PathBuf;
 use super::CdiError;
 
 /// Major of `/dev/nvidia<N>` and `/dev/nvidiactl`, fixed by the NVIDIA kernel module.
-pub const NVIDIA_MAJOR: u32 = 195;
+pub(crate) const NVIDIA_MAJOR: u32 = 195;
 /// Minor of `/dev/nvidiactl`.
-pub const NVIDIACTL_MINOR: u32 = 255;
+pub(crate) const NVIDIACTL_MINOR: u32 = 255;
 
 /// Kind of a device node, as CDI spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -26,7 +26,7 @@ pub enum NodeKind {
 }
 
 impl NodeKind {
-    pub fn as_cdi(self) -> &'static str {
+    pub(crate) fn as_cdi(self) -> &'static str {
         match self {
             NodeKind::Char => "c",
             NodeKind::Block => "b",
@@ -43,7 +43,7 @@ pub struct NodeInfo {
 }
 
 impl NodeInfo {
-    pub const fn char(major: u32, minor: u32) -> Self {
+    pub(crate) const fn char(major: u32, minor: u32) -> Self {
         Self {
             kind: NodeKind::Char,
             major,
@@ -74,7 +74,7 @@ pub trait DeviceNodes {
 }
 
 /// The `/dev` name of MIG capability node `minor`.
-pub fn mig_cap_node(minor: u32) -> String {
+pub(crate) fn mig_cap_node(minor: u32) -> String {
     format!("{MIG_CAPS_DIR}/nvidia-cap{minor}")
 }
 
@@ -100,7 +100,7 @@ pub struct HostDeviceNodes {
 
 impl HostDeviceNodes {
     /// `dev_root` is `/` when this process sees the host's `/dev` at `/dev`.
-    pub fn new(dev_root: impl Into<PathBuf>) -> Self {
+    pub(crate) fn new(dev_root: impl Into<PathBuf>) -> Self {
         Self {
             dev_root: dev_root.into(),
             proc_devices: PathBuf::from("/proc/devices"),
@@ -110,7 +110,7 @@ impl HostDeviceNodes {
 
     /// Reads MIG capability minors from another directory than
     /// `/proc/driver/nvidia/capabilities` (a simulated node's).
-    pub fn with_capabilities_dir(mut self, path: impl Into<PathBuf>) -> Self {
+    pub(crate) fn with_capabilities_dir(mut self, path: impl Into<PathBuf>) -> Self {
         self.capabilities_dir = path.into();
         self
     }
@@ -251,13 +251,14 @@ fn char_majors(text: &str) -> BTreeMap<&str, u32> {
 
 /// A fixed table of nodes, for tests and dry runs.
 ///
-/// MIG capability nodes come from [`TableDeviceNodes::with_mig`]: a made-up but
+/// MIG capability nodes come from `TableDeviceNodes::with_mig`: a made-up but
 /// unique minor pair per MIG device, registered in the table.
 #[derive(Debug, Clone, Default)]
 pub struct TableDeviceNodes(pub BTreeMap<String, NodeInfo>);
 
 /// Major the table gives MIG capability nodes (dynamic on real hosts).
-pub const TABLE_CAPS_MAJOR: u32 = 510;
+#[cfg(test)]
+pub(crate) const TABLE_CAPS_MAJOR: u32 = 510;
 
 impl TableDeviceNodes {
     /// A typical node: `nvidia<minor>` for each given minor, `nvidiactl`, and UVM
@@ -279,14 +280,19 @@ impl TableDeviceNodes {
 
 impl TableDeviceNodes {
     /// The capability minors the table uses for one MIG device.
-    pub fn mig_minors(parent_minor: u32, gpu_instance: u32, compute_instance: u32) -> [u32; 2] {
+    pub(crate) fn mig_minors(
+        parent_minor: u32,
+        gpu_instance: u32,
+        compute_instance: u32,
+    ) -> [u32; 2] {
         let gi = 1000 + parent_minor * 100 + gpu_instance * 10;
         [gi, gi + 1 + compute_instance]
     }
 
     /// Registers the capability nodes of the given MIG devices (parent minor, GPU
     /// instance, compute instance).
-    pub fn with_mig(mut self, devices: impl IntoIterator<Item = (u32, u32, u32)>) -> Self {
+    #[cfg(test)]
+    pub(crate) fn with_mig(mut self, devices: impl IntoIterator<Item = (u32, u32, u32)>) -> Self {
         for (p, g, c) in devices {
             for minor in Self::mig_minors(p, g, c) {
                 self.0

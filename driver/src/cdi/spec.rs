@@ -15,9 +15,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Spec {
-    /// Semver of the CDI schema this document needs; see [`super::minimum_version`].
+    /// Semver of the CDI schema this document needs; see `super::minimum_version`.
     pub cdi_version: String,
-    /// `vendor/class`, e.g. [`super::CDI_KIND`].
+    /// `vendor/class`, e.g. `super::CDI_KIND`.
     pub kind: String,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
@@ -67,7 +67,7 @@ pub struct ContainerEdits {
 }
 
 impl ContainerEdits {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.env.is_empty()
             && self.device_nodes.is_empty()
             && self.additional_gids.is_empty()

@@ -23,7 +23,7 @@ impl fmt::Display for Problems {
 }
 
 /// Hook names runtimes accept (the OCI hook points).
-pub const HOOK_NAMES: &[&str] = &[
+pub(crate) const HOOK_NAMES: &[&str] = &[
     "prestart",
     "createRuntime",
     "createContainer",
@@ -37,7 +37,7 @@ pub const HOOK_NAMES: &[&str] = &[
 const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
 
 /// Checks `spec`; lists every problem found, not only the first.
-pub fn validate(spec: &Spec) -> Result<(), Problems> {
+pub(crate) fn validate(spec: &Spec) -> Result<(), Problems> {
     let mut p = Vec::new();
 
     match spec.cdi_version.parse::<Version>() {
@@ -227,7 +227,7 @@ fn check_chars(
 
 /// `[A-Za-z0-9][A-Za-z0-9_.:-]*` ending alphanumeric; a leading digit needs 0.5.0,
 /// which [`minimum_version`] accounts for.
-pub fn check_device_name(name: &str) -> Result<(), String> {
+pub(crate) fn check_device_name(name: &str) -> Result<(), String> {
     check_chars(
         name,
         alnum,

@@ -24,14 +24,14 @@ use super::spec::{ContainerEdits, Spec};
 
 /// A CDI schema version (`major.minor.patch`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Version {
-    pub major: u32,
-    pub minor: u32,
-    pub patch: u32,
+pub(crate) struct Version {
+    pub(crate) major: u32,
+    pub(crate) minor: u32,
+    pub(crate) patch: u32,
 }
 
 impl Version {
-    pub const fn new(major: u32, minor: u32, patch: u32) -> Self {
+    pub(crate) const fn new(major: u32, minor: u32, patch: u32) -> Self {
         Self {
             major,
             minor,
@@ -39,25 +39,25 @@ impl Version {
         }
     }
 
-    pub const V0_3_0: Version = Version::new(0, 3, 0);
-    pub const V0_4_0: Version = Version::new(0, 4, 0);
-    pub const V0_5_0: Version = Version::new(0, 5, 0);
-    pub const V0_6_0: Version = Version::new(0, 6, 0);
-    pub const V0_7_0: Version = Version::new(0, 7, 0);
-    pub const V0_8_0: Version = Version::new(0, 8, 0);
-    pub const V1_0_0: Version = Version::new(1, 0, 0);
-    pub const V1_1_0: Version = Version::new(1, 1, 0);
+    pub(crate) const V0_3_0: Version = Version::new(0, 3, 0);
+    pub(crate) const V0_4_0: Version = Version::new(0, 4, 0);
+    pub(crate) const V0_5_0: Version = Version::new(0, 5, 0);
+    pub(crate) const V0_6_0: Version = Version::new(0, 6, 0);
+    pub(crate) const V0_7_0: Version = Version::new(0, 7, 0);
+    pub(crate) const V0_8_0: Version = Version::new(0, 8, 0);
+    pub(crate) const V1_0_0: Version = Version::new(1, 0, 0);
+    pub(crate) const V1_1_0: Version = Version::new(1, 1, 0);
 
     /// Whether runtimes know this version. They match released versions exactly, so a
     /// well-formed but unreleased version (`0.6.1`) is refused.
-    pub fn is_released(self) -> bool {
+    pub(crate) fn is_released(self) -> bool {
         RELEASED.contains(&self)
     }
 }
 
 /// Released schema versions, oldest first. 0.1.0 and 0.2.0 predate the current
 /// layout and are not accepted for new specs, so the list starts at 0.3.0.
-pub const RELEASED: [Version; 8] = [
+pub(crate) const RELEASED: [Version; 8] = [
     Version::V0_3_0,
     Version::V0_4_0,
     Version::V0_5_0,
@@ -77,7 +77,7 @@ impl fmt::Display for Version {
 /// A `cdiVersion` that is not `major.minor.patch`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid CDI version {0:?}: expected semver major.minor.patch")]
-pub struct VersionError(pub String);
+pub(crate) struct VersionError(pub String);
 
 impl FromStr for Version {
     type Err = VersionError;
@@ -108,7 +108,7 @@ impl FromStr for Version {
 }
 
 /// The lowest released `cdiVersion` whose schema has every field `spec` uses.
-pub fn minimum_version(spec: &Spec) -> Version {
+pub(crate) fn minimum_version(spec: &Spec) -> Version {
     let edits: Vec<&ContainerEdits> = std::iter::once(&spec.container_edits)
         .chain(spec.devices.iter().map(|d| &d.container_edits))
         .collect();

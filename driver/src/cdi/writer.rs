@@ -45,16 +45,17 @@ impl SpecWriter {
         }
     }
 
-    pub fn dir(&self) -> &Path {
+    #[cfg(test)]
+    pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }
 
-    pub fn kind(&self) -> &CdiKind {
+    pub(crate) fn kind(&self) -> &CdiKind {
         &self.kind
     }
 
     /// `<dir>/k8s.gpu.topodra.dev-claim_<claimUID>.json` for the default driver name.
-    pub fn path_for(&self, claim_uid: &str) -> PathBuf {
+    pub(crate) fn path_for(&self, claim_uid: &str) -> PathBuf {
         self.dir.join(format!(
             "{}{claim_uid}{SPEC_FILE_SUFFIX}",
             self.kind.file_prefix()
@@ -103,7 +104,7 @@ impl SpecWriter {
 
     /// Removes the claim's spec. Succeeds when there is none, because unprepare is
     /// retried and may run after a restart that already cleaned up.
-    pub fn remove(&self, claim_uid: &str) -> Result<(), CdiError> {
+    pub(crate) fn remove(&self, claim_uid: &str) -> Result<(), CdiError> {
         check_claim_uid(claim_uid)?;
         let path = self.path_for(claim_uid);
         match fs::remove_file(&path) {
@@ -120,7 +121,7 @@ impl SpecWriter {
     /// Claim UIDs of the specs in the directory that this driver wrote, sorted, for
     /// garbage collection against the checkpoint. Other vendors' files, and names
     /// that only look like ours, are never listed. A missing directory owns nothing.
-    pub fn list_owned(&self) -> Result<Vec<String>, CdiError> {
+    pub(crate) fn list_owned(&self) -> Result<Vec<String>, CdiError> {
         let prefix = self.kind.file_prefix();
         let mut uids: Vec<String> = self
             .entries()?
@@ -135,7 +136,7 @@ impl SpecWriter {
     }
 
     /// Removes temp files a crash left between create and rename. Returns how many.
-    pub fn remove_stale_temp_files(&self) -> Result<usize, CdiError> {
+    pub(crate) fn remove_stale_temp_files(&self) -> Result<usize, CdiError> {
         let mut removed = 0;
         for name in self.entries()? {
             if name.starts_with(&self.temp_prefix()) && name.contains(TEMP_MARKER) {

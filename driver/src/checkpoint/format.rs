@@ -27,11 +27,11 @@ use sha2::{Digest, Sha256};
 use super::Checkpoint;
 
 /// The version [`encode`] writes and the highest [`parse`] reads.
-pub const CURRENT_VERSION: u64 = 1;
+pub(crate) const CURRENT_VERSION: u64 = 1;
 
 /// Files larger than this are rejected unread: a node holds a few dozen claims, a few
 /// kilobytes, so anything this size is not ours and must not be parsed into memory.
-pub const MAX_CHECKPOINT_BYTES: usize = 16 << 20;
+pub(crate) const MAX_CHECKPOINT_BYTES: usize = 16 << 20;
 
 const CHECKSUM_PREFIX: &str = "sha256:";
 
@@ -80,7 +80,7 @@ fn checksum_of(data: &str) -> String {
     hex::encode(Sha256::digest(data.as_bytes()))
 }
 
-/// The file contents for `checkpoint`, at [`CURRENT_VERSION`].
+/// The file contents for `checkpoint`, at `CURRENT_VERSION`.
 pub fn encode(checkpoint: &Checkpoint) -> Result<Vec<u8>, serde_json::Error> {
     let data = RawValue::from_string(serde_json::to_string(checkpoint)?)?;
     let envelope = Envelope {

@@ -5,14 +5,14 @@
 //! recorded here. Prepare is two-phase: a record is written in
 //! [`ClaimState::PrepareStarted`] *before* any side effect (CDI spec, sharing setup),
 //! and turned into [`ClaimState::PrepareCompleted`] after them. A crash in between
-//! leaves a started record, which [`rollback_candidates`] hands back at startup.
+//! leaves a started record, which `rollback_candidates` hands back at startup.
 //!
 //! # Reboots
 //!
 //! CDI specs live under `/var/run`, which a reboot empties, and the kubelet calls
 //! prepare again for every claim of its pods (it does not trust its own "prepared"
 //! state across restarts). A completed record whose spec vanished must therefore not
-//! answer prepare from the record alone. [`after_reboot`] keeps every record, so the
+//! answer prepare from the record alone. `after_reboot` keeps every record, so the
 //! devices stay reserved and unprepare still finds what to clean up, but turns
 //! completed records into [`ClaimState::NeedsReprepare`]: the next prepare redoes the
 //! work, and the startup rollback leaves them alone (their pods may still be bound
@@ -23,10 +23,10 @@
 //!
 //! - [`format`]: the pure on-disk encoding ([`encode`], [`parse`]); see there for the
 //!   file format.
-//! - [`store`]: [`CheckpointStore`], the atomic file I/O and quarantine.
+//! - `store`: `CheckpointStore`, the atomic file I/O and quarantine.
 
-pub mod format;
-pub mod store;
+pub(crate) mod format;
+pub(crate) mod store;
 
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
@@ -35,11 +35,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-pub use format::{CURRENT_VERSION, CorruptReason, MAX_CHECKPOINT_BYTES, encode, parse};
-pub use store::{
-    CHECKPOINT_FILE, CheckpointError, CheckpointStore, DEFAULT_BOOT_ID_PATH, Loaded,
-    MAX_QUARANTINED, Quarantined, read_boot_id,
-};
+pub use format::{CorruptReason, encode, parse};
+pub use store::{CheckpointError, DEFAULT_BOOT_ID_PATH, Quarantined, read_boot_id};
+
+pub(crate) use store::CheckpointStore;
 
 // No `deny_unknown_fields` anywhere below: after a rollback to an older plugin, fields a
 // newer one added must be ignored rather than make the whole file corrupt. Anything
@@ -50,7 +49,7 @@ pub use store::{
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Checkpoint {
-    /// The kernel boot id at the time of the last save; see [`after_reboot`].
+    /// The kernel boot id at the time of the last save; see `after_reboot`.
     #[serde(default)]
     pub boot_id: String,
     /// Keyed by claim UID.
@@ -131,7 +130,7 @@ pub struct ClaimRef {
 }
 
 /// A device that another claim's record holds. The one place the plugin checks
-/// exclusivity: [`begin_prepare`], under the same lock as the save that records the
+/// exclusivity: `begin_prepare`, under the same lock as the save that records the
 /// new claim, so two prepares racing for a GPU cannot both pass.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
@@ -167,34 +166,34 @@ pub enum TransitionError {
 
 impl Checkpoint {
     /// An empty checkpoint for the given boot.
-    pub fn new(boot_id: impl Into<String>) -> Self {
+    pub(crate) fn new(boot_id: impl Into<String>) -> Self {
         Self {
             boot_id: boot_id.into(),
             claims: BTreeMap::new(),
         }
     }
 
-    pub fn get(&self, uid: &str) -> Option<&ClaimRecord> {
+    pub(crate) fn get(&self, uid: &str) -> Option<&ClaimRecord> {
         self.claims.get(uid)
     }
 
     /// The claim, if any, whose record holds `pool/device`.
-    pub fn holder_of(&self, pool: &str, device: &str) -> Option<&ClaimRecord> {
+    pub(crate) fn holder_of(&self, pool: &str, device: &str) -> Option<&ClaimRecord> {
         self.claims.values().find(|r| r.holds(pool, device))
     }
 
     /// Inserts or replaces the record under its own UID; returns the previous one.
-    pub fn insert(&mut self, record: ClaimRecord) -> Option<ClaimRecord> {
+    pub(crate) fn insert(&mut self, record: ClaimRecord) -> Option<ClaimRecord> {
         self.claims.insert(record.uid.clone(), record)
     }
 
-    pub fn remove(&mut self, uid: &str) -> Option<ClaimRecord> {
+    pub(crate) fn remove(&mut self, uid: &str) -> Option<ClaimRecord> {
         self.claims.remove(uid)
     }
 }
 
 impl ClaimRecord {
-    pub fn holds(&self, pool: &str, device: &str) -> bool {
+    pub(crate) fn holds(&self, pool: &str, device: &str) -> bool {
         self.devices
             .iter()
             .any(|d| d.pool == pool && d.device == device)
@@ -206,7 +205,7 @@ impl ClaimRecord {
 /// Refuses when one of `devices` is held by another claim. A record already there for
 /// the same UID is replaced: the caller calls this only after deciding the prepare must
 /// be (re)done, e.g. for a retry or a [`ClaimState::NeedsReprepare`] record.
-pub fn begin_prepare(
+pub(crate) fn begin_prepare(
     checkpoint: &mut Checkpoint,
     claim: ClaimRef,
     devices: Vec<PreparedDevice>,
@@ -250,7 +249,7 @@ pub fn begin_prepare(
 /// Marks a started prepare as done. Completing an already completed claim is a no-op,
 /// so a retried call is harmless; completing a claim that was never (re)started is a
 /// caller bug and refused.
-pub fn complete_prepare<'a>(
+pub(crate) fn complete_prepare<'a>(
     checkpoint: &'a mut Checkpoint,
     uid: &str,
     now: u64,
@@ -277,7 +276,7 @@ pub fn complete_prepare<'a>(
 
 /// Claims a crash left half-prepared: their side effects must be undone and their
 /// records removed before new prepares are served.
-pub fn rollback_candidates(checkpoint: &Checkpoint) -> Vec<ClaimRecord> {
+pub(crate) fn rollback_candidates(checkpoint: &Checkpoint) -> Vec<ClaimRecord> {
     checkpoint
         .claims
         .values()
@@ -289,7 +288,7 @@ pub fn rollback_candidates(checkpoint: &Checkpoint) -> Vec<ClaimRecord> {
 /// Applies the reboot rule (see the module docs) when `current_boot_id` differs from
 /// the recorded one, and records the new boot id. Returns the UIDs turned into
 /// [`ClaimState::NeedsReprepare`]; calling it again in the same boot changes nothing.
-pub fn after_reboot(checkpoint: &mut Checkpoint, current_boot_id: &str) -> Vec<String> {
+pub(crate) fn after_reboot(checkpoint: &mut Checkpoint, current_boot_id: &str) -> Vec<String> {
     if checkpoint.boot_id == current_boot_id {
         return Vec::new();
     }
@@ -305,7 +304,7 @@ pub fn after_reboot(checkpoint: &mut Checkpoint, current_boot_id: &str) -> Vec<S
 }
 
 /// Current time in unix seconds, for `now` arguments.
-pub fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())

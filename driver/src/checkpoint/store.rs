@@ -10,14 +10,14 @@ use super::Checkpoint;
 use super::format::{CorruptReason, MAX_CHECKPOINT_BYTES, encode, parse};
 
 /// File name of the checkpoint inside the store's directory.
-pub const CHECKPOINT_FILE: &str = "checkpoint.json";
+pub(crate) const CHECKPOINT_FILE: &str = "checkpoint.json";
 
 /// Where Linux exposes the id of the running boot.
 pub const DEFAULT_BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
 
 /// How many quarantined files are kept; older ones are deleted. Enough to debug a
 /// repeating corruption without letting it fill the disk.
-pub const MAX_QUARANTINED: usize = 5;
+pub(crate) const MAX_QUARANTINED: usize = 5;
 
 /// Temp files are `checkpoint.json.tmp-<pid>`: unique per process, so two processes
 /// that ever wrote at once (the ownership lock of the kubelet plugin prevents it)
@@ -26,7 +26,7 @@ const TEMP_PREFIX: &str = "checkpoint.json.tmp";
 const QUARANTINE_PREFIX: &str = "checkpoint.json.corrupt-";
 
 /// A failure that leaves the checkpoint unusable: only real I/O problems, never the
-/// file's content (that is quarantined instead, see [`CheckpointStore::load`]).
+/// file's content (that is quarantined instead, see `CheckpointStore::load`).
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     #[error("checkpoint: cannot {action} {path}: {source}")]
@@ -49,7 +49,7 @@ fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Checkp
     }
 }
 
-/// A corrupt checkpoint moved aside by [`CheckpointStore::load`].
+/// A corrupt checkpoint moved aside by `CheckpointStore::load`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Quarantined {
     /// Where the original bytes now are.
@@ -59,16 +59,16 @@ pub struct Quarantined {
 
 /// The result of [`CheckpointStore::load`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Loaded {
+pub(crate) struct Loaded {
     /// The stored checkpoint, or an empty one for the current boot when there was none
     /// or it was quarantined.
-    pub checkpoint: Checkpoint,
+    pub(crate) checkpoint: Checkpoint,
     /// Set when the file was corrupt. The caller should raise an Event and rebuild
     /// what it can (e.g. from the CDI specs on disk): the claims it held are unknown.
-    pub quarantined: Option<Quarantined>,
+    pub(crate) quarantined: Option<Quarantined>,
     /// The stored boot id differs from the current one; apply
     /// [`after_reboot`](super::after_reboot) and save.
-    pub rebooted: bool,
+    pub(crate) rebooted: bool,
 }
 
 /// The checkpoint file `checkpoint.json` in a directory.
@@ -78,29 +78,26 @@ pub struct Loaded {
 /// prepare state machine serializes them. The store itself holds no state, so it is
 /// `Send + Sync` and cheap to clone.
 #[derive(Debug, Clone)]
-pub struct CheckpointStore {
+pub(crate) struct CheckpointStore {
     dir: PathBuf,
     path: PathBuf,
 }
 
 impl CheckpointStore {
-    pub fn new(dir: impl Into<PathBuf>) -> Self {
+    pub(crate) fn new(dir: impl Into<PathBuf>) -> Self {
         let dir = dir.into();
         let path = dir.join(CHECKPOINT_FILE);
         Self { dir, path }
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
-    pub fn path(&self) -> &Path {
+    #[cfg(test)]
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// Replaces the checkpoint atomically: after a crash at any point the file holds
     /// either the old or the new content, never a mix. Creates the directory if needed.
-    pub fn save(&self, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
+    pub(crate) fn save(&self, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
         let bytes = encode(checkpoint)?;
         fs::create_dir_all(&self.dir).map_err(io_err("create directory", &self.dir))?;
         let tmp = self.temp_path();
@@ -126,7 +123,7 @@ impl CheckpointStore {
     /// and an empty checkpoint is returned with the reason: a bad file must not keep
     /// the plugin in a crash loop. Only I/O failures (e.g. an unreadable directory)
     /// are errors.
-    pub fn load(&self, current_boot_id: &str) -> Result<Loaded, CheckpointError> {
+    pub(crate) fn load(&self, current_boot_id: &str) -> Result<Loaded, CheckpointError> {
         self.remove_stale_temp();
         let empty = || Checkpoint::new(current_boot_id);
         let parsed = match fs::symlink_metadata(&self.path) {

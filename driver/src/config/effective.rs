@@ -11,11 +11,11 @@ use super::{ConfigError, decode};
 /// Every served version converts into this, so prepare, CDI generation and the
 /// checkpoint never see versioned types and a new version only adds a conversion.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct EffectiveConfig {
+pub(crate) struct EffectiveConfig {
     /// How the GPUs are shared.
-    pub sharing: SharingPolicy,
+    pub(crate) sharing: SharingPolicy,
     /// NUMA behaviour.
-    pub numa: NumaPolicy,
+    pub(crate) numa: NumaPolicy,
 }
 
 /// How the GPUs of a request are shared between the containers that use the claim.
@@ -25,7 +25,7 @@ pub struct EffectiveConfig {
 /// [`v1alpha1::GpuConfig::to_effective`](super::v1alpha1::GpuConfig::to_effective)),
 /// so nothing downstream has to refuse it again.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum SharingPolicy {
+pub(crate) enum SharingPolicy {
     /// No sharing setup; the default.
     #[default]
     Exclusive,
@@ -36,11 +36,11 @@ pub enum SharingPolicy {
 
 /// NUMA behaviour.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NumaPolicy {
+pub(crate) struct NumaPolicy {
     /// Export the NUMA nodes and local CPUs of the allocated GPUs as environment hints.
-    pub export_hints: bool,
+    pub(crate) export_hints: bool,
     /// Refuse to prepare when the allocated GPUs span NUMA nodes.
-    pub require_aligned: bool,
+    pub(crate) require_aligned: bool,
 }
 
 impl Default for NumaPolicy {
@@ -53,9 +53,9 @@ impl Default for NumaPolicy {
 }
 
 /// `source` of a config that the DeviceClass supplied.
-pub const SOURCE_FROM_CLASS: &str = "FromClass";
+pub(crate) const SOURCE_FROM_CLASS: &str = "FromClass";
 /// `source` of a config that the claim supplied.
-pub const SOURCE_FROM_CLAIM: &str = "FromClaim";
+pub(crate) const SOURCE_FROM_CLAIM: &str = "FromClaim";
 
 /// The effective config of each request in `request_names`, from the allocation's
 /// `status.allocation.devices.config`.
@@ -80,7 +80,7 @@ pub const SOURCE_FROM_CLAIM: &str = "FromClaim";
 /// An error names the entry's index in `status.allocation.devices.config` and its
 /// source, and fails the whole claim: preparing some of its requests with a config the
 /// user did not intend is worse than preparing none.
-pub fn effective_configs(
+pub(crate) fn effective_configs(
     driver_name: &str,
     configs: &[DeviceAllocationConfiguration],
     request_names: &[String],

@@ -95,7 +95,8 @@ pub enum ConfigError {
 
 impl ConfigError {
     /// The field path the error is about, when it is about one field.
-    pub fn path(&self) -> Option<&str> {
+    #[cfg(test)]
+    pub(crate) fn path(&self) -> Option<&str> {
         match self {
             Self::Invalid { path, .. } | Self::NotImplemented { path, .. } => Some(path),
             Self::MissingTypeField { field, .. } => Some(field),

@@ -17,7 +17,7 @@
 //! `timeSlicing: {interval: Default | Short | Medium | Long}`) or `MPS` (with an
 //! optional `mps` block); only the block that matches the strategy may be present.
 //! MPS and an interval other than `Default` decode, so the schema is the one they will
-//! have, but are not implemented yet: converting to [`EffectiveConfig`] refuses them,
+//! have, but are not implemented yet: converting to `EffectiveConfig` refuses them,
 //! naming the field (and the chart's admission policy refuses them at `kubectl apply`).
 //!
 //! Decoding is strict: an unknown field, a wrong type, an unserved apiVersion or kind,
@@ -26,15 +26,15 @@
 //! configuration nobody asked for, which is harder to notice than a claim that does
 //! not start. Configs for other drivers are skipped, not judged.
 //!
-//! [`decode`] dispatches on `apiVersion` and `kind` to a versioned type (today only
-//! [`v1alpha1`]); every version converts into [`EffectiveConfig`], which is all the
+//! `decode` dispatches on `apiVersion` and `kind` to a versioned type (today only
+//! [`v1alpha1`]); every version converts into `EffectiveConfig`, which is all the
 //! rest of the driver sees. Adding `v1beta1` means a new module, a new [`GpuConfig`]
 //! variant, one arm in the dispatch, and its conversion. The API group stays
 //! `gpu.topodra.dev` even when the driver runs under another name: it names the schema,
 //! not the deployment.
 //!
-//! [`effective_configs`] combines the class and claim configs of an allocation into one
-//! [`EffectiveConfig`] per request. Everything here is pure: no I/O, no logging, so a
+//! `effective_configs` combines the class and claim configs of an allocation into one
+//! `EffectiveConfig` per request. Everything here is pure: no I/O, no logging, so a
 //! caller can decode as often as it likes and put the error into that claim's
 //! response.
 //!
@@ -50,15 +50,16 @@ use k8s_openapi::api::resource::v1::OpaqueDeviceConfiguration;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-pub use effective::{
-    EffectiveConfig, NumaPolicy, SOURCE_FROM_CLAIM, SOURCE_FROM_CLASS, SharingPolicy,
-    effective_configs,
-};
 pub use error::ConfigError;
 pub use quantity::{MemoryQuantity, QuantityError};
 
+pub(crate) use effective::{EffectiveConfig, effective_configs};
+#[cfg(test)]
+pub(crate) use effective::{SOURCE_FROM_CLAIM, SharingPolicy};
+
 /// The API group of the config types.
-pub const GROUP: &str = "gpu.topodra.dev";
+#[cfg(test)]
+pub(crate) const GROUP: &str = "gpu.topodra.dev";
 
 /// The most `parameters` may take, serialized as compact JSON.
 ///
@@ -68,7 +69,7 @@ pub const GROUP: &str = "gpu.topodra.dev";
 /// error-message size of a prepare call that runs inside the kubelet's deadline.
 /// Re-serialization is compact, so it is no longer than the text the server measured,
 /// except for number spellings such as `1e5`, which no valid config contains.
-pub const MAX_PARAMETERS_BYTES: usize = 10 * 1024;
+pub(crate) const MAX_PARAMETERS_BYTES: usize = 10 * 1024;
 
 /// The apiVersions this driver serves, each with its kinds, for error messages.
 const SERVED: &[(&str, &[&str])] = &[(v1alpha1::API_VERSION, &[v1alpha1::GPU_CONFIG_KIND])];
@@ -84,14 +85,15 @@ pub enum GpuConfig {
 
 impl GpuConfig {
     /// The `apiVersion` it was written in.
-    pub fn api_version(&self) -> &'static str {
+    #[cfg(test)]
+    pub(crate) fn api_version(&self) -> &'static str {
         match self {
             Self::V1alpha1(_) => v1alpha1::API_VERSION,
         }
     }
 
     /// The normalized form the driver acts on.
-    pub fn to_effective(&self) -> Result<EffectiveConfig, ConfigError> {
+    pub(crate) fn to_effective(&self) -> Result<EffectiveConfig, ConfigError> {
         match self {
             Self::V1alpha1(config) => config.to_effective(),
         }
@@ -108,7 +110,7 @@ impl From<v1alpha1::GpuConfig> for GpuConfig {
 ///
 /// `Ok(None)` when `opaque.driver` is not `driver_name`: that config belongs to another
 /// driver on the same claim and is not ours to judge.
-pub fn decode(
+pub(crate) fn decode(
     driver_name: &str,
     opaque: &OpaqueDeviceConfiguration,
 ) -> Result<Option<GpuConfig>, ConfigError> {

@@ -21,12 +21,14 @@ pub struct MemoryQuantity {
 
 impl MemoryQuantity {
     /// The value in bytes.
-    pub fn bytes(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> u64 {
         self.bytes
     }
 
     /// The text as written.
-    pub fn as_str(&self) -> &str {
+    #[cfg(test)]
+    pub(crate) fn as_str(&self) -> &str {
         &self.text
     }
 }

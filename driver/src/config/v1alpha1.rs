@@ -3,8 +3,8 @@
 //! These types mirror the JSON exactly (camelCase, every field optional except
 //! `apiVersion` and `kind`) and reject unknown fields, so a typo fails the claim
 //! instead of silently configuring nothing. They are public for building configs;
-//! to read one, go through [`super::decode`], which also checks the rules that span
-//! fields. The driver itself works on [`EffectiveConfig`], which every version
+//! to read one, go through `super::decode`, which also checks the rules that span
+//! fields. The driver itself works on `EffectiveConfig`, which every version
 //! converts into.
 
 use std::collections::BTreeMap;
@@ -17,19 +17,20 @@ use super::effective::{EffectiveConfig, NumaPolicy, SharingPolicy};
 use super::{ConfigError, MemoryQuantity, strict};
 
 /// The version string of this module's types.
-pub const VERSION: &str = "v1alpha1";
+#[cfg(test)]
+pub(crate) const VERSION: &str = "v1alpha1";
 /// `apiVersion` as it must appear in the JSON.
-pub const API_VERSION: &str = "gpu.topodra.dev/v1alpha1";
+pub(crate) const API_VERSION: &str = "gpu.topodra.dev/v1alpha1";
 /// The kind of [`GpuConfig`].
-pub const GPU_CONFIG_KIND: &str = "GpuConfig";
+pub(crate) const GPU_CONFIG_KIND: &str = "GpuConfig";
 
 /// Configuration of the GPUs allocated to one request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GpuConfig {
-    /// Always [`API_VERSION`].
+    /// Always `gpu.topodra.dev/v1alpha1` (`API_VERSION`).
     pub api_version: String,
-    /// Always [`GPU_CONFIG_KIND`].
+    /// Always `GpuConfig` (`GPU_CONFIG_KIND`).
     pub kind: String,
     /// How containers share the GPUs. Absent: exclusive.
     #[serde(
@@ -186,13 +187,8 @@ pub struct Percentage(u8);
 
 impl Percentage {
     /// `None` outside 1..=100: 0% would starve every client, and MPS caps at 100.
-    pub fn new(value: u8) -> Option<Self> {
+    pub(crate) fn new(value: u8) -> Option<Self> {
         (1..=100).contains(&value).then_some(Self(value))
-    }
-
-    /// The value.
-    pub fn get(self) -> u8 {
-        self.0
     }
 }
 
@@ -242,7 +238,7 @@ impl DeviceName {
     /// `None` unless `name` is a DNS label (lowercase alphanumerics and `-`, at most
     /// 63 characters, alphanumeric at both ends), which is what the API server
     /// requires of device names.
-    pub fn new(name: &str) -> Option<Self> {
+    pub(crate) fn new(name: &str) -> Option<Self> {
         let bytes = name.as_bytes();
         let label_char = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
         let ok = (1..=63).contains(&bytes.len())
@@ -250,11 +246,6 @@ impl DeviceName {
             && bytes.last().is_some_and(label_char)
             && bytes.iter().all(|b| label_char(b) || *b == b'-');
         ok.then(|| Self(name.to_owned()))
-    }
-
-    /// The name.
-    pub fn as_str(&self) -> &str {
-        &self.0
     }
 }
 
@@ -309,7 +300,7 @@ impl GpuConfig {
     /// schema accepts but the plugin does not implement yet (MPS, a time-slice
     /// interval other than Default): refused here, every caller refuses it the same
     /// way instead of prepare finding out later.
-    pub fn to_effective(&self) -> Result<EffectiveConfig, ConfigError> {
+    pub(crate) fn to_effective(&self) -> Result<EffectiveConfig, ConfigError> {
         let sharing = self.sharing.clone().unwrap_or_default();
         let sharing = match sharing.strategy {
             SharingStrategy::Exclusive => SharingPolicy::Exclusive,

@@ -16,11 +16,11 @@ use crate::inventory::{DistanceMatrix, NumaKind, NumaNode};
 use crate::pci::{PciAddress, PcieRoot};
 
 /// PCI vendor id of NVIDIA.
-pub const NVIDIA_VENDOR: u16 = 0x10de;
+pub(crate) const NVIDIA_VENDOR: u16 = 0x10de;
 
 /// Whether a PCI function is an NVIDIA GPU: display class (0x03xx: VGA 0300, 3D
 /// controller 0302). NVSwitches (bridge class 0680) and HDMI audio (0403) are not.
-pub fn is_nvidia_gpu(vendor: u16, class: u16) -> bool {
+pub(crate) fn is_nvidia_gpu(vendor: u16, class: u16) -> bool {
     vendor == NVIDIA_VENDOR && class >> 8 == 0x03
 }
 
@@ -37,7 +37,7 @@ pub struct HwlocSource {
 }
 
 impl HwlocSource {
-    pub fn live() -> Self {
+    pub(crate) fn live() -> Self {
         Self { input: Input::Live }
     }
 

@@ -1,28 +1,31 @@
 //! Discovery: what the GPUs are (NVML) and where they sit (hwloc, or sysfs as a
 //! fallback), joined by PCI bus id into an [`Inventory`].
 //!
-//! Each backend sits behind a trait ([`IdentitySource`], [`TopologySource`]) that
+//! Each backend sits behind a trait (`IdentitySource`, [`TopologySource`]) that
 //! returns plain data, and [`assemble`] joins that data with no I/O, so the joining
 //! rules are tested without a machine. [`discover`] picks the backends from a
 //! [`DiscoveryConfig`] and applies the fallbacks an operator would expect.
 
 mod assemble;
 mod error;
-pub mod hwloc;
-pub mod nvml;
-pub mod sysfs;
+pub(crate) mod hwloc;
+pub(crate) mod nvml;
+pub(crate) mod sysfs;
 
 use std::path::PathBuf;
 
-pub use assemble::{assemble, mig_warning};
+pub use crate::topology::NvlinkRemote;
+pub use assemble::assemble;
+pub use assemble::mig_warning;
 pub use error::DiscoveryError;
+pub use hwloc::HwlocSource;
+pub use nvml::{DEFAULT_NVML_LIB, NvmlSource};
 
 use crate::cpuset::IdList;
 use crate::inventory::{
     ComputeCapability, CudaVersion, DistanceMatrix, Inventory, MigDevice, MigMode, NumaNode,
 };
 use crate::pci::{PciAddress, PcieRoot};
-use crate::topology::NvlinkRemote;
 
 /// What NVML says about the node's GPUs.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -110,7 +113,7 @@ pub struct PciGpu {
 }
 
 /// Supplies GPU identity; NVML in production, fixtures in unit tests.
-pub trait IdentitySource {
+pub(crate) trait IdentitySource {
     fn identity(&self) -> Result<IdentitySnapshot, DiscoveryError>;
 }
 

@@ -78,7 +78,7 @@ fn call_error(call: &str) -> impl FnOnce(NvmlError) -> DiscoveryError + '_ {
 /// has no readable address or UUID is listed in `unusable`, and one NVML reports lost
 /// in `lost`, rather than failing the whole node: the other GPUs are still worth
 /// publishing.
-pub fn snapshot(nvml: &Nvml) -> Result<IdentitySnapshot, DiscoveryError> {
+pub(crate) fn snapshot(nvml: &Nvml) -> Result<IdentitySnapshot, DiscoveryError> {
     let count = nvml
         .device_count()
         .map_err(call_error("nvmlDeviceGetCount"))?;

@@ -15,12 +15,12 @@ use crate::pci::{PciAddress, PcieRoot};
 
 /// Reads topology from a sysfs tree.
 #[derive(Debug, Clone)]
-pub struct SysfsSource {
+pub(crate) struct SysfsSource {
     root: PathBuf,
 }
 
 impl SysfsSource {
-    pub fn new(root: impl Into<PathBuf>) -> Self {
+    pub(crate) fn new(root: impl Into<PathBuf>) -> Self {
         Self { root: root.into() }
     }
 

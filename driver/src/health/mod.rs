@@ -1,6 +1,6 @@
-//! GPU health decisions: which XIDs matter ([`xid`]), how events and probes turn
-//! into a per-device verdict ([`policy`]), and the device taints that verdict calls
-//! for ([`taints`]).
+//! GPU health decisions: which XIDs matter (`xid`), how events and probes turn
+//! into a per-device verdict (`policy`), and the device taints that verdict calls
+//! for (`taints`).
 //!
 //! Pure logic over facts and an injected clock. Whoever talks to NVML (the kubelet
 //! plugin's monitor) feeds [`Probe`]s and [`XidEvent`]s in and publishes the

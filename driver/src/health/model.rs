@@ -69,7 +69,7 @@ pub struct DeviceRef {
     pub name: String,
     pub uuid: Option<String>,
     pub bus_id: PciAddress,
-    pub(crate) index: Option<u32>,
+    pub index: Option<u32>,
 }
 
 impl DeviceRef {

@@ -25,12 +25,12 @@ pub struct HealthPolicy {
     /// Operator override: XIDs never acted on, on top of the built-in ignored ones.
     pub ignored_xids: BTreeSet<u64>,
     /// Whether an XID the built-in table does not list is fatal.
-    pub(crate) unlisted_fatal: bool,
+    pub unlisted_fatal: bool,
     pub quiet_period: Duration,
     /// Health of devices without a known failure while NVML cannot be opened.
     /// Unknown by default: the plugin cannot vouch for a GPU it cannot see, and
     /// Unknown neither taints nor evicts.
-    pub(crate) when_unavailable: Status,
+    pub when_unavailable: Status,
 }
 
 impl Default for HealthPolicy {

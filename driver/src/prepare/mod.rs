@@ -76,7 +76,7 @@ impl std::fmt::Debug for Preparer {
 
 impl Preparer {
     /// Loads the checkpoint and brings disk and checkpoint back in line (see
-    /// [`recovery`]); the report says what had to be done, for logs and Events.
+    /// `recovery`); the report says what had to be done, for logs and Events.
     pub fn start(
         config: &PreparerConfig,
         inventory: &Inventory,

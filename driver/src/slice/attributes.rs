@@ -16,54 +16,54 @@ use crate::inventory::{AllocatableDevice, Gpu, Inventory};
 
 // Standard names, shared with other drivers so that a claim can align a GPU with a NIC
 // or CPU from another driver through `matchAttribute`.
-pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
-pub const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
+pub(crate) const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+pub(crate) const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
 pub const NUMA_NODE: &str = "resource.kubernetes.io/numaNode";
 
 // Driver-domain names are unqualified: the API reads them as `<driver>/<name>`, so they
 // follow the driver name an operator configures. The first group matches NVIDIA's
 // driver so that CEL selectors written for it keep working.
-pub const TYPE: &str = "type";
-pub const UUID: &str = "uuid";
-pub const MINOR: &str = "minor";
-pub const PRODUCT_NAME: &str = "productName";
-pub const BRAND: &str = "brand";
-pub const ARCHITECTURE: &str = "architecture";
-pub const CUDA_COMPUTE_CAPABILITY: &str = "cudaComputeCapability";
-pub const DRIVER_VERSION: &str = "driverVersion";
-pub const CUDA_DRIVER_VERSION: &str = "cudaDriverVersion";
+pub(crate) const TYPE: &str = "type";
+pub(crate) const UUID: &str = "uuid";
+pub(crate) const MINOR: &str = "minor";
+pub(crate) const PRODUCT_NAME: &str = "productName";
+pub(crate) const BRAND: &str = "brand";
+pub(crate) const ARCHITECTURE: &str = "architecture";
+pub(crate) const CUDA_COMPUTE_CAPABILITY: &str = "cudaComputeCapability";
+pub(crate) const DRIVER_VERSION: &str = "driverVersion";
+pub(crate) const CUDA_DRIVER_VERSION: &str = "cudaDriverVersion";
 
 // Topology no other driver publishes.
-pub const SOCKET: &str = "socket";
-pub const PCIE_SWITCH: &str = "pcieSwitch";
-pub const NVLINK_DOMAIN: &str = "nvlinkDomain";
-pub const MEMORY_NUMA_NODE: &str = "memoryNumaNode";
-pub const NVLINK_CLIQUE: &str = "nvlinkClique";
+pub(crate) const SOCKET: &str = "socket";
+pub(crate) const PCIE_SWITCH: &str = "pcieSwitch";
+pub(crate) const NVLINK_DOMAIN: &str = "nvlinkDomain";
+pub(crate) const MEMORY_NUMA_NODE: &str = "memoryNumaNode";
+pub(crate) const NVLINK_CLIQUE: &str = "nvlinkClique";
 
 // MIG devices: which GPU they are part of and which slice of it, named as NVIDIA's
 // driver names them so selectors port.
-pub const PROFILE: &str = "profile";
-pub const PARENT_UUID: &str = "parentUUID";
-pub const PARENT_MINOR: &str = "parentMinor";
-pub const GPU_INSTANCE: &str = "gpuInstance";
-pub const COMPUTE_INSTANCE: &str = "computeInstance";
+pub(crate) const PROFILE: &str = "profile";
+pub(crate) const PARENT_UUID: &str = "parentUUID";
+pub(crate) const PARENT_MINOR: &str = "parentMinor";
+pub(crate) const GPU_INSTANCE: &str = "gpuInstance";
+pub(crate) const COMPUTE_INSTANCE: &str = "computeInstance";
 
 /// Capacity name for the device's memory.
-pub const MEMORY: &str = "memory";
+pub(crate) const MEMORY: &str = "memory";
 /// Capacity name for a MIG device's streaming multiprocessors.
-pub const MULTIPROCESSORS: &str = "multiprocessors";
+pub(crate) const MULTIPROCESSORS: &str = "multiprocessors";
 
 /// Value of [`TYPE`] for a whole GPU.
-pub const TYPE_GPU: &str = "gpu";
+pub(crate) const TYPE_GPU: &str = "gpu";
 /// Value of [`TYPE`] for a MIG device.
-pub const TYPE_MIG: &str = "mig";
+pub(crate) const TYPE_MIG: &str = "mig";
 
 /// The attributes of one GPU, keyed by attribute name.
 ///
 /// A string the API would refuse (over 64 bytes) is left out with a warning rather than
 /// cut short: a truncated product name or domain id would be a value nobody reported,
 /// and refusing the whole slice would hide every GPU of the node over one label.
-pub fn device_attributes(
+pub(crate) fn device_attributes(
     gpu: &Gpu,
     inv: &Inventory,
     opts: &SliceOptions,
@@ -111,7 +111,7 @@ pub fn device_attributes(
 /// parent's topology and identity with the MIG device's own UUID, type and profile.
 /// The parent's minor becomes `parentMinor`, so a selector on `minor` never
 /// matches a slice of a GPU by mistake.
-pub fn allocatable_attributes(
+pub(crate) fn allocatable_attributes(
     dev: &AllocatableDevice,
     inv: &Inventory,
     opts: &SliceOptions,
@@ -135,7 +135,7 @@ pub fn allocatable_attributes(
 }
 
 /// The capacities of one GPU: its memory, when NVML reported it.
-pub fn device_capacity(gpu: &Gpu) -> BTreeMap<String, DeviceCapacity> {
+pub(crate) fn device_capacity(gpu: &Gpu) -> BTreeMap<String, DeviceCapacity> {
     gpu.memory_bytes
         .map(|b| (MEMORY.to_owned(), capacity(quantity::bytes(b))))
         .into_iter()
@@ -144,7 +144,7 @@ pub fn device_capacity(gpu: &Gpu) -> BTreeMap<String, DeviceCapacity> {
 
 /// The capacities of one allocatable device: a MIG device's own memory and
 /// multiprocessors rather than its parent's.
-pub fn allocatable_capacity(dev: &AllocatableDevice) -> BTreeMap<String, DeviceCapacity> {
+pub(crate) fn allocatable_capacity(dev: &AllocatableDevice) -> BTreeMap<String, DeviceCapacity> {
     let Some(mig) = &dev.mig else {
         return device_capacity(&dev.gpu);
     };
@@ -173,7 +173,7 @@ fn capacity(value: Quantity) -> DeviceCapacity {
 ///
 /// NVIDIA pads driver versions with zeros, which semver forbids; the number is what
 /// matters, so a selector like `>= 550.90.7` compares the way an operator means it.
-pub fn normalize_version(raw: &str) -> Option<String> {
+pub(crate) fn normalize_version(raw: &str) -> Option<String> {
     let parts: Vec<&str> = raw.trim().split('.').collect();
     if parts.len() > 3 {
         return None;

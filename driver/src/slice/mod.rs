@@ -2,10 +2,10 @@
 //!
 //! Pure logic, no I/O: [`build_slices`] turns an [`Inventory`] into the ResourceSlice
 //! objects of this node's pool, exactly as the publisher sends them with server-side
-//! apply, after checking them against the API server's rules ([`validate`]).
+//! apply, after checking them against the API server's rules (`validate`).
 //!
 //! - One pool per node, named after the node, holding one device per GPU
-//!   ([`Gpu::device_name`]), with the attributes of [`attributes`] and its memory as
+//!   (`Gpu::device_name`), with the attributes of [`attributes`] and its memory as
 //!   capacity.
 //! - Devices appear in allocation order (socket, NUMA node, PCIe switch, root, bus id)
 //!   because the scheduler allocates first-fit.
@@ -18,7 +18,7 @@ pub mod attributes;
 mod order;
 mod quantity;
 mod split;
-pub mod validate;
+pub(crate) mod validate;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -30,11 +30,8 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde::{Deserialize, Serialize};
 
-pub use attributes::{
-    allocatable_attributes, allocatable_capacity, device_attributes, device_capacity,
-    normalize_version,
-};
-pub use validate::{validate_pool, validate_slice};
+pub(crate) use attributes::{allocatable_attributes, allocatable_capacity};
+pub(crate) use validate::validate_pool;
 
 use crate::inventory::{AllocatableDevice, Inventory};
 
@@ -47,7 +44,7 @@ pub const MANAGED_BY: &str = "topodra";
 /// Label with the node name. `spec.nodeName` already supports field selectors; the
 /// label is for tools that only select by label. Left off when the node name is not a
 /// valid label value (over 63 characters).
-pub const NODE_LABEL: &str = "topodra.dev/node";
+pub(crate) const NODE_LABEL: &str = "topodra.dev/node";
 
 /// How `resource.kubernetes.io/numaNode` is published.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -63,7 +60,7 @@ pub enum NumaNodeFormat {
 }
 
 impl NumaNodeFormat {
-    pub fn as_str(&self) -> &'static str {
+    pub(crate) fn as_str(&self) -> &'static str {
         match self {
             Self::Int => "int",
             Self::List => "list",
@@ -236,7 +233,11 @@ pub enum SliceError {
 }
 
 /// One device: its name, attributes and capacity.
-pub fn build_device(dev: &AllocatableDevice, inv: &Inventory, opts: &SliceOptions) -> Device {
+pub(crate) fn build_device(
+    dev: &AllocatableDevice,
+    inv: &Inventory,
+    opts: &SliceOptions,
+) -> Device {
     let attributes = allocatable_attributes(dev, inv, opts);
     let capacity = allocatable_capacity(dev);
     let name = dev.name();
@@ -312,7 +313,7 @@ pub fn to_list(slices: &[ResourceSlice]) -> serde_json::Value {
 ///
 /// A name over the API's 253 characters keeps a prefix plus a hash of the whole, so
 /// that two long node names sharing a prefix still get distinct slices.
-pub fn slice_name(node_name: &str, driver_name: &str, index: usize) -> String {
+pub(crate) fn slice_name(node_name: &str, driver_name: &str, index: usize) -> String {
     let base = format!("{node_name}-{driver_name}");
     let suffix = format!("-{index}");
     if base.len() + suffix.len() <= validate::MAX_SUBDOMAIN_LEN {

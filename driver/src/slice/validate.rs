@@ -11,25 +11,25 @@ use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourceSlice};
 use super::SliceError;
 
 /// Devices per slice.
-pub const MAX_DEVICES: usize = 128;
+pub(crate) const MAX_DEVICES: usize = 128;
 /// Devices per slice when a device has taints, consumes counters or carries a
 /// list-typed attribute; those cost the server more to store and evaluate.
-pub const MAX_DEVICES_RESTRICTED: usize = 64;
+pub(crate) const MAX_DEVICES_RESTRICTED: usize = 64;
 /// Attributes and capacities together, per device.
-pub const MAX_ATTRIBUTES: usize = 32;
+pub(crate) const MAX_ATTRIBUTES: usize = 32;
 /// Bytes in a string or version value.
-pub const MAX_VALUE_LEN: usize = 64;
+pub(crate) const MAX_VALUE_LEN: usize = 64;
 /// Bytes in a driver name, and in the domain prefix of an attribute name.
-pub const MAX_DOMAIN_LEN: usize = 63;
+pub(crate) const MAX_DOMAIN_LEN: usize = 63;
 /// Bytes in the identifier part of an attribute or capacity name.
-pub const MAX_ID_LEN: usize = 32;
+pub(crate) const MAX_ID_LEN: usize = 32;
 /// Bytes in an object name, node name or pool name.
-pub const MAX_SUBDOMAIN_LEN: usize = 253;
+pub(crate) const MAX_SUBDOMAIN_LEN: usize = 253;
 /// Bytes in a device name.
-pub const MAX_LABEL_LEN: usize = 63;
+pub(crate) const MAX_LABEL_LEN: usize = 63;
 
 /// The most devices one slice may hold, given the devices in it.
-pub fn device_limit<'a>(devices: impl IntoIterator<Item = &'a Device>) -> usize {
+pub(crate) fn device_limit<'a>(devices: impl IntoIterator<Item = &'a Device>) -> usize {
     if devices.into_iter().any(is_restricted) {
         MAX_DEVICES_RESTRICTED
     } else {
@@ -50,14 +50,14 @@ fn is_list(a: &DeviceAttribute) -> bool {
     a.bools.is_some() || a.ints.is_some() || a.strings.is_some() || a.versions.is_some()
 }
 
-pub fn validate_driver_name(name: &str) -> Result<(), SliceError> {
+pub(crate) fn validate_driver_name(name: &str) -> Result<(), SliceError> {
     dns_subdomain(name, MAX_DOMAIN_LEN).map_err(|reason| SliceError::DriverName {
         name: name.to_owned(),
         reason,
     })
 }
 
-pub fn validate_node_name(name: &str) -> Result<(), SliceError> {
+pub(crate) fn validate_node_name(name: &str) -> Result<(), SliceError> {
     dns_subdomain(name, MAX_SUBDOMAIN_LEN).map_err(|reason| SliceError::NodeName {
         name: name.to_owned(),
         reason,
@@ -65,7 +65,7 @@ pub fn validate_node_name(name: &str) -> Result<(), SliceError> {
 }
 
 /// One slice on its own: names, limits and every device.
-pub fn validate_slice(slice: &ResourceSlice) -> Result<(), SliceError> {
+pub(crate) fn validate_slice(slice: &ResourceSlice) -> Result<(), SliceError> {
     let slice_name = slice.metadata.name.clone().unwrap_or_default();
     dns_subdomain(&slice_name, MAX_SUBDOMAIN_LEN).map_err(|reason| SliceError::SliceName {
         name: slice_name.clone(),
@@ -117,7 +117,7 @@ pub fn validate_slice(slice: &ResourceSlice) -> Result<(), SliceError> {
 }
 
 /// All slices of one pool: each slice, plus what must agree across them.
-pub fn validate_pool(slices: &[ResourceSlice]) -> Result<(), SliceError> {
+pub(crate) fn validate_pool(slices: &[ResourceSlice]) -> Result<(), SliceError> {
     let Some(first) = slices.first() else {
         return Ok(());
     };

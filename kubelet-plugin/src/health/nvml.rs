@@ -9,7 +9,7 @@ use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::event::EventData;
 use nvml_wrapper::{Device, EventSet, Nvml};
-use topodra_driver::discovery::nvml::NvmlSource;
+use topodra_driver::discovery::NvmlSource;
 use topodra_driver::health::{DeviceRef, EventDevice, Probe, UNKNOWN_XID, XidEvent};
 use tracing::{info, warn};
 
