@@ -7,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use sha2::{Digest, Sha256};
-use topodra_driver::cdi::{ContainerEdits, DriverFiles, DriverFilesSource, TableDeviceNodes};
+use topodra_driver::cdi::{ContainerEdits, NvidiaFiles, NvidiaFilesSource, TableDeviceNodes};
 use topodra_driver::prepare::{Preparer, PreparerConfig};
 use topodra_driver::{Gpu, Inventory, PciAddress};
 
@@ -40,8 +40,8 @@ fuzz_target!(|data: &[u8]| {
         boot_id: "boot-1".into(),
         cdi_spec_dir: dir.path().join("cdi"),
     };
-    let files = DriverFiles {
-        source: DriverFilesSource::Discovered { root: "/".into() },
+    let files = NvidiaFiles {
+        source: NvidiaFilesSource::Discovered { root: "/".into() },
         edits: ContainerEdits::default(),
     };
     let (preparer, _report) = Preparer::start(

@@ -12,7 +12,7 @@ use dra_kubeletplugin::claims::{ApiClaims, ReadPolicy};
 use dra_kubeletplugin::dra::ClaimConcurrency;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use topodra_driver::cdi::{CdiConfig, DriverFiles};
+use topodra_driver::cdi::{CdiConfig, NvidiaFiles};
 use topodra_driver::checkpoint::read_boot_id;
 use topodra_driver::discovery::{self, DiscoveryConfig, NvmlPolicy, TopologyInput};
 use topodra_driver::health::{HealthPolicy, HealthState};
@@ -60,7 +60,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         capabilities_dir: args.cdi.nvidia_capabilities_dir.clone(),
     };
     let files =
-        DriverFiles::load(&cdi).context("finding the NVIDIA driver's files for CDI specs")?;
+        NvidiaFiles::load(&cdi).context("finding the NVIDIA driver's files for CDI specs")?;
     let boot_id = read_boot_id(&args.cdi.boot_id_file).context("reading the boot id")?;
 
     let counter = RequestCounter::new();
@@ -171,7 +171,7 @@ fn start_preparer(
     args: &ServeArgs,
     inventory: &topodra_driver::Inventory,
     cdi: CdiConfig,
-    files: DriverFiles,
+    files: NvidiaFiles,
     boot_id: String,
     client: &kube::Client,
 ) -> Result<Arc<Preparer>> {

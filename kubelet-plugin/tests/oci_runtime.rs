@@ -462,7 +462,7 @@ async fn a_runtime_runs_a_workload_with_exactly_its_claims_devices_and_hints() {
     // The kubelet hands the runtime the ids; the runtime starts from its default spec.
     let dir = tempfile::tempdir().unwrap();
     let bundle = make_bundle(&dir.path().join("bundle"), &tools.busybox);
-    let driver_files: Vec<String> = [
+    let nvidia_files: Vec<String> = [
         "libcuda.so",
         "libnvidia-ml.so",
         "libnvidia-ptxjitcompiler.so",
@@ -474,7 +474,7 @@ async fn a_runtime_runs_a_workload_with_exactly_its_claims_devices_and_hints() {
     // A node with the other claim's GPU's numbers, put there by some other means: the
     // device cgroup must still keep it shut.
     let denied = "/dev/denied-gpu0";
-    let mut spec = base_spec(runtime, &bundle, &workload_script(&driver_files, denied)).unwrap();
+    let mut spec = base_spec(runtime, &bundle, &workload_script(&nvidia_files, denied)).unwrap();
     // A writable rootfs, so that only the mounts' own options can make them read-only.
     spec["root"]["readonly"] = json!(false);
     spec["linux"]["devices"] = json!([{
@@ -558,7 +558,7 @@ async fn a_runtime_runs_a_workload_with_exactly_its_claims_devices_and_hints() {
     );
 
     // The driver's files are there, read-only.
-    for f in &driver_files {
+    for f in &nvidia_files {
         assert!(
             report.mounts[f].contains("Read-only file system"),
             "{f}: {}\n{stdout}",

@@ -8,8 +8,8 @@
 
 use std::collections::BTreeSet;
 
-use super::driver_files::DriverFiles;
 use super::nodes::{DeviceNodes, NodeInfo, dev_path};
+use super::nvidia_files::NvidiaFiles;
 use super::spec::{ContainerEdits, Device, DeviceNode, Spec};
 use super::version::minimum_version;
 use super::{CdiError, CdiKind, cdi_device_name, check_claim_uid, validate};
@@ -128,7 +128,7 @@ impl ClaimSpecRequest {
 pub fn claim_spec(
     req: &ClaimSpecRequest,
     nodes: &dyn DeviceNodes,
-    driver: &DriverFiles,
+    driver: &NvidiaFiles,
 ) -> Result<Spec, CdiError> {
     check_claim_uid(&req.claim_uid)?;
     if req.gpus.is_empty() {

@@ -10,7 +10,7 @@
 //! - `version`: the lowest `cdiVersion` a spec's fields require; every generated
 //!   spec carries exactly that.
 //! - `nodes`: device numbers of `/dev/nvidia*`, behind the [`DeviceNodes`] trait.
-//! - `driver_files`: the driver's libraries and tools to bind-mount, discovered
+//! - `nvidia_files`: the driver's libraries and tools to bind-mount, discovered
 //!   under a driver root or adopted from an NVIDIA Container Toolkit spec.
 //! - `claim`: the spec of one claim.
 //! - `writer`: atomic files in the spec directory.
@@ -22,7 +22,7 @@
 //! # fn main() -> Result<(), topodra_driver::cdi::CdiError> {
 //! use topodra_driver::cdi::*;
 //! let config = CdiConfig::default();
-//! let driver = DriverFiles::load(&config)?; // once at startup, or on driver change
+//! let driver = NvidiaFiles::load(&config)?; // once at startup, or on driver change
 //! let nodes = config.device_nodes();
 //! let kind = CdiKind::for_driver("gpu.topodra.dev");
 //! let writer = SpecWriter::new(&config.spec_dir, kind.clone());
@@ -42,8 +42,8 @@
 //! ```
 
 pub(crate) mod claim;
-pub(crate) mod driver_files;
 pub(crate) mod nodes;
+pub(crate) mod nvidia_files;
 pub(crate) mod spec;
 pub(crate) mod validate;
 pub(crate) mod version;
@@ -53,18 +53,18 @@ use std::io;
 use std::path::PathBuf;
 
 pub use claim::{ClaimGpu, ClaimSpecRequest, claim_spec};
-pub use driver_files::{DriverFiles, DriverFilesSource};
 pub use nodes::{
     DEFAULT_CAPABILITIES_DIR, DeviceNodes, HostDeviceNodes, NodeInfo, NodeKind, TableDeviceNodes,
 };
+pub use nvidia_files::{NvidiaFiles, NvidiaFilesSource};
 pub use spec::{ContainerEdits, Device, DeviceNode, Hook, IntelRdt, Mount, NetDevice, Spec};
 pub use validate::Problems;
 pub use writer::{DEFAULT_SPEC_DIR, SpecWriter};
 
 pub(crate) use claim::{ANNOTATION_CLAIM_NAME, ANNOTATION_CLAIM_NAMESPACE, ANNOTATION_REQUESTS};
-pub(crate) use driver_files::DriverRoot;
 #[cfg(test)]
 pub(crate) use nodes::TABLE_CAPS_MAJOR;
+pub(crate) use nvidia_files::NvidiaRoot;
 pub(crate) use validate::validate;
 
 /// The CDI kind of one installation's claim specs: `k8s.<driver name>/claim`.
@@ -151,8 +151,8 @@ impl Default for CdiConfig {
 }
 
 impl CdiConfig {
-    pub(crate) fn driver_root(&self) -> DriverRoot {
-        DriverRoot {
+    pub(crate) fn driver_root(&self) -> NvidiaRoot {
+        NvidiaRoot {
             host: self.driver_root.clone(),
             local: self
                 .driver_root_local
@@ -199,13 +199,13 @@ pub enum CdiError {
     NotADeviceNode { path: PathBuf },
 
     #[error("driver root {}: {source}", path.display())]
-    DriverRoot { path: PathBuf, source: io::Error },
+    NvidiaRoot { path: PathBuf, source: io::Error },
 
     #[error(
         "no NVIDIA driver libraries {} under driver root {}; is the driver root right?",
         missing.join(", "), root.display()
     )]
-    DriverFilesMissing { root: PathBuf, missing: Vec<String> },
+    NvidiaFilesMissing { root: PathBuf, missing: Vec<String> },
 
     /// `source` is the read or parse error, when there is one (`reason` already says
     /// it, without a parser's source snippet).
@@ -280,7 +280,7 @@ mod tests {
     fn config_defaults_and_driver_root_views() {
         let c = CdiConfig::default();
         assert_eq!(c.spec_dir, PathBuf::from("/var/run/cdi"));
-        assert_eq!(c.driver_root(), DriverRoot::new("/"));
+        assert_eq!(c.driver_root(), NvidiaRoot::new("/"));
         let c = CdiConfig {
             driver_root: "/run/nvidia/driver".into(),
             driver_root_local: Some("/driver-root".into()),

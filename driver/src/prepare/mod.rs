@@ -28,7 +28,7 @@ pub use crash::{CrashHook, CrashPoint};
 pub use error::{ClaimError, StartError};
 pub use recovery::StartupReport;
 
-use crate::cdi::{self, ClaimGpu, ClaimSpecRequest, DeviceNodes, DriverFiles, SpecWriter};
+use crate::cdi::{self, ClaimGpu, ClaimSpecRequest, DeviceNodes, NvidiaFiles, SpecWriter};
 use crate::checkpoint::{
     self, Checkpoint, CheckpointError, CheckpointStore, ClaimRecord, ClaimRef, ClaimState,
     PreparedDevice,
@@ -57,7 +57,7 @@ pub struct Preparer {
     locks: locks::DeviceLocks,
     writer: SpecWriter,
     nodes: Box<dyn DeviceNodes + Send + Sync>,
-    files: DriverFiles,
+    files: NvidiaFiles,
     store: CheckpointStore,
     state: Mutex<Checkpoint>,
     #[cfg(feature = "crash-points")]
@@ -81,7 +81,7 @@ impl Preparer {
         config: &PreparerConfig,
         inventory: &Inventory,
         nodes: Box<dyn DeviceNodes + Send + Sync>,
-        files: DriverFiles,
+        files: NvidiaFiles,
     ) -> Result<(Self, StartupReport), StartError> {
         let store = CheckpointStore::new(&config.state_dir);
         let writer = SpecWriter::new(

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 
 use super::*;
-use crate::cdi::{ContainerEdits, DriverFilesSource, Mount, TableDeviceNodes};
+use crate::cdi::{ContainerEdits, Mount, NvidiaFilesSource, TableDeviceNodes};
 use crate::inventory::{Gpu, MigDevice, MigMode};
 
 const DRIVER: &str = "gpu.topodra.dev";
@@ -37,9 +37,9 @@ fn inventory(gpus: u32) -> Inventory {
     }
 }
 
-fn driver_files() -> DriverFiles {
-    DriverFiles {
-        source: DriverFilesSource::Discovered { root: "/".into() },
+fn nvidia_files() -> NvidiaFiles {
+    NvidiaFiles {
+        source: NvidiaFilesSource::Discovered { root: "/".into() },
         edits: ContainerEdits {
             mounts: vec![Mount {
                 host_path: "/usr/lib/x86_64-linux-gnu/libcuda.so.550.90.07".into(),
@@ -85,7 +85,7 @@ impl Node {
             &self.config(boot_id),
             &inventory(self.gpus),
             Box::new(TableDeviceNodes::nvidia(0..self.gpus, 509)),
-            driver_files(),
+            nvidia_files(),
         )
         .unwrap()
     }
@@ -202,7 +202,7 @@ fn mig_devices_are_prepared_with_their_capability_nodes() {
         &node.config("boot-1"),
         &mig_inventory(),
         Box::new(TableDeviceNodes::nvidia(0..3, 509).with_mig([(2, 1, 0), (2, 2, 0)])),
-        driver_files(),
+        nvidia_files(),
     )
     .unwrap();
     // The MIG GPU itself is not a device of the pool any more.
@@ -266,7 +266,7 @@ fn a_mig_device_without_capability_files_fails_only_its_claim() {
             crate::cdi::HostDeviceNodes::new(node.dir.path())
                 .with_capabilities_dir(node.dir.path().join("no-caps")),
         ),
-        driver_files(),
+        nvidia_files(),
     )
     .unwrap();
     let c = claim_with("u1", vec![result("mig", "gpu-2-mig-1-0")], vec![]);
@@ -788,7 +788,7 @@ fn another_installation_s_specs_are_not_orphans() {
         &config,
         &inventory(2),
         Box::new(TableDeviceNodes::nvidia(0..2, 509)),
-        driver_files(),
+        nvidia_files(),
     )
     .unwrap();
     assert!(report.orphan_specs_removed.is_empty());

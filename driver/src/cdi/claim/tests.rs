@@ -1,6 +1,6 @@
 use super::*;
-use crate::cdi::driver_files::{DriverFilesSource, DriverRoot, tests::fake_driver_root};
 use crate::cdi::nodes::TableDeviceNodes;
+use crate::cdi::nvidia_files::{NvidiaFilesSource, NvidiaRoot, tests::fake_driver_root};
 use crate::cdi::spec::Mount;
 use crate::cdi::version::Version;
 
@@ -29,9 +29,9 @@ fn request(gpus: Vec<ClaimGpu>) -> ClaimSpecRequest {
     }
 }
 
-fn driver() -> DriverFiles {
-    DriverFiles {
-        source: DriverFilesSource::Discovered { root: "/".into() },
+fn driver() -> NvidiaFiles {
+    NvidiaFiles {
+        source: NvidiaFilesSource::Discovered { root: "/".into() },
         edits: ContainerEdits {
             mounts: vec![Mount {
                 host_path: "/usr/lib64/libcuda.so.1".into(),
@@ -275,7 +275,7 @@ fn from_inventory_gpu() {
 #[test]
 fn with_discovered_driver_files() {
     let root = fake_driver_root();
-    let files = DriverFiles::discover(&DriverRoot::new(root.path())).unwrap();
+    let files = NvidiaFiles::discover(&NvidiaRoot::new(root.path())).unwrap();
     let nodes = TableDeviceNodes::nvidia([0], 509);
     let spec = claim_spec(&request(vec![gpu(0, 0, "0-7")]), &nodes, &files).unwrap();
     assert_eq!(spec.cdi_version, Version::V0_6_0.to_string());

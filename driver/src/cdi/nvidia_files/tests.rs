@@ -35,7 +35,7 @@ pub(crate) fn fake_driver_root() -> tempfile::TempDir {
     dir
 }
 
-fn paths(files: &DriverFiles) -> Vec<(&str, &str)> {
+fn paths(files: &NvidiaFiles) -> Vec<(&str, &str)> {
     files
         .edits
         .mounts
@@ -47,11 +47,11 @@ fn paths(files: &DriverFiles) -> Vec<(&str, &str)> {
 #[test]
 fn discovers_libraries_and_binaries_under_a_root() {
     let dir = fake_driver_root();
-    let root = DriverRoot {
+    let root = NvidiaRoot {
         host: PathBuf::from("/run/nvidia/driver"),
         local: dir.path().to_owned(),
     };
-    let files = DriverFiles::discover(&root).unwrap();
+    let files = NvidiaFiles::discover(&root).unwrap();
     let lib = "/usr/lib/x86_64-linux-gnu";
     let host = "/run/nvidia/driver/usr/lib/x86_64-linux-gnu";
     let want: Vec<(String, String)> = [
@@ -92,7 +92,7 @@ fn discovers_libraries_and_binaries_under_a_root() {
     }
     assert_eq!(
         files.source,
-        DriverFilesSource::Discovered {
+        NvidiaFilesSource::Discovered {
             root: "/run/nvidia/driver".into()
         }
     );
@@ -101,11 +101,11 @@ fn discovers_libraries_and_binaries_under_a_root() {
 #[test]
 fn host_root_slash_gives_plain_host_paths() {
     let dir = fake_driver_root();
-    let root = DriverRoot {
+    let root = NvidiaRoot {
         host: PathBuf::from("/"),
         local: dir.path().to_owned(),
     };
-    let files = DriverFiles::discover(&root).unwrap();
+    let files = NvidiaFiles::discover(&root).unwrap();
     assert!(
         paths(&files).contains(&("/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi")),
         "{:?}",
@@ -119,7 +119,7 @@ fn a_root_without_cuda_is_an_error_naming_what_is_missing() {
     let lib = dir.path().join("usr/lib64");
     fs::create_dir_all(&lib).unwrap();
     fs::write(lib.join("libnvidia-ml.so.1"), "").unwrap();
-    let err = DriverFiles::discover(&DriverRoot::new(dir.path())).unwrap_err();
+    let err = NvidiaFiles::discover(&NvidiaRoot::new(dir.path())).unwrap_err();
     let msg = err.to_string();
     assert!(msg.contains("libcuda.so.*"), "{msg}");
     assert!(!msg.contains("libnvidia-ml"), "{msg}");
@@ -188,7 +188,7 @@ fn adopts_toolkit_mounts_hooks_and_env_but_not_its_nodes() {
     let dir = tempfile::tempdir().unwrap();
     let yaml = dir.path().join("nvidia.yaml");
     fs::write(&yaml, TOOLKIT_YAML).unwrap();
-    let files = DriverFiles::from_toolkit_spec(&yaml).unwrap();
+    let files = NvidiaFiles::from_toolkit_spec(&yaml).unwrap();
     assert_eq!(files.edits.env, ["NVIDIA_VISIBLE_DEVICES=void"]);
     assert_eq!(files.edits.hooks.len(), 1);
     assert_eq!(files.edits.hooks[0].args[1], "update-ldcache");
@@ -199,7 +199,7 @@ fn adopts_toolkit_mounts_hooks_and_env_but_not_its_nodes() {
     let value: serde_json::Value = serde_saphyr::from_str(TOOLKIT_YAML).unwrap();
     let json = dir.path().join("nvidia.spec");
     fs::write(&json, serde_json::to_string(&value).unwrap()).unwrap();
-    let from_json = DriverFiles::from_toolkit_spec(&json).unwrap();
+    let from_json = NvidiaFiles::from_toolkit_spec(&json).unwrap();
     assert_eq!(from_json.edits, files.edits);
 }
 
@@ -214,26 +214,26 @@ fn load_prefers_an_existing_toolkit_spec() {
         toolkit_spec: Some(toolkit.clone()),
         ..CdiConfig::default()
     };
-    let discovered = DriverFiles::load(&config).unwrap();
+    let discovered = NvidiaFiles::load(&config).unwrap();
     assert!(matches!(
         discovered.source,
-        DriverFilesSource::Discovered { .. }
+        NvidiaFilesSource::Discovered { .. }
     ));
 
     fs::write(&toolkit, TOOLKIT_YAML).unwrap();
-    let adopted = DriverFiles::load(&config).unwrap();
+    let adopted = NvidiaFiles::load(&config).unwrap();
     assert_eq!(
         adopted.source,
-        DriverFilesSource::Toolkit {
+        NvidiaFilesSource::Toolkit {
             spec: toolkit.clone()
         }
     );
 
     fs::write(&toolkit, "containerEdits: [not, a, map]").unwrap();
-    let err = DriverFiles::load(&config).unwrap_err();
+    let err = NvidiaFiles::load(&config).unwrap_err();
     assert!(err.to_string().contains("nvidia.yaml"), "{err}");
 
     fs::write(&toolkit, "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\n").unwrap();
-    let err = DriverFiles::load(&config).unwrap_err();
+    let err = NvidiaFiles::load(&config).unwrap_err();
     assert!(err.to_string().contains("no top-level"), "{err}");
 }

@@ -2,7 +2,7 @@
 //! bind-mounted read-only at the path they have on the host.
 //!
 //! They come from one of two places:
-//! - our own discovery under a driver root ([`DriverRoot`]): `/` for a driver
+//! - our own discovery under a driver root ([`NvidiaRoot`]): `/` for a driver
 //!   installed on the host, `/run/nvidia/driver` for the GPU Operator's driver
 //!   container;
 //! - a spec the NVIDIA Container Toolkit generated (`nvidia-ctk cdi generate`), whose
@@ -73,7 +73,7 @@ pub(crate) const MOUNT_TYPE: &str = "bind";
 
 /// Where the driver's files are.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct DriverRoot {
+pub(crate) struct NvidiaRoot {
     /// The root as the host (and so the container runtime) sees it; mount sources
     /// are written under it.
     pub(crate) host: PathBuf,
@@ -82,7 +82,7 @@ pub(crate) struct DriverRoot {
     pub(crate) local: PathBuf,
 }
 
-impl DriverRoot {
+impl NvidiaRoot {
     #[cfg(test)]
     pub(crate) fn new(host: impl Into<PathBuf>) -> Self {
         let host = host.into();
@@ -96,7 +96,7 @@ impl DriverRoot {
 /// Where the claim-wide driver edits came from; logged and recorded so that an
 /// operator can tell which one a container got.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DriverFilesSource {
+pub enum NvidiaFilesSource {
     Discovered { root: PathBuf },
     Toolkit { spec: PathBuf },
 }
@@ -104,12 +104,12 @@ pub enum DriverFilesSource {
 /// Claim-wide edits for the driver's user-space files: mounts, and, from a toolkit
 /// spec, its hooks and env.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DriverFiles {
-    pub source: DriverFilesSource,
+pub struct NvidiaFiles {
+    pub source: NvidiaFilesSource,
     pub edits: ContainerEdits,
 }
 
-impl DriverFiles {
+impl NvidiaFiles {
     /// Adopts the configured toolkit spec when the file exists, and discovers under
     /// the driver root otherwise. A toolkit spec that exists but cannot be used is an
     /// error rather than a fallback: the operator asked for it, and containers would
@@ -128,7 +128,7 @@ impl DriverFiles {
     }
 
     /// Finds the driver's libraries and binaries under `root`.
-    pub(crate) fn discover(root: &DriverRoot) -> Result<Self, CdiError> {
+    pub(crate) fn discover(root: &NvidiaRoot) -> Result<Self, CdiError> {
         let mut mounts = Vec::new();
         let mut found_libs = BTreeSet::new();
 
@@ -162,7 +162,7 @@ impl DriverFiles {
             .map(|l| format!("{l}.*"))
             .collect();
         if !missing.is_empty() {
-            return Err(CdiError::DriverFilesMissing {
+            return Err(CdiError::NvidiaFilesMissing {
                 root: root.local.clone(),
                 missing,
             });
@@ -179,7 +179,7 @@ impl DriverFiles {
         }
 
         Ok(Self {
-            source: DriverFilesSource::Discovered {
+            source: NvidiaFilesSource::Discovered {
                 root: root.host.clone(),
             },
             edits: ContainerEdits {
@@ -225,7 +225,7 @@ impl DriverFiles {
             ));
         }
         Ok(Self {
-            source: DriverFilesSource::Toolkit {
+            source: NvidiaFilesSource::Toolkit {
                 spec: path.to_owned(),
             },
             edits: ContainerEdits {
@@ -278,7 +278,7 @@ fn is_versioned(file: &str, name: &str) -> bool {
 ///
 /// The source is the resolved file, not the symlink: a symlink in a driver root
 /// that is not `/` may be absolute and would resolve against the host's own `/`.
-fn file_mount(root: &DriverRoot, container: &Path) -> Result<Option<Mount>, CdiError> {
+fn file_mount(root: &NvidiaRoot, container: &Path) -> Result<Option<Mount>, CdiError> {
     let Some(resolved) = resolve_in(&root.local, container)? else {
         return Ok(None);
     };
@@ -288,7 +288,7 @@ fn file_mount(root: &DriverRoot, container: &Path) -> Result<Option<Mount>, CdiE
         Ok(_) => return Ok(None),
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(source) => {
-            return Err(CdiError::DriverRoot {
+            return Err(CdiError::NvidiaRoot {
                 path: local,
                 source,
             });
@@ -308,7 +308,7 @@ fn file_mount(root: &DriverRoot, container: &Path) -> Result<Option<Mount>, CdiE
 }
 
 fn sorted_names(dir: &Path) -> Result<Vec<String>, CdiError> {
-    let entries = fs::read_dir(dir).map_err(|source| CdiError::DriverRoot {
+    let entries = fs::read_dir(dir).map_err(|source| CdiError::NvidiaRoot {
         path: dir.to_owned(),
         source,
     })?;
@@ -350,7 +350,7 @@ pub(crate) fn resolve_in(root: &Path, path: &Path) -> Result<Option<PathBuf>, Cd
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => return Ok(None),
             Err(source) => {
-                return Err(CdiError::DriverRoot {
+                return Err(CdiError::NvidiaRoot {
                     path: local,
                     source,
                 });
@@ -362,12 +362,12 @@ pub(crate) fn resolve_in(root: &Path, path: &Path) -> Result<Option<PathBuf>, Cd
         }
         links += 1;
         if links > MAX_LINKS {
-            return Err(CdiError::DriverRoot {
+            return Err(CdiError::NvidiaRoot {
                 path: local,
                 source: io::Error::from_raw_os_error(libc::ELOOP),
             });
         }
-        let target = fs::read_link(&local).map_err(|source| CdiError::DriverRoot {
+        let target = fs::read_link(&local).map_err(|source| CdiError::NvidiaRoot {
             path: local.clone(),
             source,
         })?;
