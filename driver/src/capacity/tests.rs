@@ -152,20 +152,7 @@ fn allocations_move_gpus_from_free_to_allocated() {
 fn claims_of_other_drivers_are_ignored() {
     let mut c = cluster(&["node-a"]);
     let mut other = claim("nic", "node-a", &[0]);
-    for r in other
-        .status
-        .as_mut()
-        .unwrap()
-        .allocation
-        .as_mut()
-        .unwrap()
-        .devices
-        .as_mut()
-        .unwrap()
-        .results
-        .as_mut()
-        .unwrap()
-    {
+    for r in crate::slice::fixtures::allocation_results_mut(&mut other) {
         r.driver = "nic.example.com".to_owned();
     }
     assert!(c.apply_claim(&other).is_empty());

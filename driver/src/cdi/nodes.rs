@@ -363,22 +363,18 @@ Block devices:
         let proc = dir.path().join("devices");
         fs::write(&proc, PROC_DEVICES).unwrap();
         let nodes = HostDeviceNodes::new(dir.path()).with_proc_devices(&proc);
-        assert_eq!(
-            nodes.lookup("nvidia-uvm").unwrap(),
-            Some(NodeInfo::char(509, 0))
-        );
-        assert_eq!(
-            nodes.lookup("nvidia-uvm-tools").unwrap(),
-            Some(NodeInfo::char(509, 1))
-        );
-        assert_eq!(
-            nodes.lookup("nvidiactl").unwrap(),
-            Some(NodeInfo::char(195, 255))
-        );
-        assert_eq!(
-            nodes.lookup("nvidia7").unwrap(),
-            Some(NodeInfo::char(195, 7))
-        );
+        for (name, major, minor) in [
+            ("nvidia-uvm", 509, 0),
+            ("nvidia-uvm-tools", 509, 1),
+            ("nvidiactl", 195, 255),
+            ("nvidia7", 195, 7),
+        ] {
+            assert_eq!(
+                nodes.lookup(name).unwrap(),
+                Some(NodeInfo::char(major, minor)),
+                "{name}"
+            );
+        }
         assert_eq!(nodes.lookup("nvidia-caps").unwrap(), None);
         assert_eq!(nodes.lookup("nvidiafoo").unwrap(), None);
     }

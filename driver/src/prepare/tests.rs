@@ -793,20 +793,7 @@ fn another_installation_s_specs_are_not_orphans() {
     .unwrap();
     assert!(report.orphan_specs_removed.is_empty());
     let mut c = claim("c1", &[1]);
-    for r in c
-        .status
-        .as_mut()
-        .unwrap()
-        .allocation
-        .as_mut()
-        .unwrap()
-        .devices
-        .as_mut()
-        .unwrap()
-        .results
-        .as_mut()
-        .unwrap()
-    {
+    for r in crate::slice::fixtures::allocation_results_mut(&mut c) {
         r.driver = "canary.topodra.dev".into();
     }
     let prepared = canary.prepare(&claim_ref("c1"), &c).unwrap();

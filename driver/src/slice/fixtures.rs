@@ -1,4 +1,4 @@
-//! Hand-built inventories for the slice tests.
+//! Hand-built inventories, and a claim helper, for the library's tests.
 
 use crate::cpuset::IdList;
 use crate::inventory::{
@@ -140,4 +140,17 @@ pub(super) fn many(n: u32) -> Inventory {
         gpus,
         ..Default::default()
     }
+}
+
+/// The allocation results of an allocated claim, to edit in a test.
+pub(crate) fn allocation_results_mut(
+    claim: &mut k8s_openapi::api::resource::v1::ResourceClaim,
+) -> &mut Vec<k8s_openapi::api::resource::v1::DeviceRequestAllocationResult> {
+    claim
+        .status
+        .as_mut()
+        .and_then(|s| s.allocation.as_mut())
+        .and_then(|a| a.devices.as_mut())
+        .and_then(|d| d.results.as_mut())
+        .expect("an allocated claim")
 }

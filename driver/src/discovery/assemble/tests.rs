@@ -123,10 +123,7 @@ fn gpu_missing_from_nvml_is_not_published() {
         gpus: vec![ident("0000:18:00.0", 0, &[])],
         ..Default::default()
     };
-    let topo = host(vec![
-        pci("0000:18:00.0", "0", None),
-        pci("0000:9a:00.0", "1", None),
-    ]);
+    let topo = two_gpu_host();
     let inv = assemble(Some(id), topo).unwrap();
     assert_eq!(inv.gpus.len(), 1);
     assert!(
@@ -177,10 +174,7 @@ fn lost_gpus_are_named_and_not_published() {
         }],
         ..Default::default()
     };
-    let topo = host(vec![
-        pci("0000:18:00.0", "0", None),
-        pci("0000:9a:00.0", "1", None),
-    ]);
+    let topo = two_gpu_host();
     let inv = assemble(Some(id), topo).unwrap();
     assert_eq!(inv.gpus.len(), 1);
     assert_eq!(inv.warnings.len(), 1, "{:?}", inv.warnings);
@@ -301,4 +295,12 @@ fn mig_pending_and_empty_mig_gpus_warn() {
     assert!(inv.warnings[1].contains("is in MIG mode with no MIG devices"));
     let offered: Vec<String> = inv.allocatable().iter().map(|d| d.name()).collect();
     assert_eq!(offered, ["gpu-2"]);
+}
+
+/// Two GPUs in the hwloc topology, on two NUMA nodes.
+fn two_gpu_host() -> HostTopology {
+    host(vec![
+        pci("0000:18:00.0", "0", None),
+        pci("0000:9a:00.0", "1", None),
+    ])
 }
