@@ -35,16 +35,7 @@ dir="$cache_root/cdi-check-$version"
 bin="$dir/cdi-check"
 flags=(-trimpath -ldflags=-s\ -w)
 
-recipe_hash() {
-	{
-		echo "recipe=$recipe_rev go=$(go env GOVERSION) goos=$(go env GOOS) goarch=$(go env GOARCH) flags=${flags[*]}"
-		cd "$here"
-		cat go.mod go.sum
-		find . -maxdepth 1 -name '*.go' ! -name '*_test.go' -type f | LC_ALL=C sort | xargs -r cat
-	} | sha256sum | cut -d' ' -f1
-}
-
-want="$(recipe_hash)"
+want="$(go_recipe_hash "$here" "${flags[@]}")"
 is_current() { [[ -x "$bin" && -f "$dir/stamp" && "$(cat "$dir/stamp")" == "$want" ]]; }
 tool_reuse "$bin" "$dir" is_current
 

@@ -34,10 +34,7 @@ bin="$dir/dra-example-kubeletplugin"
 # The optimised build a release image carries (Go optimises by default; -s -w only
 # drops symbols, which RSS would otherwise partly count).
 flags=(-trimpath -ldflags=-s\ -w)
-want="$({
-	echo "recipe=$recipe_rev go=$(go env GOVERSION) goos=$(go env GOOS) goarch=$(go env GOARCH) flags=${flags[*]}"
-	cat "$here/go.mod" "$here/go.sum"
-} | sha256sum | cut -d' ' -f1)"
+want="$(go_recipe_hash "$here" "${flags[@]}")"
 is_current() { [[ -x "$bin" && -f "$dir/stamp" && "$(cat "$dir/stamp")" == "$want" ]]; }
 tool_reuse "$bin" "$dir" is_current
 

@@ -6,6 +6,8 @@
 #   tool_args "$@"                 --force / --check / --help into $force and $check
 #   tool_log MESSAGE...            a timestamped progress line on stderr
 #   go_module_version MOD GOMOD    the version GOMOD requires of MOD
+#   go_recipe_hash SRC FLAGS...    the stamp of a go build with FLAGS of the module
+#                                  in SRC
 #   tool_reuse BIN DIR is_current  --check mode, the lock, and the cached fast path:
 #                                  returns (exits) when nothing is to be built
 #   tool_go_build BIN DIR WANT SRC -- GO-BUILD-ARGS...
@@ -43,6 +45,21 @@ go_module_version() {
 	awk -v m="$1" '
 		$1 == "require" && $2 == m { print $3; exit }
 		$1 == m && $2 ~ /^v/ { print $2; exit }' "$2"
+}
+
+# The stamp hashes $recipe_rev (bumped when the recipe changes in a way the hashed
+# files do not show), the Go toolchain and platform, the build flags, SRC's go.mod
+# and go.sum and its non-test .go files (a tools module that only requires the tool
+# has none).
+go_recipe_hash() {
+	local src="$1"
+	shift
+	{
+		echo "recipe=$recipe_rev go=$(go env GOVERSION) goos=$(go env GOOS) goarch=$(go env GOARCH) flags=$*"
+		cd "$src"
+		cat go.mod go.sum
+		find . -maxdepth 1 -name '*.go' ! -name '*_test.go' -type f | LC_ALL=C sort | xargs -r cat
+	} | sha256sum | cut -d' ' -f1
 }
 
 # $3 is the name of a function that succeeds when BIN is there and current.
