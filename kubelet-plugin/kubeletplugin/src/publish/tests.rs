@@ -179,6 +179,15 @@ impl Running {
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
 
+    /// Waits for the publisher to report a failure, and returns that status.
+    async fn failing(&mut self) -> PublishStatus {
+        self.status
+            .wait_for(|s| matches!(s, PublishStatus::Failing { .. }))
+            .await
+            .unwrap()
+            .clone()
+    }
+
     fn requests(&self) -> Vec<Recorded> {
         self.mock.requests()
     }
@@ -380,12 +389,7 @@ async fn an_unreachable_api_server_is_retried_with_backoff() {
     let mock = mock();
     mock.make_unreachable_for(4);
     let mut run = start(&mock, config(), desired(1, None));
-    let failing = run
-        .status
-        .wait_for(|s| matches!(s, PublishStatus::Failing { .. }))
-        .await
-        .unwrap()
-        .clone();
+    let failing = run.failing().await;
     assert!(matches!(failing, PublishStatus::Failing { error, .. } if error.contains("dgx-01")));
     run.until(PublishStatus::InSync { generation: 1 }).await;
 
@@ -470,12 +474,7 @@ async fn an_invalid_pool_is_not_written_and_says_why() {
         config(),
         DesiredPool::Invalid("bad attribute".to_owned()),
     );
-    let failing = run
-        .status
-        .wait_for(|s| matches!(s, PublishStatus::Failing { .. }))
-        .await
-        .unwrap()
-        .clone();
+    let failing = run.failing().await;
     assert!(
         matches!(&failing, PublishStatus::Failing { error, .. } if error.contains("bad attribute")),
         "{failing:?}"
