@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"io"
 	"io/fs"
+	"iter"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -278,16 +279,8 @@ func TestImageContent(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		tr := tar.NewReader(rc)
 		var prev string
-		for {
-			h, err := tr.Next()
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
+		for h := range tarEntries(t, rc) {
 			if h.Name <= prev {
 				t.Errorf("%s after %s", h.Name, prev)
 			}
@@ -346,22 +339,14 @@ func TestDockerTarballAndLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	tr := tar.NewReader(f)
 	var manifest []struct {
 		Config   string
 		RepoTags []string
 		Layers   []string
 	}
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	for h, contents := range tarEntries(t, f) {
 		if h.Name == "manifest.json" {
-			if err := json.NewDecoder(tr).Decode(&manifest); err != nil {
+			if err := json.NewDecoder(contents).Decode(&manifest); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -611,6 +596,27 @@ func TestRelocateLink(t *testing.T) {
 	} {
 		if got := relocateLink(c.from, usrMerged(c.from), c.target); got != c.want {
 			t.Errorf("%s -> %s: %q, want %q", c.from, c.target, got, c.want)
+		}
+	}
+}
+
+// tarEntries yields each entry of the tar stream r with a reader of its contents;
+// a broken stream fails the test.
+func tarEntries(t *testing.T, r io.Reader) iter.Seq2[*tar.Header, io.Reader] {
+	t.Helper()
+	return func(yield func(*tar.Header, io.Reader) bool) {
+		tr := tar.NewReader(r)
+		for {
+			h, err := tr.Next()
+			if err == io.EOF {
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !yield(h, tr) {
+				return
+			}
 		}
 	}
 }

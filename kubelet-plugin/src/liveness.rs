@@ -1,33 +1,16 @@
 //! Liveness that exercises what the kubelet uses: a gRPC call on each socket.
 
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::Path;
 
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
-use tonic::transport::{Channel, Endpoint, Uri};
+use dra_kubeletplugin::uds;
 use topodra_proto::dra::v1;
 use topodra_proto::pluginregistration::v1::InfoRequest;
 use topodra_proto::pluginregistration::v1::registration_client::RegistrationClient;
 
-/// A gRPC channel over a Unix socket; the URI only feeds `:authority`.
-pub(crate) async fn channel(path: &Path) -> Result<Channel, String> {
-    let path: PathBuf = path.to_owned();
-    Endpoint::from_static("http://localhost")
-        .connect_timeout(Duration::from_secs(2))
-        .timeout(Duration::from_secs(5))
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-        }))
-        .await
-        .map_err(|e| e.to_string())
-}
-
 /// GetInfo on the registration socket and an empty NodePrepareResources on the DRA
 /// socket: both servers accept connections and answer.
 pub(crate) async fn check(registration: &Path, dra: &Path) -> Result<(), String> {
-    let reg = channel(registration)
+    let reg = uds::connect(registration)
         .await
         .map_err(|e| format!("registration socket {}: {e}", registration.display()))?;
     RegistrationClient::new(reg)
@@ -39,7 +22,7 @@ pub(crate) async fn check(registration: &Path, dra: &Path) -> Result<(), String>
                 registration.display()
             )
         })?;
-    let dra_channel = channel(dra)
+    let dra_channel = uds::connect(dra)
         .await
         .map_err(|e| format!("DRA socket {}: {e}", dra.display()))?;
     v1::dra_plugin_client::DraPluginClient::new(dra_channel)

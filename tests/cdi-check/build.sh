@@ -26,26 +26,14 @@ tool_args "$@"
 recipe_rev=1
 module=tags.cncf.io/container-device-interface
 
-command -v go >/dev/null || { tool_log "go is not on PATH; install Go (see tests/scripts/setup.sh)"; exit 1; }
-
-version="$(go_module_version "$module" "$here/go.mod")"
-[[ -n "$version" ]] || { tool_log "cannot read the $module version from $here/go.mod"; exit 1; }
+version="$(go_tool_version "$module" "$here/go.mod")"
 tool_name="cdi-check $version"
 dir="$cache_root/cdi-check-$version"
 bin="$dir/cdi-check"
 flags=(-trimpath -ldflags=-s\ -w)
 
-recipe_hash() {
-	{
-		echo "recipe=$recipe_rev go=$(go env GOVERSION) goos=$(go env GOOS) goarch=$(go env GOARCH) flags=${flags[*]}"
-		cd "$here"
-		cat go.mod go.sum
-		find . -maxdepth 1 -name '*.go' ! -name '*_test.go' -type f | LC_ALL=C sort | xargs -r cat
-	} | sha256sum | cut -d' ' -f1
-}
-
-want="$(recipe_hash)"
-is_current() { [[ -x "$bin" && -f "$dir/stamp" && "$(cat "$dir/stamp")" == "$want" ]]; }
+want="$(go_recipe_hash "$here" "${flags[@]}")"
+is_current() { tool_stamped "$bin" "$dir" "$want"; }
 tool_reuse "$bin" "$dir" is_current
 
 tool_log "building (a cold build, modules downloaded, takes about 35 s on 2 cores)"

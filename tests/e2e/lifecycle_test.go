@@ -13,58 +13,21 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-const lifecycleTemplates = `apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata:
-  name: aligned-then-any
-  namespace: life
-spec:
-  spec:
-    devices:
-      requests:
-        - name: gpus
-          firstAvailable:
-            - name: aligned
-              deviceClassName: gpu.topodra.dev
-              count: 4
-            - name: any
-              deviceClassName: gpu.topodra.dev
-              count: 4
-      constraints:
-        - requests: ["gpus/aligned"]
-          matchAttribute: resource.kubernetes.io/numaNode
-`
+// lifecycleTemplates asks for 4 GPUs of one NUMA node if there are, otherwise any 4.
+var lifecycleTemplates = claimSpec{ns: "life", name: "aligned-then-any", firstAvailable: []claimSpec{
+	{name: "aligned", count: 4, match: "resource.kubernetes.io/numaNode"},
+	{name: "any", count: 4},
+}}.yaml()
 
 // numaSelector is a CEL selector for the GPUs of one NUMA node.
 func numaSelector(node int) string {
 	return fmt.Sprintf(`device.attributes["resource.kubernetes.io"].numaNode == %d`, node)
 }
 
-// badConfigTemplate has an opaque config the plugin refuses at prepare time; the
-// chart's admission policy refuses it already at creation.
-const badConfigTemplate = `apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata:
-  name: bad-config
-  namespace: life
-spec:
-  spec:
-    devices:
-      requests:
-        - name: gpus
-          exactly:
-            deviceClassName: gpu.topodra.dev
-            count: 1
-      config:
-        - requests: ["gpus"]
-          opaque:
-            driver: gpu.topodra.dev
-            parameters:
-              apiVersion: gpu.topodra.dev/v1alpha1
-              kind: GpuConfig
-              numa:
-                requireAlignedd: true
-`
+// badConfigTemplate has an opaque config the plugin refuses at prepare time (a
+// misspelled field, requireAlignedd); the chart's admission policy refuses it
+// already at creation.
+var badConfigTemplate = claimSpec{ns: "life", name: "bad-config", count: 1, parameters: "numa:\n  requireAlignedd: true\n"}.yaml()
 
 // TestDGXH100Lifecycle: firstAvailable (aligned if possible, otherwise any), a bad
 // opaque config surfacing in the pod's events, a plugin restart with claims

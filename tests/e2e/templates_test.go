@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -19,6 +20,13 @@ type claimSpec struct {
 	selector string
 	// match is an attribute all the devices share; none when empty.
 	match string
+	// firstAvailable makes "gpus" a list of alternatives, its subrequests, tried in
+	// order: each with its name, count, selector and match; the fields above are
+	// then unused but for ns and name.
+	firstAvailable []claimSpec
+	// parameters is the body of an opaque GpuConfig for "gpus" (YAML, without
+	// apiVersion and kind); no config when empty.
+	parameters string
 }
 
 func (c claimSpec) yaml() string {
@@ -33,19 +41,56 @@ spec:
     devices:
       requests:
         - name: gpus
-          exactly:
-            deviceClassName: gpu.topodra.dev
 `, c.name, c.ns)
-	if c.count > 0 {
-		fmt.Fprintf(&b, "            count: %d\n", c.count)
+	// requests: ["gpus"] or ["gpus/<subrequest>"] with their matchAttribute.
+	var constraints [][2]string
+	if len(c.firstAvailable) == 0 {
+		b.WriteString("          exactly:\n")
+		c.writeDevices(&b, "            ")
+		if c.match != "" {
+			constraints = append(constraints, [2]string{"gpus", c.match})
+		}
+	} else {
+		b.WriteString("          firstAvailable:\n")
+		for _, sub := range c.firstAvailable {
+			fmt.Fprintf(&b, "            - name: %s\n", sub.name)
+			sub.writeDevices(&b, "              ")
+			if sub.match != "" {
+				constraints = append(constraints, [2]string{"gpus/" + sub.name, sub.match})
+			}
+		}
 	}
-	if c.selector != "" {
-		fmt.Fprintf(&b, "            selectors:\n              - cel:\n                  expression: %q\n", c.selector)
+	if len(constraints) > 0 {
+		b.WriteString("      constraints:\n")
+		for _, con := range constraints {
+			fmt.Fprintf(&b, "        - requests: [%q]\n          matchAttribute: %s\n", con[0], con[1])
+		}
 	}
-	if c.match != "" {
-		fmt.Fprintf(&b, "      constraints:\n        - requests: [\"gpus\"]\n          matchAttribute: %s\n", c.match)
+	if c.parameters != "" {
+		b.WriteString(`      config:
+        - requests: ["gpus"]
+          opaque:
+            driver: gpu.topodra.dev
+            parameters:
+              apiVersion: gpu.topodra.dev/v1alpha1
+              kind: GpuConfig
+`)
+		for _, line := range strings.Split(strings.TrimSuffix(c.parameters, "\n"), "\n") {
+			b.WriteString("              " + line + "\n")
+		}
 	}
 	return b.String()
+}
+
+// writeDevices writes what one request or subrequest asks for, each line indented.
+func (c claimSpec) writeDevices(b *strings.Builder, indent string) {
+	b.WriteString(indent + "deviceClassName: gpu.topodra.dev\n")
+	if c.count > 0 {
+		fmt.Fprintf(b, "%scount: %d\n", indent, c.count)
+	}
+	if c.selector != "" {
+		fmt.Fprintf(b, "%sselectors:\n%s  - cel:\n%s      expression: %q\n", indent, indent, indent, c.selector)
+	}
 }
 
 // claimTemplate renders a ResourceClaimTemplate for count GPUs whose devices all
@@ -65,6 +110,22 @@ func TestClaimSpecYAML(t *testing.T) {
 	r := d.Requests[0].Exactly
 	if got.Namespace != "ns1" || r.Count != 2 || r.Selectors[0].CEL.Expression != numaSelector(1) ||
 		string(*d.Constraints[0].MatchAttribute) != "gpu.topodra.dev/socket" {
+		t.Errorf("decoded %+v from\n%s", got, y)
+	}
+
+	got = resourceapi.ResourceClaimTemplate{}
+	y = claimSpec{ns: "ns1", name: "t", parameters: "numa:\n  requireAligned: true\n", firstAvailable: []claimSpec{
+		{name: "aligned", count: 4, match: "resource.kubernetes.io/numaNode"},
+		{name: "any", selector: numaSelector(0)},
+	}}.yaml()
+	if err := yaml.UnmarshalStrict([]byte(y), &got); err != nil {
+		t.Fatalf("%v\n%s", err, y)
+	}
+	d = got.Spec.Spec.Devices
+	subs := d.Requests[0].FirstAvailable
+	if len(subs) != 2 || subs[0].Name != "aligned" || subs[0].Count != 4 || subs[1].Selectors[0].CEL.Expression != numaSelector(0) ||
+		len(d.Constraints) != 1 || !slices.Equal(d.Constraints[0].Requests, []string{"gpus/aligned"}) ||
+		len(d.Config) != 1 || !strings.Contains(string(d.Config[0].Opaque.Parameters.Raw), "requireAligned") {
 		t.Errorf("decoded %+v from\n%s", got, y)
 	}
 }

@@ -106,23 +106,31 @@ func (e *env) deletePods(ns string, names ...string) {
 	}
 }
 
+// eightGPUNode starts a node with opts, waits for the plugin to register and
+// publish the profile's 8 GPUs, and applies the claim templates in a new namespace ns.
+func eightGPUNode(t *testing.T, opts envOptions, ns string, templates ...string) (*env, map[string]resourceapi.Device) {
+	e := newEnv(t, opts)
+	e.waitRegistered(2 * time.Minute)
+	devices := e.waitDevices(8, time.Minute)
+	e.createNamespace(ns)
+	e.kubectlApply(strings.Join(templates, "---\n"))
+	return e, devices
+}
+
 // TestSNC4XeonListNUMA: the list form of resource.kubernetes.io/numaNode on a
 // 2-socket SNC4 machine (8 NUMA nodes, one GPU each, NVLink-bridged pairs).
 func TestSNC4XeonListNUMA(t *testing.T) {
-	e := newEnv(t, envOptions{profile: "snc4-xeon", pluginArgs: []string{"--numa-node-format=list"}})
-	e.waitRegistered(2 * time.Minute)
-	devices := e.waitDevices(8, time.Minute)
+	const ns = "snc"
+	e, devices := eightGPUNode(t, envOptions{profile: "snc4-xeon", pluginArgs: []string{"--numa-node-format=list"}}, ns,
+		claimTemplate(ns, "four-one-numa", 4, "resource.kubernetes.io/numaNode"),
+		claimTemplate(ns, "two-one-nvlink", 2, "gpu.topodra.dev/nvlinkDomain"),
+		claimTemplate(ns, "two-one-pcie-root", 2, "resource.kubernetes.io/pcieRoot"))
 	for name, d := range devices {
 		a, _ := attr(d, "resource.kubernetes.io/numaNode")
 		if len(a.IntValues) != 4 || a.IntValues[0] != int64(minorOf(name)) {
 			t.Errorf("%s: numaNode %v, want a list of the 4 nodes of its socket, its own (%d) first", name, a.IntValues, minorOf(name))
 		}
 	}
-	const ns = "snc"
-	e.createNamespace(ns)
-	e.kubectlApply(claimTemplate(ns, "four-one-numa", 4, "resource.kubernetes.io/numaNode") +
-		"---\n" + claimTemplate(ns, "two-one-nvlink", 2, "gpu.topodra.dev/nvlinkDomain") +
-		"---\n" + claimTemplate(ns, "two-one-pcie-root", 2, "resource.kubernetes.io/pcieRoot"))
 
 	t.Run("list numaNode: 4 GPUs of one socket's sub-NUMA clusters, 2 pods fill both sockets", func(t *testing.T) {
 		e.t = t
@@ -172,13 +180,10 @@ func TestSNC4XeonListNUMA(t *testing.T) {
 // TestL40SPCIeRoots: pcieRoot and pcieSwitch constraints on a PCIe machine whose
 // GPUs come in pairs behind one switch and root complex.
 func TestL40SPCIeRoots(t *testing.T) {
-	e := newEnv(t, envOptions{profile: "l40s-pcie"})
-	e.waitRegistered(2 * time.Minute)
-	devices := e.waitDevices(8, time.Minute)
 	const ns = "pcie"
-	e.createNamespace(ns)
-	e.kubectlApply(claimTemplate(ns, "two-one-root", 2, "resource.kubernetes.io/pcieRoot") +
-		"---\n" + claimTemplate(ns, "two-one-switch", 2, "gpu.topodra.dev/pcieSwitch"))
+	e, devices := eightGPUNode(t, envOptions{profile: "l40s-pcie"}, ns,
+		claimTemplate(ns, "two-one-root", 2, "resource.kubernetes.io/pcieRoot"),
+		claimTemplate(ns, "two-one-switch", 2, "gpu.topodra.dev/pcieSwitch"))
 	t.Run("pcieRoot: 4 pods of 2 GPUs get the 4 root complexes", func(t *testing.T) {
 		e.t = t
 		e.fill(ns, "two-one-root", "root", 4, 2, devices, "resource.kubernetes.io/pcieRoot")
@@ -223,13 +228,10 @@ func checkInjected(t *testing.T, e *env, pod *v1.Pod, devs []string) {
 // the SNC4 machine share a NUMA node, so 4 GPUs with matchAttribute numaNode stay
 // Pending, while 4 GPUs with matchAttribute socket fit.
 func TestSNC4XeonIntNUMA(t *testing.T) {
-	e := newEnv(t, envOptions{profile: "snc4-xeon"})
-	e.waitRegistered(2 * time.Minute)
-	devices := e.waitDevices(8, time.Minute)
 	const ns = "snc-int"
-	e.createNamespace(ns)
-	e.kubectlApply(claimTemplate(ns, "four-one-numa", 4, "resource.kubernetes.io/numaNode") +
-		"---\n" + claimTemplate(ns, "four-one-socket", 4, "gpu.topodra.dev/socket"))
+	e, devices := eightGPUNode(t, envOptions{profile: "snc4-xeon"}, ns,
+		claimTemplate(ns, "four-one-numa", 4, "resource.kubernetes.io/numaNode"),
+		claimTemplate(ns, "four-one-socket", 4, "gpu.topodra.dev/socket"))
 	e.createPod(ns, "numa-0", "four-one-numa")
 	msg := e.waitEvent(ns, "numa-0", "FailedScheduling", regexp.MustCompile(`cannot allocate all claims`), 2*time.Minute)
 	t.Logf("numa-0 (int form) stays Pending: %s", msg)

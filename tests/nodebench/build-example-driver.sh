@@ -24,9 +24,7 @@ module=sigs.k8s.io/dra-example-driver
 pkg=sigs.k8s.io/dra-example-driver/cmd/dra-example-kubeletplugin
 recipe_rev=1
 
-command -v go >/dev/null || { tool_log "go is not on PATH"; exit 1; }
-version="$(go_module_version "$module" "$here/go.mod")"
-[[ -n "$version" ]] || { tool_log "cannot read the $module version from $here/go.mod"; exit 1; }
+version="$(go_tool_version "$module" "$here/go.mod")"
 tool_name="dra-example-driver $version"
 
 dir="$cache_root/dra-example-driver-$version"
@@ -34,11 +32,8 @@ bin="$dir/dra-example-kubeletplugin"
 # The optimised build a release image carries (Go optimises by default; -s -w only
 # drops symbols, which RSS would otherwise partly count).
 flags=(-trimpath -ldflags=-s\ -w)
-want="$({
-	echo "recipe=$recipe_rev go=$(go env GOVERSION) goos=$(go env GOOS) goarch=$(go env GOARCH) flags=${flags[*]}"
-	cat "$here/go.mod" "$here/go.sum"
-} | sha256sum | cut -d' ' -f1)"
-is_current() { [[ -x "$bin" && -f "$dir/stamp" && "$(cat "$dir/stamp")" == "$want" ]]; }
+want="$(go_recipe_hash "$here" "${flags[@]}")"
+is_current() { tool_stamped "$bin" "$dir" "$want"; }
 tool_reuse "$bin" "$dir" is_current
 
 tool_log "building $pkg (modules downloaded on first use: a few minutes on 2 cores)"

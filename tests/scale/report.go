@@ -31,6 +31,21 @@ func (s stackResult) kind(size int, kind string) (kindResult, bool) {
 	return kindResult{}, false
 }
 
+// namedStack is one stack's results with its name in the report.
+type namedStack struct {
+	name string
+	s    *stackResult
+}
+
+// stacks lists the stacks that ran: DRA, then legacy unless it was skipped.
+func (r *results) stacks() []namedStack {
+	out := []namedStack{{"DRA", &r.DRA}}
+	if r.Legacy != nil {
+		out = append(out, namedStack{"legacy", r.Legacy})
+	}
+	return out
+}
+
 func mib(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
 
 func ratio(a, b float64) string {
@@ -103,26 +118,14 @@ func (r results) markdown() string {
 	}
 
 	b.WriteString("## Memory (peak RSS during the waves; at the start and the end of the idle period)\n\n| stack | component | peak | idle start | idle end |\n|---|---|---|---|---|\n")
-	for _, st := range []struct {
-		name string
-		s    *stackResult
-	}{{"DRA", &r.DRA}, {"legacy", r.Legacy}} {
-		if st.s == nil {
-			continue
-		}
+	for _, st := range r.stacks() {
 		for _, name := range sortedKeys(st.s.MemoryPeak) {
 			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", st.name, name, mib(st.s.MemoryPeak[name]), mib(st.s.MemoryIdleStart[name]), mib(st.s.MemoryIdle[name]))
 		}
 	}
 
 	b.WriteString("\n## API server: CPU and Go heap\n\n| stack | CPU s, waves | CPU s, idle | Go heap in use, end of waves | Go heap in use, end of idle |\n|---|---|---|---|---|\n")
-	for _, st := range []struct {
-		name string
-		s    *stackResult
-	}{{"DRA", &r.DRA}, {"legacy", r.Legacy}} {
-		if st.s == nil {
-			continue
-		}
+	for _, st := range r.stacks() {
 		fmt.Fprintf(&b, "| %s | %.1f | %.1f | %s | %s |\n", st.name, st.s.APIServerCPU["waves"], st.s.APIServerCPU["idle"],
 			mib(int64(st.s.GoHeap["kube-apiserver"])), mib(int64(st.s.GoHeapIdle["kube-apiserver"])))
 	}
@@ -134,13 +137,7 @@ func (r results) markdown() string {
 		}
 	}
 	fmt.Fprintf(&b, "\n## Idle for %.0f s: requests by client\n\n| stack | client | writes (not Leases) | Lease writes | LISTs | all |\n|---|---|---|---|---|---|\n", r.DRA.IdleSeconds)
-	for _, st := range []struct {
-		name string
-		s    *stackResult
-	}{{"DRA", &r.DRA}, {"legacy", r.Legacy}} {
-		if st.s == nil {
-			continue
-		}
+	for _, st := range r.stacks() {
 		clients := sortedKeys(st.s.IdleByClient)
 		if st.name == "DRA" {
 			// topodra's own components appear even when they sent nothing.

@@ -101,6 +101,20 @@ required_version() {
 		$1 == m && $2 ~ /^v/ { print $2; exit }' "$here/$1/go.mod"
 }
 
+# kube_stamp GIT_VERSION DATE: the -X flags, each with a space before it, that make
+# a Kubernetes component report GIT_VERSION (vMAJOR.MINOR.PATCH, build metadata
+# allowed) and its major and minor.
+kube_stamp() {
+	local version="$1" date="$2" major minor pkg flags=""
+	major="${version#v}"; major="${major%%.*}"
+	minor="${version#v*.}"; minor="${minor%%.*}"
+	for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+		flags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+		flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date"
+	done
+	echo "$flags"
+}
+
 # ldflags TOOL VERSION [BUILD_DATE]: the date only labels the binary and is left
 # out of the stamp, so that a cache hit never needs the module cache or network.
 ldflags() {
@@ -109,13 +123,7 @@ ldflags() {
 	kube)
 		# Without these the binaries report v0.0.0-master, and components that
 		# compare versions (kubelet, scheduler, compatibility versions) misbehave.
-		local major minor
-		major="${version#v}"; major="${major%%.*}"
-		minor="${version#v*.}"; minor="${minor%%.*}"
-		for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-			flags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
-			flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date"
-		done
+		flags+="$(kube_stamp "$version" "$date")"
 		;;
 	etcd) flags+=" -X go.etcd.io/etcd/api/v3/version.GitSHA=$version" ;;
 	kwok) flags+=" -X sigs.k8s.io/kwok/pkg/consts.Version=${version#v}" ;;
@@ -127,14 +135,9 @@ ldflags() {
 		# version 0.33 is not between [1.31, 0.33.0]". Stamp the Kubernetes
 		# release it is built on, with the scheduler-plugins release as semver
 		# build metadata: v1.33.5+scheduler-plugins.v0.33.5.
-		local kver major minor
+		local kver
 		kver="$(required_version "$tool" k8s.io/kubernetes)"
-		major="${kver#v}"; major="${major%%.*}"
-		minor="${kver#v*.}"; minor="${minor%%.*}"
-		for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-			flags+=" -X $pkg.gitVersion=$kver+scheduler-plugins.$version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
-			flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date"
-		done
+		flags+="$(kube_stamp "$kver+scheduler-plugins.$version" "$date")"
 		;;
 	esac
 	echo "$flags"

@@ -6,6 +6,11 @@
 #   tool_args "$@"                 --force / --check / --help into $force and $check
 #   tool_log MESSAGE...            a timestamped progress line on stderr
 #   go_module_version MOD GOMOD    the version GOMOD requires of MOD
+#   go_tool_version MOD GOMOD      go_module_version, after checking that go is on
+#                                  PATH; exits with a message if either fails
+#   go_recipe_hash SRC FLAGS...    the stamp of a go build with FLAGS of the module
+#                                  in SRC
+#   tool_stamped BIN DIR WANT      BIN is built and DIR/stamp is WANT
 #   tool_reuse BIN DIR is_current  --check mode, the lock, and the cached fast path:
 #                                  returns (exits) when nothing is to be built
 #   tool_go_build BIN DIR WANT SRC -- GO-BUILD-ARGS...
@@ -44,6 +49,31 @@ go_module_version() {
 		$1 == "require" && $2 == m { print $3; exit }
 		$1 == m && $2 ~ /^v/ { print $2; exit }' "$2"
 }
+
+go_tool_version() {
+	command -v go >/dev/null || { tool_log "go is not on PATH; install Go (see tests/scripts/setup.sh)"; exit 1; }
+	local version
+	version="$(go_module_version "$1" "$2")"
+	[[ -n "$version" ]] || { tool_log "cannot read the $1 version from $2"; exit 1; }
+	echo "$version"
+}
+
+# The stamp hashes $recipe_rev (bumped when the recipe changes in a way the hashed
+# files do not show), the Go toolchain and platform, the build flags, SRC's go.mod
+# and go.sum and its non-test .go files (a tools module that only requires the tool
+# has none).
+go_recipe_hash() {
+	local src="$1"
+	shift
+	{
+		echo "recipe=$recipe_rev go=$(go env GOVERSION) goos=$(go env GOOS) goarch=$(go env GOARCH) flags=$*"
+		cd "$src"
+		cat go.mod go.sum
+		find . -maxdepth 1 -name '*.go' ! -name '*_test.go' -type f | LC_ALL=C sort | xargs -r cat
+	} | sha256sum | cut -d' ' -f1
+}
+
+tool_stamped() { [[ -x "$1" && -f "$2/stamp" && "$(cat "$2/stamp")" == "$3" ]]; }
 
 # $3 is the name of a function that succeeds when BIN is there and current.
 tool_reuse() {

@@ -49,8 +49,6 @@ pub mod metrics;
 mod plugin;
 pub mod publish;
 pub mod registration;
-#[cfg(test)]
-mod testing;
 pub mod uds;
 
 pub use driver::{ClaimError, ClaimRef, Driver, PreparedDevice};

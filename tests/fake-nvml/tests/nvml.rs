@@ -424,25 +424,10 @@ fn raw_abi_edge_cases() {
 #[test]
 fn point_to_point_peers_are_gpus() {
     let (_dir, lib) = setup(&builtin_yaml("snc4-xeon"));
-    // SAFETY: as above.
-    let raw = unsafe { NvmlLib::new(&lib) }.expect("dlopen");
-    // SAFETY: valid out-pointers; handle from the library.
-    unsafe {
-        assert_eq!(raw.nvmlInit_v2(), sys::nvmlReturn_enum_NVML_SUCCESS);
-        let mut dev: sys::nvmlDevice_t = std::ptr::null_mut();
-        assert_eq!(
-            raw.nvmlDeviceGetHandleByIndex_v2(0, &mut dev),
-            sys::nvmlReturn_enum_NVML_SUCCESS
-        );
-        let mut kind: sys::nvmlIntNvLinkDeviceType_t = 0;
-        assert_eq!(
-            raw.nvmlDeviceGetNvLinkRemoteDeviceType(dev, 0, &mut kind),
-            sys::nvmlReturn_enum_NVML_SUCCESS
-        );
-        assert_eq!(
-            kind,
-            sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_GPU
-        );
-        assert_eq!(raw.nvmlShutdown(), sys::nvmlReturn_enum_NVML_SUCCESS);
-    }
+    let nvml = open(&lib).expect("init");
+    let d = nvml.device_by_index(0).expect("device 0");
+    assert_eq!(
+        remote_type(&nvml, &d, 0),
+        Ok(sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_GPU)
+    );
 }

@@ -108,35 +108,46 @@ fn expect_error(yaml: &str, needle: &str) {
     }
 }
 
+/// Each edit of `yaml` (`from` replaced by `to`, once) makes a profile that fails
+/// with an error containing `needle`.
+#[track_caller]
+fn expect_errors(yaml: &str, edits: &[(&str, &str, &str)]) {
+    for (from, to, needle) in edits {
+        expect_error(&yaml.replacen(from, to, 1), needle);
+    }
+}
+
 #[test]
 fn validation_errors_are_clear() {
     let b = base();
-    expect_error(
-        &b.replacen("bus_id: \"0000:2a:00.0\"", "bus_id: \"0000:18:00.0\"", 1),
-        "duplicate GPU bus id",
+    expect_errors(
+        &b,
+        &[
+            (
+                "bus_id: \"0000:2a:00.0\"",
+                "bus_id: \"0000:18:00.0\"",
+                "duplicate GPU bus id",
+            ),
+            (
+                "- gpu: \"0000:2a:00.0\"",
+                "- gpu: \"0000:2b:00.0\"",
+                "missing from gpus",
+            ),
+            ("  - [10]", "  - [10, 20]", "square"),
+            (
+                "name: mismatch",
+                "name: mismatch\nbogus: 1",
+                "unknown field",
+            ),
+            (
+                "threads_per_core: 2",
+                "threads_per_core: 2\ninit_error: NOPE",
+                "unknown NVML return code",
+            ),
+            ("numa_node: 0\n", "numa_node: 5\n", "NUMA node 5"),
+            ("index: 1\n", "index: 4\n", "without gaps"),
+        ],
     );
-    expect_error(
-        &b.replacen("- gpu: \"0000:2a:00.0\"", "- gpu: \"0000:2b:00.0\"", 1),
-        "missing from gpus",
-    );
-    expect_error(&b.replacen("  - [10]", "  - [10, 20]", 1), "square");
-    expect_error(
-        &b.replacen("name: mismatch", "name: mismatch\nbogus: 1", 1),
-        "unknown field",
-    );
-    expect_error(
-        &b.replacen(
-            "threads_per_core: 2",
-            "threads_per_core: 2\ninit_error: NOPE",
-            1,
-        ),
-        "unknown NVML return code",
-    );
-    expect_error(
-        &b.replacen("numa_node: 0\n", "numa_node: 5\n", 1),
-        "NUMA node 5",
-    );
-    expect_error(&b.replacen("index: 1\n", "index: 4\n", 1), "without gaps");
     expect_error(
         &b.replacen("bus: \"0000:29\"", "bus: \"0000:17\"", 1)
             .replacen("bus_id: \"0000:29:01.0\"", "bus_id: \"0000:17:01.0\"", 1),
@@ -160,93 +171,88 @@ fn builtin(name: &str) -> String {
 
 #[test]
 fn mig_devices_are_validated() {
-    let b = builtin("dgx-a100-mig");
-    expect_error(
-        &b.replacen(
-            "mig: {current: true, pending: true}",
-            "mig: {current: false, pending: true}",
-            1,
-        ),
-        "need MIG mode enabled",
-    );
-    expect_error(
-        &b.replacen("profile: \"3g.20gb\"", "profile: \"2g.20gb\"", 1),
-        "does not match gpu_instance_slices",
-    );
-    expect_error(
-        &b.replacen("profile: \"3g.20gb\"", "profile: \"1c.3g.20gb\"", 1),
-        "does not match compute_instance_slices",
-    );
-    expect_error(
-        &b.replacen("gpu_instance_id: 8,", "gpu_instance_id: 7,", 1),
-        "duplicate (gpu instance, compute instance)",
-    );
-    expect_error(
-        &b.replacen("gpu_instance_id: 8,", "gpu_instance_id: 15,", 1),
-        "ids must be",
-    );
-    expect_error(
-        &b.replacen(
-            "MIG-6e1c0f2a-4b3d-5a7e-9c8f-000000000001",
-            "MIG-6e1c0f2a-4b3d-5a7e-9c8f-000000000000",
-            1,
-        ),
-        "duplicate uuid",
-    );
-    expect_error(
-        &b.replacen("uuid: \"MIG-", "uuid: \"GPU-", 1),
-        "must look like MIG-",
-    );
-    // Two compute instances sharing GI 2 may not use more than its 3 slices.
-    expect_error(
-        &b.replacen(
-            "gpu_instance_id: 4, compute_instance_id: 0, profile: \"2g.10gb\", gpu_instance_slices: 2, compute_instance_slices: 2, memory_mib: 9984",
-            "gpu_instance_id: 2, compute_instance_id: 1, profile: \"2c.3g.20gb\", gpu_instance_slices: 3, compute_instance_slices: 2, memory_mib: 20096",
-            1,
-        ),
-        "more slices than their GPU instance",
-    );
-    expect_error(
-        &b.replacen(
-            "copy_engines: 3, decoders: 2,",
-            "copy_engines: 3, decoders: 2, gi_cap_minor: 66,",
-            1,
-        ),
-        "access minor is not unique",
+    expect_errors(
+        &builtin("dgx-a100-mig"),
+        &[
+            (
+                "mig: {current: true, pending: true}",
+                "mig: {current: false, pending: true}",
+                "need MIG mode enabled",
+            ),
+            (
+                "profile: \"3g.20gb\"",
+                "profile: \"2g.20gb\"",
+                "does not match gpu_instance_slices",
+            ),
+            (
+                "profile: \"3g.20gb\"",
+                "profile: \"1c.3g.20gb\"",
+                "does not match compute_instance_slices",
+            ),
+            (
+                "gpu_instance_id: 8,",
+                "gpu_instance_id: 7,",
+                "duplicate (gpu instance, compute instance)",
+            ),
+            ("gpu_instance_id: 8,", "gpu_instance_id: 15,", "ids must be"),
+            (
+                "MIG-6e1c0f2a-4b3d-5a7e-9c8f-000000000001",
+                "MIG-6e1c0f2a-4b3d-5a7e-9c8f-000000000000",
+                "duplicate uuid",
+            ),
+            ("uuid: \"MIG-", "uuid: \"GPU-", "must look like MIG-"),
+            // Two compute instances sharing GI 2 may not use more than its 3 slices.
+            (
+                "gpu_instance_id: 4, compute_instance_id: 0, profile: \"2g.10gb\", gpu_instance_slices: 2, compute_instance_slices: 2, memory_mib: 9984",
+                "gpu_instance_id: 2, compute_instance_id: 1, profile: \"2c.3g.20gb\", gpu_instance_slices: 3, compute_instance_slices: 2, memory_mib: 20096",
+                "more slices than their GPU instance",
+            ),
+            (
+                "copy_engines: 3, decoders: 2,",
+                "copy_engines: 3, decoders: 2, gi_cap_minor: 66,",
+                "access minor is not unique",
+            ),
+        ],
     );
 }
 
 #[test]
 fn fabric_and_loss_fields_are_validated() {
-    let b = builtin("gb200");
-    expect_error(
-        &b.replacen("cluster_uuid: \"6f1d2c3b", "cluster_uuid: \"6f1d2c3", 1),
-        "invalid UUID",
+    expect_errors(
+        &builtin("gb200"),
+        &[
+            (
+                "cluster_uuid: \"6f1d2c3b",
+                "cluster_uuid: \"6f1d2c3",
+                "invalid UUID",
+            ),
+            (
+                "state: completed}",
+                "state: completed, status: NOPE}",
+                "unknown NVML return code",
+            ),
+            ("state: completed}", "state: done}", "unknown variant"),
+        ],
     );
-    expect_error(
-        &b.replacen("state: completed}", "state: completed, status: NOPE}", 1),
-        "unknown NVML return code",
-    );
-    expect_error(
-        &b.replacen("state: completed}", "state: done}", 1),
-        "unknown variant",
-    );
-    let lost = builtin("lost-gpu");
-    expect_error(
-        &lost.replacen(
-            "    lost: true\n",
-            "    lost: true\n    lost_after_ms: 5\n",
-            1,
-        ),
-        "exclusive",
-    );
-    expect_error(
-        &lost.replacen("recovered_after_ms: 6000", "recovered_after_ms: 1000", 1),
-        "must be after the loss",
-    );
-    expect_error(
-        &lost.replacen("    lost_after_ms: 1500\n", "", 1),
-        "needs lost or lost_after_ms",
+    expect_errors(
+        &builtin("lost-gpu"),
+        &[
+            (
+                "    lost: true\n",
+                "    lost: true\n    lost_after_ms: 5\n",
+                "exclusive",
+            ),
+            (
+                "recovered_after_ms: 6000",
+                "recovered_after_ms: 1000",
+                "must be after the loss",
+            ),
+            (
+                "    lost_after_ms: 1500\n",
+                "",
+                "needs lost or lost_after_ms",
+            ),
+        ],
     );
 }
 

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::net::UnixListener;
 use tokio::sync::{oneshot, watch};
 use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::Server;
 use tonic::transport::server::Router;
-use tonic::transport::{Channel, Server};
 
 use super::{DeviceHealth, HealthService, HealthStatus as Status, NodeHealth as HealthState};
 
@@ -27,8 +27,19 @@ fn serve(router: Router, dir: &std::path::Path) -> (PathBuf, oneshot::Sender<()>
     (path, stop)
 }
 
-async fn connect(path: PathBuf) -> Channel {
-    crate::testing::channel(&path).await.unwrap()
+/// Dials the health server at `$path` and opens NodeWatchResources in API version
+/// `$v` (the two versions' types are distinct but alike).
+macro_rules! watch_resources {
+    ($v:ident, $path:expr) => {{
+        use topodra_proto::health::$v::NodeWatchResourcesRequest;
+        use topodra_proto::health::$v::dra_resource_health_client::DraResourceHealthClient;
+        let channel = crate::uds::connect(&$path).await.unwrap();
+        DraResourceHealthClient::new(channel)
+            .node_watch_resources(NodeWatchResourcesRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+    }};
 }
 
 fn device(status: Status, reason: &str, since: u64) -> DeviceHealth {
@@ -55,20 +66,14 @@ fn initial() -> HealthState {
 /// The same scenario for both API versions, whose types are distinct but alike.
 macro_rules! watch_scenario {
     ($v:ident, $server:ident) => {{
-        use topodra_proto::health::$v::dra_resource_health_client::DraResourceHealthClient;
-        use topodra_proto::health::$v::{HealthStatus, NodeWatchResourcesRequest};
+        use topodra_proto::health::$v::HealthStatus;
 
         let dir = tempfile::tempdir().unwrap();
         let (tx, rx) = watch::channel(initial());
         let service = HealthService::new("node-a", rx).with_heartbeat(Duration::from_secs(1));
         assert_eq!(service.timeout_seconds(), 60);
         let (path, stop) = serve(Server::builder().add_service(service.$server()), dir.path());
-        let mut client = DraResourceHealthClient::new(connect(path).await);
-        let mut stream = client
-            .node_watch_resources(NodeWatchResourcesRequest {})
-            .await
-            .unwrap()
-            .into_inner();
+        let mut stream = watch_resources!($v, path);
         let summary = |m: &topodra_proto::health::$v::NodeWatchResourcesResponse| {
             m.devices
                 .iter()
@@ -170,9 +175,6 @@ async fn v1alpha1_streams_full_list_changes_and_heartbeats() {
 
 #[tokio::test]
 async fn long_reasons_are_cut_to_the_kubelet_limit() {
-    use topodra_proto::health::v1::NodeWatchResourcesRequest;
-    use topodra_proto::health::v1::dra_resource_health_client::DraResourceHealthClient;
-
     let dir = tempfile::tempdir().unwrap();
     let mut state = initial();
     state.devices.insert(
@@ -184,12 +186,7 @@ async fn long_reasons_are_cut_to_the_kubelet_limit() {
         Server::builder().add_service(HealthService::new("node-a", rx).v1_server()),
         dir.path(),
     );
-    let mut client = DraResourceHealthClient::new(connect(path).await);
-    let mut stream = client
-        .node_watch_resources(NodeWatchResourcesRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = watch_resources!(v1, path);
     let first = stream.message().await.unwrap().unwrap();
     assert_eq!(first.devices[0].message.chars().count(), 1024);
     drop(stream);

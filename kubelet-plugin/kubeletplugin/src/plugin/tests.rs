@@ -11,8 +11,8 @@ use topodra_proto::pluginregistration::v1::registration_client::RegistrationClie
 use super::PluginBuilder;
 use crate::claims::{BoxFuture, ClaimReadError, ClaimReader};
 use crate::driver::{ClaimError, ClaimRef, Driver, PreparedDevice};
-use crate::testing::channel;
 use crate::uds::PluginSockets;
+use crate::uds::connect;
 
 /// Prepares every claim but `broken` with one device named for the claim.
 #[derive(Default)]
@@ -85,7 +85,7 @@ async fn registers_prepares_on_both_versions_and_removes_its_sockets() {
     .start()
     .unwrap();
 
-    let info = RegistrationClient::new(channel(&sockets.registration).await.unwrap())
+    let info = RegistrationClient::new(connect(&sockets.registration).await.unwrap())
         .get_info(InfoRequest {})
         .await
         .unwrap()
@@ -93,7 +93,7 @@ async fn registers_prepares_on_both_versions_and_removes_its_sockets() {
     assert_eq!(info.name, "example.com");
     assert_eq!(info.endpoint, sockets.dra.display().to_string());
 
-    let dra = channel(&sockets.dra).await.unwrap();
+    let dra = connect(&sockets.dra).await.unwrap();
     let answer = v1::dra_plugin_client::DraPluginClient::new(dra.clone())
         .node_prepare_resources(v1::NodePrepareResourcesRequest {
             claims: vec![claim("a"), claim("broken"), claim("Not/A-Name")],

@@ -179,6 +179,15 @@ impl Running {
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
 
+    /// Waits for the publisher to report a failure, and returns that status.
+    async fn failing(&mut self) -> PublishStatus {
+        self.status
+            .wait_for(|s| matches!(s, PublishStatus::Failing { .. }))
+            .await
+            .unwrap()
+            .clone()
+    }
+
     fn requests(&self) -> Vec<Recorded> {
         self.mock.requests()
     }
@@ -364,17 +373,23 @@ async fn a_wiped_pool_is_published_again() {
     run.stop().await;
 }
 
+/// The gaps between `times` are the publisher's backoff: 0.5 s doubling, with up to
+/// 25% taken off by jitter.
+#[track_caller]
+fn assert_backoff(times: &[Duration]) {
+    let gaps: Vec<Duration> = times.windows(2).map(|w| w[1] - w[0]).collect();
+    for (gap, base) in gaps.iter().zip([500, 1000, 2000, 4000]) {
+        let base = Duration::from_millis(base);
+        assert!(*gap >= base.mul_f64(0.75) && *gap <= base, "gaps {gaps:?}");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_unreachable_api_server_is_retried_with_backoff() {
     let mock = mock();
     mock.make_unreachable_for(4);
     let mut run = start(&mock, config(), desired(1, None));
-    let failing = run
-        .status
-        .wait_for(|s| matches!(s, PublishStatus::Failing { .. }))
-        .await
-        .unwrap()
-        .clone();
+    let failing = run.failing().await;
     assert!(matches!(failing, PublishStatus::Failing { error, .. } if error.contains("dgx-01")));
     run.until(PublishStatus::InSync { generation: 1 }).await;
 
@@ -385,12 +400,7 @@ async fn an_unreachable_api_server_is_retried_with_backoff() {
         .map(|r| r.at)
         .collect();
     assert_eq!(gets.len(), 5, "{requests:?}");
-    let gaps: Vec<Duration> = gets.windows(2).map(|w| w[1] - w[0]).collect();
-    // 0.5 s doubling, with up to 25% taken off by jitter.
-    for (gap, base) in gaps.iter().zip([500, 1000, 2000, 4000]) {
-        let base = Duration::from_millis(base);
-        assert!(*gap >= base.mul_f64(0.75) && *gap <= base, "gaps {gaps:?}");
-    }
+    assert_backoff(&gets);
     assert_eq!(requests.iter().filter(|r| r.is_watch()).count(), 1);
     assert_eq!(run.applies().len(), 1);
     run.stop().await;
@@ -406,9 +416,7 @@ async fn failed_writes_are_retried_with_backoff() {
     assert_eq!(applies.len(), 3);
     // A failed write was never written: the retry keeps its generation.
     assert!(applies.iter().all(|a| generation_of(a) == 1));
-    let gaps: Vec<Duration> = applies.windows(2).map(|w| w[1].at - w[0].at).collect();
-    assert!(gaps[0] >= Duration::from_millis(375), "{gaps:?}");
-    assert!(gaps[1] >= Duration::from_millis(750), "{gaps:?}");
+    assert_backoff(&applies.iter().map(|a| a.at).collect::<Vec<_>>());
     run.stop().await;
 }
 
@@ -466,12 +474,7 @@ async fn an_invalid_pool_is_not_written_and_says_why() {
         config(),
         DesiredPool::Invalid("bad attribute".to_owned()),
     );
-    let failing = run
-        .status
-        .wait_for(|s| matches!(s, PublishStatus::Failing { .. }))
-        .await
-        .unwrap()
-        .clone();
+    let failing = run.failing().await;
     assert!(
         matches!(&failing, PublishStatus::Failing { error, .. } if error.contains("bad attribute")),
         "{failing:?}"

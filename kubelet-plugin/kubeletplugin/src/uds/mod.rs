@@ -21,6 +21,8 @@
 
 mod authority;
 pub use authority::{MAX_FRAME_SIZE, MAX_HEADER_LIST};
+mod client;
+pub use client::connect;
 mod listener;
 mod representation;
 mod sockets;

@@ -75,6 +75,21 @@ impl Outcome {
             .find(|(n, _)| n == name.as_bytes())
             .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
     }
+
+    /// The request got a response with HTTP status 200.
+    #[track_caller]
+    fn assert_ok(&self) {
+        assert_eq!(self.header(":status").as_deref(), Some("200"), "{self:?}");
+    }
+
+    /// The server dropped the connection (with or without a GOAWAY).
+    #[track_caller]
+    fn assert_closed(&self) {
+        assert!(
+            matches!(self, Outcome::Closed | Outcome::GoAway(_)),
+            "{self:?}"
+        );
+    }
 }
 
 /// Just enough of an HTTP/2 client to put exact bytes on the wire.
@@ -226,11 +241,7 @@ async fn path_authority_registration_call_reaches_tonic() {
 
     let mut client = RawClient::connect(&path).await;
     let outcome = client.unary(1, &get_info(&authority)).await;
-    assert_eq!(
-        outcome.header(":status").as_deref(),
-        Some("200"),
-        "{outcome:?}"
-    );
+    outcome.assert_ok();
     // tonic routed the call: it just has no such service.
     assert_eq!(
         outcome.header("grpc-status").as_deref(),
@@ -256,11 +267,7 @@ async fn path_authority_is_a_protocol_error_without_the_shim() {
     // A valid authority on the same connection is fine, so the authority is the
     // only thing wrong with the request.
     let outcome = client.unary(3, &get_info("localhost")).await;
-    assert_eq!(
-        outcome.header(":status").as_deref(),
-        Some("200"),
-        "{outcome:?}"
-    );
+    outcome.assert_ok();
     server.abort();
 }
 
@@ -361,11 +368,7 @@ async fn dynamic_table_references_across_requests_still_work() {
             )
             .await;
         let outcome = client.outcome(stream_id).await;
-        assert_eq!(
-            outcome.header(":status").as_deref(),
-            Some("200"),
-            "{outcome:?}"
-        );
+        outcome.assert_ok();
     }
 
     drop(client);
@@ -405,11 +408,7 @@ async fn continuation_padded_and_oversized_header_blocks_work() {
         )
         .await;
     let outcome = client.outcome(1).await;
-    assert_eq!(
-        outcome.header(":status").as_deref(),
-        Some("200"),
-        "{outcome:?}"
-    );
+    outcome.assert_ok();
 
     // PADDED and PRIORITY, with END_STREAM on HEADERS itself (no body).
     let block = client.encode(&get_info(&authority));
@@ -423,11 +422,7 @@ async fn continuation_padded_and_oversized_header_blocks_work() {
         ))
         .await;
     let outcome = client.outcome(3).await;
-    assert_eq!(
-        outcome.header(":status").as_deref(),
-        Some("200"),
-        "{outcome:?}"
-    );
+    outcome.assert_ok();
 
     // A block near the servers' limit in several CONTINUATION frames.
     let mut fields = get_info(&authority);
@@ -446,11 +441,7 @@ async fn continuation_padded_and_oversized_header_blocks_work() {
     bytes.extend(frame(DATA, END_STREAM, 5, &EMPTY_MESSAGE));
     client.send(&bytes).await;
     let outcome = client.outcome(5).await;
-    assert_eq!(
-        outcome.header(":status").as_deref(),
-        Some("200"),
-        "{outcome:?}"
-    );
+    outcome.assert_ok();
 
     drop(client);
     let seen = server.await.unwrap();
@@ -471,19 +462,12 @@ async fn a_broken_header_block_closes_the_connection() {
         .send(&frame(HEADERS, END_HEADERS, 1, &[0x80 | 70]))
         .await;
     let outcome = client.outcome(1).await;
-    assert!(
-        matches!(outcome, Outcome::Closed | Outcome::GoAway(_)),
-        "{outcome:?}"
-    );
+    outcome.assert_closed();
 
     // The listener keeps serving other connections.
     let mut client = RawClient::connect(&path).await;
     let outcome = client.unary(1, &get_info("/x.sock")).await;
-    assert_eq!(
-        outcome.header(":status").as_deref(),
-        Some("200"),
-        "{outcome:?}"
-    );
+    outcome.assert_ok();
     server.abort();
 }
 
@@ -525,15 +509,8 @@ async fn the_shims_header_limit_is_the_servers() {
     };
     let mut client = RawClient::connect(&path).await;
     let outcome = client.unary(1, &with_list_size(MAX_HEADER_LIST)).await;
-    assert_eq!(
-        outcome.header(":status").as_deref(),
-        Some("200"),
-        "{outcome:?}"
-    );
+    outcome.assert_ok();
     let outcome = client.unary(3, &with_list_size(MAX_HEADER_LIST + 1)).await;
-    assert!(
-        matches!(outcome, Outcome::Closed | Outcome::GoAway(_)),
-        "{outcome:?}"
-    );
+    outcome.assert_closed();
     server.abort();
 }

@@ -1,4 +1,4 @@
-//! Test helpers: a gRPC client over a unix socket, as the kubelet dials.
+//! The client side: a gRPC channel over a unix socket, dialled as the kubelet does.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -7,9 +7,10 @@ use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-/// A gRPC channel over a unix socket; the URI only feeds `:authority`.
-pub(crate) async fn channel(path: &Path) -> Result<Channel, tonic::transport::Error> {
-    let path: PathBuf = path.to_owned();
+/// Dials the gRPC server on the unix socket at `path`: 2 s to connect, 5 s per
+/// request. The URI only feeds `:authority`; the connector ignores it.
+pub async fn connect(path: impl AsRef<Path>) -> Result<Channel, tonic::transport::Error> {
+    let path: PathBuf = path.as_ref().to_owned();
     Endpoint::from_static("http://localhost")
         .connect_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(5))
