@@ -2,7 +2,6 @@
 //! serves the kubelet over Unix sockets, publishes the ResourceSlices, and exposes
 //! metrics and health, until SIGTERM.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -257,14 +256,8 @@ async fn serve(
         &args.node_name,
         args.discovery.numa_node_format,
     );
-    let (desired_tx, desired_rx) = watch::channel(pool.build(BTreeMap::new()));
-    let effect = taint_loop::effect(args.health.evict_unhealthy);
-    let taints_task = tokio::spawn(taint_loop::follow_health(
-        health_rx.clone(),
-        desired_tx,
-        pool,
-        effect,
-    ));
+    let (taints_task, desired_rx) =
+        taint_loop::spawn(health_rx.clone(), pool, args.health.evict_unhealthy);
 
     let sockets = args.sockets();
     for path in sockets.remove_leftovers(&args.discovery.driver_name).await {

@@ -4,12 +4,30 @@
 use std::collections::BTreeMap;
 
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use topodra_driver::health::{HealthState, TaintEffect, device_taints};
 
 use crate::publish::{DesiredPool, PoolBuilder};
 
+/// Starts [`follow_health`] from a pool without taints, and returns the channel of
+/// the pool the publisher keeps.
+pub(crate) fn spawn(
+    health: watch::Receiver<HealthState>,
+    pool: PoolBuilder,
+    evict_unhealthy: bool,
+) -> (JoinHandle<()>, watch::Receiver<DesiredPool>) {
+    let (desired_tx, desired_rx) = watch::channel(pool.build(BTreeMap::new()));
+    let task = tokio::spawn(follow_health(
+        health,
+        desired_tx,
+        pool,
+        effect(evict_unhealthy),
+    ));
+    (task, desired_rx)
+}
+
 /// Turns each health change into the pool's taints; the publisher writes them.
-pub(crate) async fn follow_health(
+async fn follow_health(
     mut health: watch::Receiver<HealthState>,
     desired: watch::Sender<DesiredPool>,
     pool: PoolBuilder,
@@ -35,7 +53,7 @@ pub(crate) async fn follow_health(
 
 /// `NoExecute` evicts the pods using an unhealthy GPU; `NoSchedule` only keeps new
 /// ones away.
-pub(crate) fn effect(evict_unhealthy: bool) -> TaintEffect {
+fn effect(evict_unhealthy: bool) -> TaintEffect {
     if evict_unhealthy {
         TaintEffect::NoExecute
     } else {
