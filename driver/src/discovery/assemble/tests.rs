@@ -231,14 +231,7 @@ fn memory_numa_node_needs_a_local_memory_only_node() {
             kind: NumaKind::GpuMemory,
         });
     }
-    let mut id = IdentitySnapshot {
-        gpus: vec![
-            ident("0000:18:00.0", 0, &[]),
-            ident("0000:1a:00.0", 1, &[]),
-            ident("0000:9a:00.0", 2, &[]),
-        ],
-        ..Default::default()
-    };
+    let mut id = three_gpu_identity();
     let check = |id: &IdentitySnapshot, nodes: [Option<u32>; 3]| {
         let mut id = id.clone();
         for (g, n) in id.gpus.iter_mut().zip(nodes) {
@@ -265,14 +258,7 @@ fn memory_numa_node_needs_a_local_memory_only_node() {
 
 #[test]
 fn mig_pending_and_empty_mig_gpus_warn() {
-    let mut id = IdentitySnapshot {
-        gpus: vec![
-            ident("0000:18:00.0", 0, &[]),
-            ident("0000:1a:00.0", 1, &[]),
-            ident("0000:9a:00.0", 2, &[]),
-        ],
-        ..Default::default()
-    };
+    let mut id = three_gpu_identity();
     id.gpus[0].mig_mode = Some(MigMode {
         current: false,
         pending: true,
@@ -303,4 +289,16 @@ fn two_gpu_host() -> HostTopology {
         pci("0000:18:00.0", "0", None),
         pci("0000:9a:00.0", "1", None),
     ])
+}
+
+/// NVML's view of three GPUs (minors 0 to 2), none of them in MIG mode.
+fn three_gpu_identity() -> IdentitySnapshot {
+    IdentitySnapshot {
+        gpus: vec![
+            ident("0000:18:00.0", 0, &[]),
+            ident("0000:1a:00.0", 1, &[]),
+            ident("0000:9a:00.0", 2, &[]),
+        ],
+        ..Default::default()
+    }
 }
