@@ -61,6 +61,16 @@ pub(crate) struct KubeletFlags {
     #[arg(long, env = "TOPODRA_STATE_DIR")]
     pub(crate) state_dir: Option<PathBuf>,
 
+    /// How often a plugin that serves read-only, because its state directory is
+    /// unusable (read-only, full, lock file not a file), tries the directory again.
+    #[arg(
+        long,
+        env = "TOPODRA_STATE_RETRY_SECONDS",
+        default_value_t = 30,
+        value_parser = clap::value_parser!(u64).range(1..=3600)
+    )]
+    pub(crate) state_retry_seconds: u64,
+
     /// The pod's UID, for socket names that let a new plugin pod register before the
     /// old one is gone (rolling update).
     #[arg(long, env = "POD_UID")]
@@ -349,6 +359,7 @@ mod tests {
             ("kubelet-registry-dir", "TOPODRA_KUBELET_REGISTRY_DIR"),
             ("kubelet-plugins-dir", "TOPODRA_KUBELET_PLUGINS_DIR"),
             ("state-dir", "TOPODRA_STATE_DIR"),
+            ("state-retry-seconds", "TOPODRA_STATE_RETRY_SECONDS"),
             ("pod-uid", "POD_UID"),
             ("cdi-dir", "TOPODRA_CDI_DIR"),
             ("driver-root", "TOPODRA_DRIVER_ROOT"),

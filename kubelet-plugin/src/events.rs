@@ -24,7 +24,7 @@ pub(crate) async fn node_event(
     let event = kube::runtime::events::Event {
         type_: kube::runtime::events::EventType::Warning,
         reason: reason.into(),
-        note: Some(note),
+        note: Some(fit_note(note)),
         action: action.into(),
         secondary: None,
     };
@@ -37,6 +37,23 @@ pub(crate) async fn node_event(
     if let Err(e) = recorder.publish(&event, &node_ref).await {
         tracing::warn!(error = %e, reason, "could not record an event on the node");
     }
+}
+
+/// The API server refuses an Event whose note is over 1 kB (events.k8s.io/v1
+/// validation counts bytes), and the whole Event is lost then. A longer note (many
+/// devices, a long path or error) is cut at a character boundary, and says so.
+const NOTE_LIMIT: usize = 1024;
+
+fn fit_note(note: String) -> String {
+    const CUT: &str = " [...]";
+    if note.len() <= NOTE_LIMIT {
+        return note;
+    }
+    let mut end = NOTE_LIMIT - CUT.len();
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{CUT}", &note[..end])
 }
 
 /// Warning Events on the Node for what recovery found wrong with the node's own
@@ -114,5 +131,27 @@ pub(crate) fn stale_claim_unprepared(
         tokio::spawn(async move {
             node_event(client, &node, "StaleClaimUnprepared", "Unprepare", note).await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notes_fit_the_api_servers_limit() {
+        assert_eq!(fit_note("short".into()), "short");
+        let exact = "x".repeat(NOTE_LIMIT);
+        assert_eq!(fit_note(exact.clone()), exact);
+        for long in [
+            "y".repeat(5000),
+            "\u{e9}".repeat(700),
+            "\u{1f600}".repeat(300),
+        ] {
+            let cut = fit_note(long.clone());
+            assert!(cut.len() <= NOTE_LIMIT, "{}", cut.len());
+            assert!(cut.ends_with(" [...]"));
+            assert!(long.starts_with(cut.trim_end_matches(" [...]")));
+        }
     }
 }

@@ -23,6 +23,8 @@ enum Phase {
         dra: PathBuf,
         registered: Arc<AtomicBool>,
         published: watch::Receiver<PublishStatus>,
+        /// Why it serves read-only, when it does.
+        read_only: Option<String>,
     },
     /// Gave the state to another instance; idles until its pod is deleted.
     HandedOver { to: String },
@@ -58,12 +60,14 @@ impl Lifecycle {
         dra: PathBuf,
         registered: Arc<AtomicBool>,
         published: watch::Receiver<PublishStatus>,
+        read_only: Option<String>,
     ) {
         self.set(Phase::Serving {
             registration,
             dra,
             registered,
             published,
+            read_only,
         });
     }
 
@@ -88,7 +92,9 @@ impl Lifecycle {
         })
     }
 
-    /// Ready once registered with the kubelet and the slices are in sync.
+    /// Ready once registered with the kubelet and the slices are in sync, and not
+    /// while serving read-only: such a pod cannot prepare, and a rolling update
+    /// must not go on as if it could.
     pub(crate) fn ready_check(&self) -> Check {
         let me = self.clone();
         Arc::new(move || {
@@ -102,8 +108,12 @@ impl Lifecycle {
                     Phase::Serving {
                         registered,
                         published,
+                        read_only,
                         ..
                     } => {
+                        if let Some(reason) = read_only {
+                            return Err(format!("serving read-only: {reason}"));
+                        }
                         if !registered.load(Ordering::SeqCst) {
                             return Err("not registered with the kubelet yet".to_owned());
                         }

@@ -15,6 +15,7 @@ pub(crate) struct Metrics {
     registry: Registry,
     claims: Arc<ClaimMetrics>,
     devices: Gauge,
+    read_only: Gauge,
 }
 
 impl Metrics {
@@ -25,10 +26,17 @@ impl Metrics {
         let claims = Arc::new(ClaimMetrics::register(registry));
         let devices = Gauge::default();
         registry.register("devices", "GPUs published by this node", devices.clone());
+        let read_only = Gauge::default();
+        registry.register(
+            "state_read_only",
+            "1 while the plugin serves read-only because it cannot use its state directory (no claim can be prepared)",
+            read_only.clone(),
+        );
         Self {
             registry: base,
             claims,
             devices,
+            read_only,
         }
     }
 
@@ -39,6 +47,10 @@ impl Metrics {
 
     pub(crate) fn set_devices(&self, n: usize) {
         self.devices.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    pub(crate) fn set_read_only(&self, read_only: bool) {
+        self.read_only.set(i64::from(read_only));
     }
 
     /// Counts a connection the HTTP endpoint closed at its connection limit.

@@ -17,6 +17,10 @@
 //!    state back).
 //! 4. The new instance gets the lock, removes the request, reads the checkpoint
 //!    afresh and only then binds its sockets and registers with the kubelet.
+//! 5. An instance that asked and then died (killed right after writing its request)
+//!    never takes the lock. The old owner, idle after the handover, tries the lock
+//!    again once `Timing::abandoned` has passed, and serves again when it is still
+//!    free: the node is without an owner for seconds, not until a restart.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -64,6 +68,10 @@ pub(crate) struct Timing {
     pub(crate) poll: Duration,
     /// How often a waiting instance logs that it is still waiting.
     pub(crate) report: Duration,
+    /// How long after a handover the old owner leaves the lock to the new one
+    /// before it takes the state back. A live waiter retries every `poll`, so it
+    /// has had many tries by then.
+    pub(crate) abandoned: Duration,
 }
 
 impl Default for Timing {
@@ -71,6 +79,7 @@ impl Default for Timing {
         Self {
             poll: Duration::from_millis(200),
             report: Duration::from_secs(10),
+            abandoned: Duration::from_secs(3),
         }
     }
 }
@@ -97,6 +106,23 @@ fn write_atomic(path: &Path, content: &str) -> Result<(), OwnershipError> {
     fs::rename(&tmp, path).map_err(io_err("rename into place", path))
 }
 
+/// Checks that the owner can write `dir`: a lock file can be had on a read-only
+/// mount (or with the disk full) where no checkpoint can be saved, and a checkpoint
+/// that cannot be read would fail the start. Writes and removes a probe file.
+pub(crate) fn probe_writable(dir: &Path) -> Result<(), OwnershipError> {
+    let probe = dir.join(format!(".probe-{}", std::process::id()));
+    let written = File::create(&probe)
+        .and_then(|mut f| f.write_all(b"probe").and_then(|()| f.sync_all()))
+        .map_err(io_err("write", &probe));
+    let _ = fs::remove_file(&probe);
+    written?;
+    let checkpoint = dir.join("checkpoint.json");
+    match fs::File::open(&checkpoint) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err("read", &checkpoint)(e)),
+        _ => Ok(()),
+    }
+}
+
 /// Takes ownership of `dir` for the instance `name`, asking a live owner to hand
 /// over and waiting until it has. Creates `dir` if needed.
 pub(crate) async fn acquire(
@@ -104,15 +130,7 @@ pub(crate) async fn acquire(
     name: &str,
     timing: Timing,
 ) -> Result<Ownership, OwnershipError> {
-    fs::create_dir_all(dir).map_err(io_err("create", dir))?;
-    let lock_path = dir.join(LOCK_FILE);
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(&lock_path)
-        .map_err(io_err("open", &lock_path))?;
+    let (lock_path, file) = open_lock(dir)?;
     let request = dir.join(TAKEOVER_FILE);
     let mut asked = false;
     let started = tokio::time::Instant::now();
@@ -143,6 +161,32 @@ pub(crate) async fn acquire(
         }
         tokio::time::sleep(timing.poll).await;
     }
+    let owned = take(dir, name, &lock_path, file)?;
+    if asked {
+        tracing::info!(
+            waited_ms = started.elapsed().as_millis() as u64,
+            "took over the node state"
+        );
+    }
+    Ok(owned)
+}
+
+fn open_lock(dir: &Path) -> Result<(PathBuf, File), OwnershipError> {
+    fs::create_dir_all(dir).map_err(io_err("create", dir))?;
+    let lock_path = dir.join(LOCK_FILE);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&lock_path)
+        .map_err(io_err("open", &lock_path))?;
+    Ok((lock_path, file))
+}
+
+/// With the lock held: clears requests and names the owner in the lock file.
+fn take(dir: &Path, name: &str, lock_path: &Path, file: File) -> Result<Ownership, OwnershipError> {
+    let request = dir.join(TAKEOVER_FILE);
     // Any request now is ours, answered, or a dead instance's: a live waiter
     // writes its request again, so only fresh ones make this owner hand over.
     match fs::remove_file(&request) {
@@ -153,16 +197,10 @@ pub(crate) async fn acquire(
     }
     let mut owned = &file;
     let stamp = format!("{name} pid {}\n", std::process::id());
-    file.set_len(0).map_err(io_err("truncate", &lock_path))?;
+    file.set_len(0).map_err(io_err("truncate", lock_path))?;
     owned
         .write_all(stamp.as_bytes())
-        .map_err(io_err("write", &lock_path))?;
-    if asked {
-        tracing::info!(
-            waited_ms = started.elapsed().as_millis() as u64,
-            "took over the node state"
-        );
-    }
+        .map_err(io_err("write", lock_path))?;
     Ok(Ownership {
         dir: dir.to_owned(),
         name: name.to_owned(),
@@ -185,6 +223,41 @@ impl Ownership {
     pub(crate) fn name(&self) -> &str {
         &self.name
     }
+
+    /// Lets go of the lock, after a handover. Whoever asked may take it now.
+    pub(crate) fn release(self) -> Released {
+        Released {
+            dir: self.dir,
+            name: self.name,
+        }
+    }
+}
+
+/// A state directory this instance owned and handed over.
+#[derive(Debug)]
+pub(crate) struct Released {
+    dir: PathBuf,
+    name: String,
+}
+
+impl Released {
+    /// Resolves with the ownership again once the lock is still free
+    /// `timing.abandoned` after the handover, or free again later (the new owner
+    /// died): nobody else serves the node then. Never asks: a live owner keeps it.
+    pub(crate) async fn reclaim_when_abandoned(
+        self,
+        timing: Timing,
+    ) -> Result<Ownership, OwnershipError> {
+        tokio::time::sleep(timing.abandoned).await;
+        loop {
+            let (lock_path, file) = open_lock(&self.dir)?;
+            if try_lock(&file).map_err(io_err("lock", &lock_path))? {
+                return take(&self.dir, &self.name, &lock_path, file);
+            }
+            drop(file);
+            tokio::time::sleep(timing.abandoned).await;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -195,6 +268,7 @@ mod tests {
         Timing {
             poll: Duration::from_millis(10),
             report: Duration::from_millis(50),
+            abandoned: Duration::from_millis(100),
         }
     }
 
@@ -278,6 +352,73 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(got.name(), "pod-3");
+    }
+
+    #[tokio::test]
+    async fn a_handover_nobody_takes_comes_back_to_the_old_owner() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = acquire(dir.path(), "pod-old", fast()).await.unwrap();
+        // The new pod asks, then is killed before it takes the lock.
+        write_atomic(&dir.path().join(TAKEOVER_FILE), "pod-killed").unwrap();
+        let who = old.handover_requested(fast()).await;
+        assert_eq!(who, "pod-killed");
+        let released = old.release();
+        let back = tokio::time::timeout(
+            Duration::from_secs(5),
+            released.reclaim_when_abandoned(fast()),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(back.name(), "pod-old");
+        assert!(
+            !dir.path().join(TAKEOVER_FILE).exists(),
+            "the dead pod's request is cleared, so the old owner does not hand over again"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_handover_that_is_taken_stays_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = acquire(dir.path(), "pod-old", fast()).await.unwrap();
+        let path = dir.path().to_owned();
+        let new = tokio::spawn(async move { acquire(&path, "pod-new", fast()).await.unwrap() });
+        old.handover_requested(fast()).await;
+        let released = old.release();
+        let new = tokio::time::timeout(Duration::from_secs(5), new)
+            .await
+            .unwrap()
+            .unwrap();
+        // While the new owner lives, the old one never gets the state back.
+        let reclaim = tokio::spawn(released.reclaim_when_abandoned(fast()));
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(
+            !reclaim.is_finished(),
+            "the old owner took a live owner's state"
+        );
+        // When the new owner dies, the old one serves again.
+        drop(new);
+        let back = tokio::time::timeout(Duration::from_secs(5), reclaim)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(back.name(), "pod-old");
+    }
+
+    #[test]
+    fn a_writable_dir_passes_the_probe_and_keeps_no_probe_file() {
+        let dir = tempfile::tempdir().unwrap();
+        probe_writable(dir.path()).unwrap();
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_lock_file_that_is_a_directory_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir(dir.path().join(LOCK_FILE)).unwrap();
+        let err = acquire(dir.path(), "pod", fast()).await.unwrap_err();
+        assert!(err.to_string().contains("owner.lock"), "{err}");
     }
 
     #[tokio::test]

@@ -16,16 +16,17 @@ use topodra_driver::checkpoint::read_boot_id;
 use topodra_driver::discovery::{self, DiscoveryConfig, NvmlPolicy, TopologyInput};
 use topodra_driver::health::{HealthPolicy, HealthState};
 use topodra_driver::prepare::{Preparer, PreparerConfig};
-use topodra_ops::http::{Endpoints, HttpLimits};
 use topodra_ops::requests::RequestCounter;
 
 pub(crate) use crate::args::ServeArgs;
 use crate::events;
 use crate::health::monitor::{HealthMonitor, MonitorConfig};
 use crate::health::nvml::NvmlOpener;
+use crate::http_endpoint::HttpEndpoint;
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
 use crate::node_driver::NodeDriver;
+use crate::node_state::{self, Owner};
 use crate::ownership;
 use crate::publish::{PoolBuilder, Publisher, PublisherConfig};
 use crate::reconcile::{self, ReconcileConfig};
@@ -78,132 +79,188 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
     let http = HttpEndpoint::start(&args, &metrics, &lifecycle).await?;
 
     // One instance owns the node's state at a time; a rolling update's new pod
-    // waits here until the old one has handed over.
+    // waits here until the old one has handed over. A state directory that cannot
+    // be used is no reason to exit (the container would only restart into the same
+    // error): the instance serves read-only until it can take the state.
     let name = args.instance_name();
     let state_dir = args.state_dir();
-    let ownership = tokio::select! {
-        owned = ownership::acquire(&state_dir, &name, ownership::Timing::default()) => {
-            owned.context("taking ownership of the node state")?
-        }
+    let timing = ownership::Timing::default();
+    let mut owner = tokio::select! {
+        owner = Owner::take(&state_dir, &name, timing) => owner,
         () = shutdown::signal() => {
             tracing::info!("terminated while waiting for the node state");
             http.stop().await;
             return Ok(());
         }
     };
-
-    tracing::info!(owner = ownership.name(), "owns the node state");
-    let preparer = start_preparer(&args, &inventory, cdi, files, boot_id, &client)?;
-    metrics
-        .claims()
-        .set_prepared_devices(preparer.prepared_devices());
-    let stop = serve(
-        &args, inventory, preparer, client, metrics, &lifecycle, &ownership,
-    )
-    .await?;
-    if let Stop::Handover(to) = stop {
-        // Serving has ended and its state is dropped; releasing the lock lets the
-        // new owner read the checkpoint. Exiting would only restart this container.
-        drop(ownership);
-        lifecycle.handed_over(&to);
-        tracing::info!(to = %to, "handed the node state over; idle until this pod is deleted");
-        shutdown::signal().await;
+    let ctx = Setup {
+        args: &args,
+        inventory: &inventory,
+        cdi: &cdi,
+        files: &files,
+        boot_id: &boot_id,
+        client: &client,
+        metrics: &metrics,
+        lifecycle: &lifecycle,
+    };
+    loop {
+        let stop = match &owner {
+            Owner::Owned(ownership) => {
+                tracing::info!(owner = ownership.name(), "owns the node state");
+                match ctx.start_preparer() {
+                    Ok(preparer) => {
+                        metrics.set_read_only(false);
+                        let until = async {
+                            let who = ownership.handover_requested(timing).await;
+                            tracing::info!(to = %who, "handing the node state over to another instance");
+                            Stop::Handover(who)
+                        };
+                        serve(&ctx, preparer, until).await?
+                    }
+                    Err(e) => {
+                        tracing::error!(
+                            error = format!("{e:#}"),
+                            "cannot start from the node state"
+                        );
+                        owner = Owner::ReadOnly(format!("{e:#}"));
+                        continue;
+                    }
+                }
+            }
+            Owner::ReadOnly(reason) => {
+                let preparer = ctx.start_read_only(reason);
+                let until = async {
+                    let retry = Duration::from_secs(args.kubelet.state_retry_seconds);
+                    Stop::StateUsable(
+                        node_state::usable_again(&state_dir, &name, timing, retry).await,
+                    )
+                };
+                serve(&ctx, preparer, until).await?
+            }
+        };
+        owner = match stop {
+            Stop::Terminate => break,
+            Stop::StateUsable(ownership) => {
+                tracing::info!("the node state directory is usable again");
+                Owner::Owned(ownership)
+            }
+            Stop::Handover(to) => {
+                let Owner::Owned(ownership) = owner else {
+                    unreachable!("only an owner is asked to hand over")
+                };
+                // Serving has ended and the state is fenced (nothing here writes it
+                // any more); releasing the lock lets the new owner read the
+                // checkpoint. Exiting would only restart this container.
+                let released = ownership.release();
+                lifecycle.handed_over(&to);
+                tracing::info!(to = %to, "handed the node state over; idle until this pod is deleted");
+                tokio::select! {
+                    () = shutdown::signal() => break,
+                    back = released.reclaim_when_abandoned(timing) => {
+                        tracing::warn!(
+                            to = %to,
+                            "the instance the node state was handed to did not take it, or gave it up; serving again"
+                        );
+                        back.map_or_else(|e| Owner::ReadOnly(e.to_string()), Owner::Owned)
+                    }
+                }
+            }
+        };
     }
     http.stop().await;
     tracing::info!("stopped");
     Ok(())
 }
 
-/// The /metrics, /healthz and /readyz endpoint, served until [`HttpEndpoint::stop`].
-struct HttpEndpoint {
-    stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
+/// What every serving round needs, from the start of the process.
+struct Setup<'a> {
+    args: &'a ServeArgs,
+    inventory: &'a topodra_driver::Inventory,
+    cdi: &'a CdiConfig,
+    files: &'a NvidiaFiles,
+    boot_id: &'a str,
+    client: &'a kube::Client,
+    metrics: &'a Arc<Metrics>,
+    lifecycle: &'a Lifecycle,
 }
 
-impl HttpEndpoint {
-    async fn start(
-        args: &ServeArgs,
-        metrics: &Arc<Metrics>,
-        lifecycle: &Lifecycle,
-    ) -> Result<Self> {
-        let addr = args.http.addr();
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding the HTTP endpoint to {addr}"))?;
-        let endpoints = Endpoints {
-            metrics: {
-                let metrics = metrics.clone();
-                Arc::new(move || metrics.encode())
-            },
-            live: lifecycle.live_check(),
-            ready: lifecycle.ready_check(),
-            rejected: {
-                let metrics = metrics.clone();
-                Arc::new(move || metrics.connection_rejected())
-            },
-        };
-        let limits = HttpLimits {
-            header_read_timeout: Duration::from_secs(args.http.http_header_read_timeout_seconds),
-            max_connections: args.http.http_max_connections as usize,
-        };
-        let (stop, mut stopped) = watch::channel(false);
-        let task = tokio::spawn(topodra_ops::http::serve(
-            listener,
-            endpoints,
-            limits,
-            async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            },
-        ));
-        Ok(Self { stop, task })
+impl Setup<'_> {
+    fn preparer_config(&self) -> PreparerConfig {
+        PreparerConfig {
+            driver_name: self.args.discovery.driver_name.clone(),
+            node_name: self.args.node_name.clone(),
+            state_dir: self.args.state_dir(),
+            boot_id: self.boot_id.to_owned(),
+            cdi_spec_dir: self.args.cdi.cdi_dir.clone(),
+        }
     }
 
-    async fn stop(self) {
-        let _ = self.stop.send(true);
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.task).await;
+    fn device_nodes(&self) -> Box<dyn topodra_driver::cdi::DeviceNodes + Send + Sync> {
+        Box::new(
+            self.cdi
+                .device_nodes()
+                .with_proc_devices(&self.args.cdi.proc_devices),
+        )
     }
-}
 
-/// Recovers the prepared claims from the checkpoint and CDI specs, and records on
-/// the Node what recovery and discovery found wrong.
-fn start_preparer(
-    args: &ServeArgs,
-    inventory: &topodra_driver::Inventory,
-    cdi: CdiConfig,
-    files: NvidiaFiles,
-    boot_id: String,
-    client: &kube::Client,
-) -> Result<Arc<Preparer>> {
-    let (preparer, report) = Preparer::start(
-        &PreparerConfig {
-            driver_name: args.discovery.driver_name.clone(),
-            node_name: args.node_name.clone(),
-            state_dir: args.state_dir(),
-            boot_id,
-            cdi_spec_dir: args.cdi.cdi_dir.clone(),
-        },
-        inventory,
-        Box::new(cdi.device_nodes().with_proc_devices(&args.cdi.proc_devices)),
-        files,
-    )
-    .context("starting the prepare state machine")?;
-    tracing::info!(
-        rebooted = report.rebooted,
-        rolled_back = report.rolled_back.len(),
-        orphan_specs_removed = report.orphan_specs_removed.len(),
-        quarantined = report.quarantined.is_some(),
-        bad_records = report.bad_records.len(),
-        save_failed = report.save_failed.is_some(),
-        "recovered prepared claims"
-    );
-    #[cfg(feature = "crash-points")]
-    let preparer = crate::crash::with_test_crash_at(preparer, &args.crash)?;
-    let (client, node, inventory) = (client.clone(), args.node_name.clone(), inventory.clone());
-    tokio::spawn(async move {
-        events::recovery_events(client.clone(), &node, &report).await;
-        events::mig_events(client, &node, &inventory).await;
-    });
-    Ok(Arc::new(preparer))
+    /// Serves read-only: an Event on the Node, the metric, and a state machine
+    /// that writes nothing to the state directory.
+    fn start_read_only(&self, reason: &str) -> Arc<Preparer> {
+        tracing::error!(
+            reason,
+            "serving read-only: the node state directory is unusable; no claim can be prepared until it is fixed"
+        );
+        self.metrics.set_read_only(true);
+        let (client, node) = (self.client.clone(), self.args.node_name.clone());
+        let note = format!(
+            "the plugin cannot use its state directory {} ({reason}); it serves read-only: \
+             prepared claims can be unprepared, no claim can be prepared until the directory is writable",
+            self.args.state_dir().display()
+        );
+        tokio::spawn(async move {
+            events::node_event(client, &node, "StateDirUnusable", "Start", note).await;
+        });
+        Arc::new(Preparer::start_read_only(
+            &self.preparer_config(),
+            self.inventory,
+            self.device_nodes(),
+            self.files.clone(),
+            reason.to_owned(),
+        ))
+    }
+
+    /// Recovers the prepared claims from the checkpoint and CDI specs, and records
+    /// on the Node what recovery and discovery found wrong.
+    fn start_preparer(&self) -> Result<Arc<Preparer>> {
+        let (preparer, report) = Preparer::start(
+            &self.preparer_config(),
+            self.inventory,
+            self.device_nodes(),
+            self.files.clone(),
+        )
+        .context("starting the prepare state machine")?;
+        tracing::info!(
+            rebooted = report.rebooted,
+            rolled_back = report.rolled_back.len(),
+            orphan_specs_removed = report.orphan_specs_removed.len(),
+            quarantined = report.quarantined.is_some(),
+            bad_records = report.bad_records.len(),
+            save_failed = report.save_failed.is_some(),
+            "recovered prepared claims"
+        );
+        #[cfg(feature = "crash-points")]
+        let preparer = crate::crash::with_test_crash_at(preparer, &self.args.crash)?;
+        let (client, node, inventory) = (
+            self.client.clone(),
+            self.args.node_name.clone(),
+            self.inventory.clone(),
+        );
+        tokio::spawn(async move {
+            events::recovery_events(client.clone(), &node, &report).await;
+            events::mig_events(client, &node, &inventory).await;
+        });
+        Ok(Arc::new(preparer))
+    }
 }
 
 /// Starts the health monitor: NVML events and probes, under the flags' policy.
@@ -232,14 +289,21 @@ fn start_health(
 /// stop or another instance asks for the state; then takes everything down in the
 /// order that loses no work, and says why it stopped.
 async fn serve(
-    args: &ServeArgs,
-    inventory: topodra_driver::Inventory,
+    ctx: &Setup<'_>,
     preparer: Arc<Preparer>,
-    client: kube::Client,
-    metrics: Arc<Metrics>,
-    lifecycle: &Lifecycle,
-    ownership: &ownership::Ownership,
+    until: impl std::future::Future<Output = Stop>,
 ) -> Result<Stop> {
+    let Setup {
+        args,
+        inventory,
+        client,
+        metrics,
+        lifecycle,
+        ..
+    } = *ctx;
+    metrics
+        .claims()
+        .set_prepared_devices(preparer.prepared_devices());
     // What stops after registration, with the plugin's DRA socket.
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let shutdown = || {
@@ -249,9 +313,9 @@ async fn serve(
         }
     };
 
-    let (health_task, health_rx) = start_health(args, &inventory, shutdown());
+    let (health_task, health_rx) = start_health(args, inventory, shutdown());
     let pool = PoolBuilder::new(
-        Arc::new(inventory),
+        Arc::new(inventory.clone()),
         &args.discovery.driver_name,
         &args.node_name,
         args.discovery.numa_node_format,
@@ -260,8 +324,11 @@ async fn serve(
         taint_loop::spawn(health_rx.clone(), pool, args.health.evict_unhealthy);
 
     let sockets = args.sockets();
-    for path in sockets.remove_leftovers(&args.discovery.driver_name).await {
-        tracing::info!(socket = %path.display(), "removed a socket a killed instance left");
+    // Only an owner knows that no other instance serves on them.
+    if preparer.read_only().is_none() {
+        for path in sockets.remove_leftovers(&args.discovery.driver_name).await {
+            tracing::info!(socket = %path.display(), "removed a socket a killed instance left");
+        }
     }
     let api_claims = Arc::new(ApiClaims::new(
         client.clone(),
@@ -281,7 +348,7 @@ async fn serve(
         events::stale_claim_unprepared(client.clone(), args.node_name.clone()),
         shutdown(),
     ));
-    let driver = Arc::new(NodeDriver::new(preparer, health_rx));
+    let driver = Arc::new(NodeDriver::new(preparer.clone(), health_rx));
     let mut plugin = PluginBuilder::new(
         &args.discovery.driver_name,
         &args.node_name,
@@ -297,7 +364,7 @@ async fn serve(
     .start()?;
 
     let publisher_config = PublisherConfig::new(&args.discovery.driver_name, &args.node_name);
-    let publisher = Publisher::new(client, publisher_config, desired_rx);
+    let publisher = Publisher::new(client.clone(), publisher_config, desired_rx);
     let publish_status = publisher.status();
     let publisher_task = tokio::spawn(publisher.run(shutdown()));
     lifecycle.serving(
@@ -305,23 +372,49 @@ async fn serve(
         plugin.sockets().dra.clone(),
         plugin.registered(),
         publish_status,
+        preparer.read_only().map(str::to_owned),
     );
 
     let stop = tokio::select! {
         () = shutdown::signal() => Stop::Terminate,
-        who = ownership.handover_requested(ownership::Timing::default()) => {
-            tracing::info!(to = %who, "handing the node state over to another instance");
-            Stop::Handover(who)
-        }
+        stop = until => stop,
     };
     // Unregister first: with the registration socket gone the kubelet stops sending
     // new claims here, while prepares in flight finish on the DRA socket.
     plugin.unregister().await;
     let _ = shutdown_tx.send(true);
     plugin.stop().await;
-    let _ = tokio::time::timeout(Duration::from_secs(5), publisher_task).await;
-    let _ = tokio::time::timeout(Duration::from_secs(5), health_task).await;
-    let _ = tokio::time::timeout(Duration::from_secs(5), reconcile_task).await;
+    // The drain is shorter than a claim read may take on a slow API server, so a
+    // prepare can still be on its way to the state machine. The fence waits for
+    // every call that is writing and refuses every later one: after it, this
+    // process writes no checkpoint and no CDI spec.
+    let to = match &stop {
+        Stop::Handover(to) => to.clone(),
+        Stop::Terminate | Stop::StateUsable(_) => "the next instance".to_owned(),
+    };
+    let fencing = preparer.clone();
+    if let Err(e) = tokio::task::spawn_blocking(move || fencing.fence(&to)).await {
+        // Only a panic inside the fence gets here; it cannot have let a write through.
+        tracing::error!(error = %e, "fencing the node state");
+    }
+    // Nor anything to the API server: tasks that did not stop in time are aborted.
+    tokio::join!(
+        stop_task("publisher", publisher_task),
+        stop_task("health monitor", health_task),
+        stop_task("stale-claim check", reconcile_task),
+    );
     taints_task.abort();
     Ok(stop)
+}
+
+/// Waits a few seconds for `task` to end after its shutdown signal, then aborts it.
+async fn stop_task(what: &str, mut task: JoinHandle<()>) {
+    if tokio::time::timeout(Duration::from_secs(5), &mut task)
+        .await
+        .is_err()
+    {
+        tracing::warn!(task = what, "did not stop within 5 s; aborted");
+        task.abort();
+        let _ = task.await;
+    }
 }

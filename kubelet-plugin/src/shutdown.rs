@@ -1,12 +1,17 @@
 //! How serving ends: a signal from the kubelet's side (the pod is deleted), or
 //! another instance asking for the node state.
 
+use crate::ownership::Ownership;
+
 /// Why serving ended.
 pub(crate) enum Stop {
     /// SIGTERM or SIGINT: the pod is being deleted.
     Terminate,
     /// Another instance (the new pod of a rolling update) asked for the node state.
     Handover(String),
+    /// Serving read-only, this instance took ownership of a usable state directory:
+    /// it serves again from the state.
+    StateUsable(Ownership),
 }
 
 /// Waits for SIGTERM or SIGINT; never returns when neither can be listened for.

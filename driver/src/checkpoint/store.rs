@@ -163,6 +163,29 @@ impl CheckpointStore {
         }
     }
 
+    /// Reads the checkpoint and changes nothing on disk: no temp file removed, no
+    /// corrupt file moved aside. For a process that may not write the directory (it
+    /// could not take ownership of it) and serves what it finds, read-only. A
+    /// missing, unreadable or corrupt file gives an empty checkpoint, with why.
+    pub(crate) fn read_only(&self, current_boot_id: &str) -> (Checkpoint, Option<String>) {
+        let parsed = match fs::symlink_metadata(&self.path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return (Checkpoint::new(current_boot_id), None);
+            }
+            Err(e) => Err(format!("cannot inspect {}: {e}", self.path.display())),
+            Ok(meta) if !meta.is_file() => {
+                Err(CorruptReason::NotAFile(file_kind(&meta)).to_string())
+            }
+            Ok(_) => read_capped(&self.path)
+                .map_err(|e| format!("cannot read {}: {e}", self.path.display()))
+                .and_then(|bytes| parse(&bytes).map_err(|r| r.to_string())),
+        };
+        match parsed {
+            Ok(checkpoint) => (checkpoint, None),
+            Err(why) => (Checkpoint::new(current_boot_id), Some(why)),
+        }
+    }
+
     /// This process's temp file.
     pub(crate) fn temp_path(&self) -> PathBuf {
         self.dir

@@ -96,6 +96,20 @@ pub enum ClaimError {
     #[error("recording the claim in the checkpoint: {0}")]
     Checkpoint(#[from] CheckpointError),
 
+    /// This process gave the node's state to another instance (a rolling update):
+    /// it may no longer write it. The kubelet retries, and reaches the new owner.
+    #[error(
+        "this plugin instance handed the node state over to {to}; retry reaches the new instance"
+    )]
+    HandedOver { to: String },
+
+    /// The plugin could not take ownership of its state directory and serves
+    /// read-only: known claims can be unprepared, nothing new prepared.
+    #[error(
+        "the plugin's state directory is unusable ({reason}); no claim can be prepared on this node until it is fixed"
+    )]
+    StateUnusable { reason: String },
+
     /// Only from a crash point set for fault-injection tests: the process stopped
     /// here on purpose, leaving state as a crash would.
     #[cfg(feature = "crash-points")]
@@ -119,6 +133,8 @@ impl ClaimError {
             Self::Internal { .. } => "internal",
             Self::Cdi(_) => "cdi",
             Self::Checkpoint(_) => "checkpoint",
+            Self::HandedOver { .. } => "handed_over",
+            Self::StateUnusable { .. } => "state_unusable",
             #[cfg(feature = "crash-points")]
             Self::Crashed(_) => "crashed",
         }

@@ -9,6 +9,12 @@
 //! Devices are locked one by one, so claims on disjoint GPUs proceed in parallel;
 //! checkpoint writes are serialized, and memory is only updated after the disk is.
 //! Every error is per claim: the caller answers each claim of a batch separately.
+//!
+//! A handover is a fence ([`Preparer::fence`]): once it returns, every prepare and
+//! unprepare that was under way has finished, and every later one is refused
+//! without touching the checkpoint or the CDI directory. A prepare that was still
+//! waiting for its claim on a slow API server when this process gave the node's
+//! state away can therefore never overwrite what the new owner recorded since.
 
 #[cfg(feature = "crash-points")]
 mod crash;
@@ -19,7 +25,7 @@ mod recovery;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
@@ -60,6 +66,13 @@ pub struct Preparer {
     files: NvidiaFiles,
     store: CheckpointStore,
     state: Mutex<Checkpoint>,
+    /// `Some(new owner)` once the state is handed over. Every prepare and unprepare
+    /// holds the read side for as long as it runs, so taking the write side (in
+    /// `fence`) waits for all of them.
+    fence: RwLock<Option<String>>,
+    /// Why the state directory may not be written, when it may not
+    /// ([`Preparer::start_read_only`]).
+    read_only: Option<String>,
     #[cfg(feature = "crash-points")]
     crash_hook: Option<CrashHook>,
 }
@@ -90,12 +103,55 @@ impl Preparer {
         );
         let (checkpoint, report) =
             recovery::recover(&store, &writer, &config.boot_id, &config.node_name)?;
+        let preparer = Self::assemble(config, inventory, nodes, files, store, writer, checkpoint);
+        Ok((preparer, report))
+    }
+
+    /// Starts without writing the state directory, for a process that could not
+    /// take ownership of it (read-only, full, or its lock file unusable): the
+    /// checkpoint is read as it is, recovery is left to the next owner, every
+    /// prepare is refused with `reason`, and unprepare removes a known claim's CDI
+    /// spec and forgets its record in memory only. The checkpoint on disk keeps the
+    /// record, so the GPUs stay held for the next owner until its stale-claim check
+    /// finds the claim gone; never the reverse, a GPU handed out twice.
+    pub fn start_read_only(
+        config: &PreparerConfig,
+        inventory: &Inventory,
+        nodes: Box<dyn DeviceNodes + Send + Sync>,
+        files: NvidiaFiles,
+        reason: String,
+    ) -> Self {
+        let store = CheckpointStore::new(&config.state_dir);
+        let writer = SpecWriter::new(
+            &config.cdi_spec_dir,
+            cdi::CdiKind::for_driver(&config.driver_name),
+        );
+        let (mut checkpoint, unreadable) = store.read_only(&config.boot_id);
+        if let Some(why) = unreadable {
+            tracing::error!(error = %why, "checkpoint not readable; serving read-only with no known claims");
+        }
+        checkpoint::after_reboot(&mut checkpoint, &config.boot_id);
+        Self {
+            read_only: Some(reason),
+            ..Self::assemble(config, inventory, nodes, files, store, writer, checkpoint)
+        }
+    }
+
+    fn assemble(
+        config: &PreparerConfig,
+        inventory: &Inventory,
+        nodes: Box<dyn DeviceNodes + Send + Sync>,
+        files: NvidiaFiles,
+        store: CheckpointStore,
+        writer: SpecWriter,
+        checkpoint: Checkpoint,
+    ) -> Self {
         let gpus: BTreeMap<String, AllocatableDevice> = inventory
             .allocatable()
             .into_iter()
             .map(|d| (d.name(), d))
             .collect();
-        let preparer = Self {
+        Self {
             driver_name: config.driver_name.clone(),
             pool: config.node_name.clone(),
             locks: locks::DeviceLocks::new(gpus.keys().cloned()),
@@ -105,10 +161,16 @@ impl Preparer {
             files,
             store,
             state: Mutex::new(checkpoint),
+            fence: RwLock::new(None),
+            read_only: None,
             #[cfg(feature = "crash-points")]
             crash_hook: None,
-        };
-        Ok((preparer, report))
+        }
+    }
+
+    /// Why this state machine serves read-only, if it does.
+    pub fn read_only(&self) -> Option<&str> {
+        self.read_only.as_deref()
     }
 
     fn state(&self) -> MutexGuard<'_, Checkpoint> {
@@ -147,6 +209,35 @@ impl Preparer {
         }
     }
 
+    /// Stops this process from writing the node's state, for the instance `to`
+    /// that takes it over: waits until every prepare and unprepare in flight has
+    /// returned, then refuses all later ones with [`ClaimError::HandedOver`]. Call
+    /// it before letting go of the ownership lock. Blocks; idempotent.
+    pub fn fence(&self, to: &str) {
+        let mut fence = self.fence.write().unwrap_or_else(PoisonError::into_inner);
+        if fence.is_none() {
+            *fence = Some(to.to_owned());
+        }
+    }
+
+    /// Whether [`Preparer::fence`] has been called.
+    pub fn is_fenced(&self) -> bool {
+        self.fence
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+
+    /// The read side of the fence, held by a call for as long as it may write;
+    /// refused once the state is handed over.
+    fn owned(&self) -> Result<RwLockReadGuard<'_, Option<String>>, ClaimError> {
+        let fence = self.fence.read().unwrap_or_else(PoisonError::into_inner);
+        match fence.as_ref() {
+            Some(to) => Err(ClaimError::HandedOver { to: to.clone() }),
+            None => Ok(fence),
+        }
+    }
+
     /// A copy of the current checkpoint.
     pub fn checkpoint(&self) -> Checkpoint {
         self.state().clone()
@@ -164,6 +255,12 @@ impl Preparer {
         claim_ref: &ClaimRef,
         claim: &ResourceClaim,
     ) -> Result<Vec<PreparedDevice>, ClaimError> {
+        let _owned = self.owned()?;
+        if let Some(reason) = &self.read_only {
+            return Err(ClaimError::StateUnusable {
+                reason: reason.clone(),
+            });
+        }
         let ctx = plan::Context {
             driver_name: &self.driver_name,
             pool: &self.pool,
@@ -266,6 +363,7 @@ impl Preparer {
     /// Unprepares a claim by UID, from the checkpoint alone. Idempotent: an unknown
     /// claim is already unprepared.
     pub fn unprepare(&self, uid: &str) -> Result<(), ClaimError> {
+        let _owned = self.owned()?;
         let devices: Vec<String> = match self.state().get(uid) {
             Some(record) => record.devices.iter().map(|d| d.device.clone()).collect(),
             None => Vec::new(),
@@ -275,6 +373,15 @@ impl Preparer {
         // spec is gone, which the next unprepare finishes; the reverse would leave a
         // spec that no record owns until the next start.
         self.writer.remove(uid)?;
+        if self.read_only.is_some() {
+            if self.state().remove(uid).is_some() {
+                tracing::warn!(
+                    claim = uid,
+                    "unprepared read-only: the record stays in the checkpoint on disk"
+                );
+            }
+            return Ok(());
+        }
         if self.state().get(uid).is_some() {
             self.update(|cp| Ok::<_, ClaimError>(cp.remove(uid)))?;
         }

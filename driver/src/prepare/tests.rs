@@ -346,6 +346,164 @@ fn unprepare_is_idempotent_and_removes_the_spec() {
     assert!(p.checkpoint().claims.is_empty());
 }
 
+/// The split brain of a slow handover: the old owner's prepare of A was waiting on
+/// the API server while the new owner prepared B on the same GPU. When A's answer
+/// finally comes, the old process must write nothing: neither its checkpoint (which
+/// would drop B's record) nor a spec.
+#[test]
+fn after_the_fence_nothing_is_written_and_the_new_owner_keeps_its_claims() {
+    let node = Node::new(4);
+    let old = node.start();
+    old.prepare(&claim_ref("u-kept"), &claim("u-kept", &[0]))
+        .unwrap();
+    old.fence("pod-new");
+    assert!(old.is_fenced());
+    let new = node.start();
+    new.prepare(&claim_ref("u-b"), &claim("u-b", &[3])).unwrap();
+    let before = std::fs::read(node.dir.path().join("state/checkpoint.json")).unwrap();
+
+    let late = old.prepare(&claim_ref("u-a"), &claim("u-a", &[3]));
+    assert!(
+        matches!(&late, Err(ClaimError::HandedOver { to }) if to == "pod-new"),
+        "{late:?}"
+    );
+    assert_eq!(late.unwrap_err().kind(), "handed_over");
+    assert!(matches!(
+        old.unprepare("u-kept"),
+        Err(ClaimError::HandedOver { .. })
+    ));
+    assert_eq!(
+        std::fs::read(node.dir.path().join("state/checkpoint.json")).unwrap(),
+        before,
+        "the fenced process saved nothing"
+    );
+    assert_eq!(
+        node.spec_files(),
+        [
+            "k8s.gpu.topodra.dev-claim_u-b.json",
+            "k8s.gpu.topodra.dev-claim_u-kept.json"
+        ]
+    );
+    // The new owner's next start keeps B, and gpu-3 stays B's.
+    let restarted = node.start();
+    assert!(restarted.checkpoint().claims.contains_key("u-b"));
+    assert!(matches!(
+        restarted.prepare(&claim_ref("u-c"), &claim("u-c", &[3])),
+        Err(ClaimError::DeviceInUse(_))
+    ));
+}
+
+#[test]
+fn the_fence_waits_for_calls_in_flight() {
+    let node = Node::new(1);
+    let p = Arc::new(node.start());
+    // A call in flight holds the read side for as long as it may write.
+    let in_flight = p.owned().unwrap();
+    let fenced = Arc::new(AtomicBool::new(false));
+    let fencer = {
+        let (p, fenced) = (p.clone(), fenced.clone());
+        std::thread::spawn(move || {
+            p.fence("pod-new");
+            fenced.store(true, Ordering::SeqCst);
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(
+        !fenced.load(Ordering::SeqCst),
+        "the fence went up under a call in flight"
+    );
+    drop(in_flight);
+    fencer.join().unwrap();
+    assert!(fenced.load(Ordering::SeqCst));
+    // Idempotent: a second fence keeps the first owner's name.
+    p.fence("pod-other");
+    assert!(matches!(
+        p.unprepare("u1"),
+        Err(ClaimError::HandedOver { to }) if to == "pod-new"
+    ));
+}
+
+#[test]
+fn a_read_only_start_prepares_nothing_and_unprepares_known_claims() {
+    let node = Node::new(2);
+    node.start()
+        .prepare(&claim_ref("u1"), &claim("u1", &[0]))
+        .unwrap();
+    // A leftover temp file and a stale spec stay: recovery is the next owner's.
+    let state = node.dir.path().join("state");
+    std::fs::write(state.join("checkpoint.json.tmp-1"), "half").unwrap();
+    let before = std::fs::read(state.join("checkpoint.json")).unwrap();
+    let p = Preparer::start_read_only(
+        &node.config("boot-1"),
+        &inventory(2),
+        Box::new(TableDeviceNodes::nvidia(0..2, 509)),
+        nvidia_files(),
+        "cannot open owner.lock: Read-only file system".into(),
+    );
+    assert_eq!(
+        p.read_only(),
+        Some("cannot open owner.lock: Read-only file system")
+    );
+    assert!(
+        p.checkpoint().claims.contains_key("u1"),
+        "known claims are read"
+    );
+
+    let refused = p.prepare(&claim_ref("u2"), &claim("u2", &[1])).unwrap_err();
+    assert_eq!(refused.kind(), "state_unusable");
+    assert!(
+        refused.to_string().contains("Read-only file system"),
+        "{refused}"
+    );
+    assert_eq!(
+        p.prepare(&claim_ref("u1"), &claim("u1", &[0]))
+            .unwrap_err()
+            .kind(),
+        "state_unusable"
+    );
+
+    p.unprepare("u1").unwrap();
+    assert!(
+        node.spec_files().is_empty(),
+        "the container can no longer get the GPU"
+    );
+    assert!(p.checkpoint().claims.is_empty());
+    assert_eq!(
+        std::fs::read(state.join("checkpoint.json")).unwrap(),
+        before,
+        "nothing written to the state directory"
+    );
+    assert!(state.join("checkpoint.json.tmp-1").exists());
+    // The next owner still holds the GPU for u1 until it learns the claim is gone.
+    let owner = node.start();
+    assert!(owner.checkpoint().claims.contains_key("u1"));
+}
+
+#[test]
+fn a_read_only_start_leaves_a_corrupt_checkpoint_where_it_is() {
+    let node = Node::new(1);
+    let state = node.dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::write(state.join("checkpoint.json"), "{not json").unwrap();
+    let p = Preparer::start_read_only(
+        &node.config("boot-1"),
+        &inventory(1),
+        Box::new(TableDeviceNodes::nvidia(0..1, 509)),
+        nvidia_files(),
+        "test".into(),
+    );
+    assert!(p.checkpoint().claims.is_empty());
+    assert_eq!(
+        std::fs::read(state.join("checkpoint.json")).unwrap(),
+        b"{not json"
+    );
+    assert_eq!(
+        std::fs::read_dir(&state).unwrap().count(),
+        1,
+        "no quarantine copy"
+    );
+}
+
 #[test]
 fn unprepare_after_restart_needs_only_the_checkpoint() {
     let node = Node::new(2);

@@ -108,10 +108,37 @@ impl Plugin {
         env: &[(&str, &str)],
         http: SocketAddr,
     ) -> Self {
+        let cmd = Command::new(env!("CARGO_BIN_EXE_topodra-kubelet-plugin"));
+        Self::spawn(cmd, node, kubeconfig, env, http)
+    }
+
+    /// Like [`Plugin::start`], in a mount namespace of its own where the shell
+    /// commands `setup` ran first (to mount a read-only or full file system over a
+    /// directory, say). [`can_unshare_mounts`] says whether this works here.
+    pub fn start_in_mount_namespace(
+        node: &NodeDirs,
+        kubeconfig: &Path,
+        env: &[(&str, &str)],
+        setup: &str,
+    ) -> Self {
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--mount", "--propagation", "private", "sh", "-ec"])
+            .arg(format!("{setup}\nexec \"$@\""))
+            .arg("sh")
+            .arg(env!("CARGO_BIN_EXE_topodra-kubelet-plugin"));
+        Self::spawn(cmd, node, kubeconfig, env, "127.0.0.1:0".parse().unwrap())
+    }
+
+    fn spawn(
+        mut cmd: Command,
+        node: &NodeDirs,
+        kubeconfig: &Path,
+        env: &[(&str, &str)],
+        http: SocketAddr,
+    ) -> Self {
         static STARTED: AtomicUsize = AtomicUsize::new(0);
         let n = STARTED.fetch_add(1, Ordering::Relaxed);
         let log = node.path(&format!("plugin-{n}.log"));
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_topodra-kubelet-plugin"));
         cmd.arg("serve")
             .arg(format!("--node-name={}", node.name))
             .arg(format!(
@@ -250,6 +277,18 @@ impl Drop for Plugin {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Whether this process may make a mount namespace and mount in it (root, or the
+/// capability), as [`Plugin::start_in_mount_namespace`] needs.
+pub fn can_unshare_mounts() -> bool {
+    Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg("mount -t tmpfs -o size=4k tmpfs /mnt")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// A plain HTTP/1 GET on loopback; `None` when nothing answers.

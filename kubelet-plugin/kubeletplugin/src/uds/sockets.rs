@@ -43,8 +43,14 @@ impl PluginSockets {
     pub async fn remove_leftovers(&self, driver_name: &str) -> Vec<PathBuf> {
         let registration_name = format!("{driver_name}-reg.sock");
         let prefix = format!("{driver_name}-");
+        // Only `<driver>-<pod UID>-reg.sock` is a rolling-update name of ours:
+        // `gpu.example.com-canary-reg.sock` is the socket of another driver, one
+        // whose name starts with ours, and must be left alone.
         let registration = |n: &str| {
-            n == registration_name || (n.starts_with(&prefix) && n.ends_with("-reg.sock"))
+            n == registration_name
+                || n.strip_prefix(&prefix)
+                    .and_then(|rest| rest.strip_suffix("-reg.sock"))
+                    .is_some_and(is_pod_uid)
         };
         let dra = |n: &str| n == "dra.sock" || (n.starts_with("dra-") && n.ends_with(".sock"));
         let mut removed = Vec::new();
@@ -60,9 +66,67 @@ impl PluginSockets {
     }
 }
 
+/// Whether `s` has the form of a pod UID: a UUID in its 36-character text form, as
+/// the API server assigns them.
+fn is_pod_uid(s: &str) -> bool {
+    s.len() == 36
+        && s.char_indices().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => c == '-',
+            _ => c.is_ascii_hexdigit(),
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_uuid_shaped_names_are_pod_uids() {
+        assert!(is_pod_uid("0b5e7a8c-3f7d-4d3e-9a61-1c2b3d4e5f60"));
+        for not in [
+            "canary",
+            "",
+            "0b5e7a8c-3f7d-4d3e-9a61-1c2b3d4e5f6",
+            "0b5e7a8c-3f7d-4d3e-9a61-1c2b3d4e5f600",
+            "0b5e7a8c+3f7d-4d3e-9a61-1c2b3d4e5f60",
+            "0b5e7a8c-3f7d-4d3e-9a61-1c2b3d4e5fzz",
+            "canary-0b5e7a8c-3f7d-4d3e-9a61-1c2b3d4e5f60",
+        ] {
+            assert!(!is_pod_uid(not), "{not:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn leftovers_are_only_this_drivers_sockets() {
+        let dir = tempfile::tempdir().unwrap();
+        let (reg, plugins) = (dir.path().join("registry"), dir.path().join("plugins"));
+        let own = "0b5e7a8c-3f7d-4d3e-9a61-1c2b3d4e5f60";
+        let s = PluginSockets::new(&reg, &plugins, "gpu.x", Some(own));
+        std::fs::create_dir_all(&reg).unwrap();
+        let bind = |name: &str| {
+            drop(std::os::unix::net::UnixListener::bind(reg.join(name)).unwrap());
+        };
+        let killed = "gpu.x-11111111-2222-3333-4444-555555555555-reg.sock";
+        for name in [
+            killed,
+            "gpu.x-reg.sock",
+            "gpu.x-canary-reg.sock",
+            "gpu.x-canary-11111111-2222-3333-4444-555555555555-reg.sock",
+            "gpu.xy-reg.sock",
+        ] {
+            bind(name);
+        }
+        let mut removed: Vec<String> = s
+            .remove_leftovers("gpu.x")
+            .await
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        removed.sort();
+        assert_eq!(removed, [killed, "gpu.x-reg.sock"]);
+        assert!(reg.join("gpu.x-canary-reg.sock").exists());
+        assert!(reg.join("gpu.xy-reg.sock").exists());
+    }
 
     #[test]
     fn names_carry_the_pod_uid_when_there_is_one() {
