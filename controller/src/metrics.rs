@@ -6,7 +6,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use topodra_driver::capacity::{Cluster, Level, SET_SIZES};
+use topodra_driver::capacity::{Cluster, Finding, Level, SET_SIZES};
 use topodra_ops::metrics::Registry;
 use topodra_ops::requests::RequestCounter;
 
@@ -25,6 +25,18 @@ struct FitLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResourceLabels {
     resource: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LevelLabels {
+    /// The attribute's level: `numaNode`, `socket`, ...
+    level: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    /// `nodes_differ`, `duplicate_devices`.
+    reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -48,6 +60,9 @@ pub(crate) struct Metrics {
     watch_errors: Family<ResourceLabels, Counter>,
     writes: Family<WriteLabels, Counter>,
     writes_skipped: Counter,
+    invalid_values: Family<LevelLabels, Counter>,
+    pool_skips: Family<ReasonLabels, Counter>,
+    skipped_pools: Gauge,
 }
 
 impl Metrics {
@@ -65,6 +80,9 @@ impl Metrics {
             watch_errors: Family::default(),
             writes: Family::default(),
             writes_skipped: Counter::default(),
+            invalid_values: Family::default(),
+            pool_skips: Family::default(),
+            skipped_pools: Gauge::default(),
         };
         let registry = m.registry.registry_mut();
         registry.register(
@@ -117,7 +135,40 @@ impl Metrics {
             "NodeResourceTopology writes skipped because the object already held the content",
             m.writes_skipped.clone(),
         );
+        registry.register(
+            "invalid_slice_values",
+            "Topology values in ResourceSlices that no plugin of ours publishes, ignored (the device counts as not carrying the attribute), by level; counted once per slice version that brings one",
+            m.invalid_values.clone(),
+        );
+        registry.register(
+            "pool_skips",
+            "Times a complete ResourceSlice pool was left out of the model (none of its devices count), by reason (nodes_differ, duplicate_devices)",
+            m.pool_skips.clone(),
+        );
+        registry.register(
+            "skipped_pools",
+            "Complete ResourceSlice pools left out of the model now",
+            m.skipped_pools.clone(),
+        );
         m
+    }
+
+    /// Counts what the model did not take from a slice.
+    pub(crate) fn finding(&self, finding: &Finding) {
+        match finding {
+            Finding::InvalidValue { value, .. } => {
+                let level = value.level.as_str();
+                self.invalid_values
+                    .get_or_create(&LevelLabels { level })
+                    .inc();
+            }
+            Finding::PoolSkipped { problem, .. } => {
+                let reason = problem.reason();
+                self.pool_skips
+                    .get_or_create(&ReasonLabels { reason })
+                    .inc();
+            }
+        }
     }
 
     /// Sets the capacity gauges from the model.
@@ -134,6 +185,8 @@ impl Metrics {
                 .set(i64::from(n));
         }
         self.nodes.set(cluster.nodes().count() as i64);
+        self.skipped_pools
+            .set(cluster.skipped_pools().count() as i64);
         let levels = std::iter::once(None).chain(Level::ALL.map(Some));
         for level in levels {
             let name = level.map_or("node", Level::as_str);
@@ -190,5 +243,40 @@ impl Metrics {
 
     pub(crate) fn encode(&self) -> String {
         self.registry.encode()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use topodra_driver::capacity::{InvalidValue, PoolProblem};
+
+    use super::*;
+
+    #[test]
+    fn findings_are_counted_by_level_and_reason() {
+        let m = Metrics::new(&RequestCounter::new());
+        m.finding(&Finding::InvalidValue {
+            slice: "s".into(),
+            device: "d".into(),
+            value: InvalidValue {
+                level: Level::NumaNode,
+                value: "int -1".into(),
+            },
+        });
+        m.finding(&Finding::PoolSkipped {
+            pool: "p".into(),
+            problem: PoolProblem::NodesDiffer {
+                nodes: vec!["a".into(), "b".into()],
+            },
+        });
+        m.observe_cluster(&Cluster::new("gpu.topodra.dev"));
+        let text = m.encode();
+        for line in [
+            "topodra_controller_invalid_slice_values_total{level=\"numaNode\"} 1",
+            "topodra_controller_pool_skips_total{reason=\"nodes_differ\"} 1",
+            "topodra_controller_skipped_pools 0",
+        ] {
+            assert!(text.contains(line), "{line} not in\n{text}");
+        }
     }
 }

@@ -4,7 +4,7 @@
 //! the nodes.
 
 use serde_json::{Value, json};
-use topodra_driver::capacity::{Level, NodeSummary};
+use topodra_driver::capacity::{Level, MAX_NUMA_NODE, NodeSummary};
 
 pub const GROUP: &str = "topology.node.k8s.io";
 pub const VERSION: &str = "v1alpha2";
@@ -47,17 +47,18 @@ impl NrtOptions {
 /// updater name them (consumers parse the id from it): capacity is every GPU there,
 /// allocatable the ones not unhealthy or tainted, available the free ones.
 /// `None` when the node's GPUs carry no NUMA node: no zone can be said.
+///
+/// The capacity model only groups by NUMA node ids a kernel can have; a summary made
+/// some other way gets no zone for any other key, so a zone name is always
+/// `node-<0..=1023>`.
 pub fn desired(summary: &NodeSummary, node_uid: &str, opts: &NrtOptions) -> Option<Value> {
-    let groups = summary.groups(Level::NumaNode);
-    if groups.is_empty() {
-        return None;
-    }
-    let zones: Vec<Value> = groups
+    let zones: Vec<Value> = summary
+        .groups(Level::NumaNode)
         .iter()
-        .map(|g| {
-            let c = g.counts;
+        .filter_map(|g| Some((numa_id(&g.key)?, g.counts)))
+        .map(|(id, c)| {
             json!({
-                "name": format!("node-{}", g.key),
+                "name": format!("node-{id}"),
                 "type": "Node",
                 "resources": [{
                     "name": opts.resource_name,
@@ -68,6 +69,9 @@ pub fn desired(summary: &NodeSummary, node_uid: &str, opts: &NrtOptions) -> Opti
             })
         })
         .collect();
+    if zones.is_empty() {
+        return None;
+    }
     Some(json!({
         "apiVersion": format!("{GROUP}/{VERSION}"),
         "kind": KIND,
@@ -91,6 +95,15 @@ pub fn desired(summary: &NodeSummary, node_uid: &str, opts: &NrtOptions) -> Opti
         ],
         "zones": zones,
     }))
+}
+
+/// A NUMA node id, as a number: the zone name is built from it, never from the text.
+/// Only the canonical decimal form counts (not `+1` or `01`), so two groups never
+/// give one zone name.
+fn numa_id(key: &str) -> Option<u16> {
+    key.parse()
+        .ok()
+        .filter(|id: &u16| i64::from(*id) <= MAX_NUMA_NODE && id.to_string() == key)
 }
 
 /// Whether `existing` (as read from the API server) already holds everything
@@ -117,7 +130,7 @@ fn contains(have: &Value, want: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::resource::v1::DeviceTaint;
-    use topodra_driver::capacity::Cluster;
+    use topodra_driver::capacity::{Cluster, Group};
 
     use super::*;
     use crate::fixtures::{gpu_slice, nrt_options};
@@ -181,6 +194,43 @@ mod tests {
             .unwrap()
             .push(json!({"name": "node-2", "type": "Node"}));
         assert!(!up_to_date(&extra, &want));
+    }
+
+    #[test]
+    fn zones_are_named_by_numa_ids_only() {
+        let mut s = summary();
+        let numa = s.levels.get_mut(&Level::NumaNode).unwrap();
+        let template = numa[0].clone();
+        for key in [
+            "-1",
+            "9223372036854775807",
+            "1024",
+            "0.0.0",
+            "0\n\u{1b}[31m",
+            "../../x",
+            "+1",
+            "01",
+        ] {
+            let mut g = template.clone();
+            g.key = key.to_owned();
+            numa.push(g);
+        }
+        let v = desired(&s, "uid-1", &nrt_options()).unwrap();
+        let names: Vec<&str> = v["zones"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|z| z["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["node-0", "node-1"]);
+        s.levels.insert(
+            Level::NumaNode,
+            vec![Group {
+                key: "x\n".into(),
+                counts: template.counts,
+            }],
+        );
+        assert!(desired(&s, "uid-1", &nrt_options()).is_none());
     }
 
     #[test]

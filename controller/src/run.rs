@@ -194,6 +194,7 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
                 Some(Ok(input)) => {
                     metrics.watch_event(input.resource());
                     state.apply(input);
+                    report_findings(&mut state, &metrics);
                     if flush_at.is_none() {
                         flush_at = Some(Instant::now() + delay);
                     }
@@ -265,6 +266,16 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
     let _ = http_stop.send(true);
     let _ = http.await;
     Ok(())
+}
+
+/// Logs and counts what the model did not take from the slices: ignored values and
+/// skipped pools. Each is reported once, when it appears, so a relist does not repeat
+/// them; the names in the message are quoted and escaped, since they come from slices.
+fn report_findings(state: &mut State, metrics: &Metrics) {
+    for finding in state.cluster.take_findings() {
+        metrics.finding(&finding);
+        warn!(%finding, "ResourceSlice content not taken into the capacity model");
+    }
 }
 
 /// One streaming watch per resource: the initial state arrives as watch events, with

@@ -10,6 +10,7 @@ use topodra_controller::pending::{self, EVENT_REASON, Source};
 use topodra_driver::capacity::{Cluster, Demand, Explanation};
 
 use crate::table::Table;
+use crate::terminal::escape;
 
 /// How many candidate nodes a demand lists before "and N more".
 const LISTED: usize = 10;
@@ -141,8 +142,9 @@ fn scheduling(pod: &Pod) -> String {
     }
 }
 
+/// One `Label: value` line; the value comes from API objects, so it is escaped.
 fn field(out: &mut String, label: &str, value: &str) {
-    out.push_str(&format!("{:<12} {value}\n", format!("{label}:")));
+    out.push_str(&format!("{:<12} {}\n", format!("{label}:"), escape(value)));
 }
 
 fn pod_id(pod: &Pod) -> String {
@@ -159,8 +161,9 @@ pub(crate) fn scheduled(pod: &Pod) -> Option<String> {
     let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
     node.filter(|n| !n.is_empty()).map(|node| {
         format!(
-            "Pod {} is scheduled on node {node}: it waits for no GPU.\n",
-            pod_id(pod)
+            "Pod {} is scheduled on node {}: it waits for no GPU.\n",
+            escape(&pod_id(pod)),
+            escape(node)
         )
     })
 }
@@ -194,7 +197,11 @@ pub(crate) fn explain_pod(
         } else {
             ""
         };
-        out.push_str(&format!("Pod {id} waits for no GPU of {driver}{yet}.\n"));
+        out.push_str(&format!(
+            "Pod {} waits for no GPU of {}{yet}.\n",
+            escape(&id),
+            escape(driver)
+        ));
         field(&mut out, "Scheduling", &scheduling(pod));
         if others.is_empty() {
             out.push_str("It has no resource claims, and asks for no extended resource of our device classes.\n");
@@ -213,7 +220,7 @@ pub(crate) fn explain_pod(
             Source::Claim(name) => format!("Claim {name}"),
             Source::ExtendedResource(r) => format!("Extended resource {r}"),
         };
-        out.push_str(&format!("{title}: {}\n", demand.describe()));
+        out.push_str(&format!("{}: {}\n", escape(&title), demand.describe()));
         out.push_str(&candidates(demand, explanation));
     }
     if !others.is_empty() {
@@ -244,10 +251,12 @@ fn candidates(demand: &Demand, e: &Explanation) -> String {
             (Some(b), Some(_)) => out.push_str(&format!(
                 "  Largest aligned free set: {} ({}, {})\n",
                 b.free,
-                b.node,
-                b.group.as_deref().unwrap_or_default()
+                escape(&b.node),
+                escape(b.group.as_deref().unwrap_or_default())
             )),
-            (Some(b), None) => out.push_str(&format!("  Most free: {} ({})\n", b.free, b.node)),
+            (Some(b), None) => {
+                out.push_str(&format!("  Most free: {} ({})\n", b.free, escape(&b.node)))
+            }
             (None, _) => out.push_str("  No GPU is free.\n"),
         }
         if demand.level.is_some() {
@@ -281,7 +290,10 @@ fn candidates(demand: &Demand, e: &Explanation) -> String {
         }
     }
     if !demand.unjudged.is_empty() {
-        out.push_str(&format!("  Not checked: {}\n", demand.unjudged.join(", ")));
+        out.push_str(&format!(
+            "  Not checked: {}\n",
+            escape(&demand.unjudged.join(", "))
+        ));
     }
     out
 }
@@ -436,6 +448,37 @@ Claims:
         assert_eq!(
             explain_pod(&two_dgx(), &p, &claims, &classes()),
             "Pod default/eval-3 is scheduled on node dgx-h100-b: it waits for no GPU.\n"
+        );
+    }
+
+    #[test]
+    fn values_from_objects_cannot_forge_lines() {
+        let mut p = pod(
+            "p",
+            json!([{"name": "gpus", "resourceClaimName": "c"},
+                   {"name": "x", "resourceClaimName": "nic\nforged   allocated"}]),
+            json!([]),
+        );
+        let status = p.status.as_mut().unwrap();
+        status.conditions.as_mut().unwrap()[0].message =
+            Some("busy\nReason:      Forged\u{1b}[31m".to_owned());
+        let claims = by_name(&[pending_claim("c", 4), nic_claim("nic\nforged   allocated")]);
+        let text = explain_pod(&two_dgx(), &p, &claims, &classes());
+        assert!(!text.contains('\u{1b}'), "{text}");
+        assert!(
+            text.contains("Scheduling:  unschedulable: busy\\nReason:      Forged\\u{1b}[31m\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  nic\\nforged   allocated   asks for"),
+            "{text}"
+        );
+        assert_eq!(text.lines().filter(|l| l.starts_with("Reason:")).count(), 1);
+
+        p.spec.as_mut().unwrap().node_name = Some("n\r\u{1b}[1A".to_owned());
+        assert_eq!(
+            scheduled(&p).unwrap(),
+            "Pod default/p is scheduled on node n\\r\\u{1b}[1A: it waits for no GPU.\n"
         );
     }
 }

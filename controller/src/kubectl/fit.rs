@@ -6,6 +6,7 @@ use topodra_driver::capacity::{Cluster, Demand, Explanation, Level, explain};
 
 use crate::nodes::header;
 use crate::table::Table;
+use crate::terminal::escape;
 
 /// One place with enough free GPUs: a node, and for an aligned demand one group.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -76,7 +77,7 @@ pub(crate) fn fit(cluster: &Cluster, count: u32, align: Option<Level>) -> Fit {
 pub(crate) fn text(f: &Fit) -> String {
     let what = demand(f.count, f.align).describe();
     if f.fits.is_empty() {
-        return format!("Fits nowhere now: {}\n", f.explanation.message);
+        return format!("Fits nowhere now: {}\n", escape(&f.explanation.message));
     }
     let mut nodes: Vec<&str> = f.fits.iter().map(|p| p.node.as_str()).collect();
     nodes.sort_unstable();

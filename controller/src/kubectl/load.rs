@@ -13,7 +13,7 @@ use kube::api::{Api, ListParams, ObjectList};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use topodra_controller::classes::OurClasses;
-use topodra_driver::capacity::Cluster;
+use topodra_driver::capacity::{Cluster, Finding};
 
 /// Items per LIST page: what kubectl asks for, so a 1,000-node cluster takes a few
 /// small responses rather than one large one.
@@ -235,6 +235,9 @@ impl Connection {
         })
         .await
         .map_err(|e| self.fail("cannot list resourceslices", &e))?;
+        for line in findings_report(&cluster.take_findings(), self.verbose) {
+            eprintln!("{line}");
+        }
 
         let mut kept = BTreeMap::new();
         let claims: Api<ResourceClaim> = Api::all(self.client.clone());
@@ -291,6 +294,34 @@ impl Connection {
             Err(e) => Err(self.fail(&format!("cannot get pod {namespace}/{name}"), &e)),
         }
     }
+}
+
+/// What to say on stderr about what the model did not take from the slices: each
+/// skipped pool, since its node's figures are missing; the ignored values as a count,
+/// each of them with `verbose`. A finding's text quotes names in escaped form.
+fn findings_report(findings: &[Finding], verbose: bool) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut ignored = 0;
+    for f in findings {
+        match f {
+            Finding::PoolSkipped { .. } => lines.push(format!("warning: {f}")),
+            Finding::InvalidValue { .. } => {
+                ignored += 1;
+                if verbose {
+                    lines.push(format!("warning: {f}"));
+                }
+            }
+        }
+    }
+    if ignored > 0 {
+        lines.push(format!(
+            "warning: ignored {ignored} topology value{} in ResourceSlices that no topodra plugin \
+             publishes; those devices count as not carrying the attribute{}",
+            if ignored == 1 { "" } else { "s" },
+            if verbose { "" } else { " (-v lists them)" }
+        ));
+    }
+    lines
 }
 
 #[cfg(test)]
@@ -387,6 +418,48 @@ mod tests {
         .await
         .unwrap_err();
         assert!(matches!(err, kube::Error::Api(s) if s.code == 410));
+    }
+
+    #[test]
+    fn skipped_pools_and_ignored_values_are_reported_escaped() {
+        use k8s_openapi::api::resource::v1::ResourceSlice;
+        let slice = |name: &str, node: &str, numa: serde_json::Value| -> ResourceSlice {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name},
+                "spec": {"driver": "gpu.topodra.dev", "nodeName": node,
+                    "pool": {"name": "p\u{1b}[31m", "generation": 1, "resourceSliceCount": 2},
+                    "devices": [{"name": name, "attributes": {
+                        "type": {"string": "gpu"},
+                        "resource.kubernetes.io/numaNode": numa}}]}
+            }))
+            .unwrap()
+        };
+        let mut c = Cluster::new("gpu.topodra.dev");
+        c.apply_slice(&slice("a", "node-a", serde_json::json!({"int": 0})));
+        c.apply_slice(&slice(
+            "b",
+            "node-b\n",
+            serde_json::json!({"string": "x\ny"}),
+        ));
+        let findings = c.take_findings();
+        let quiet = findings_report(&findings, false);
+        assert_eq!(
+            quiet,
+            [
+                "warning: pool \"p\\u{1b}[31m\" skipped: its slices name more than one node: \
+                 [\"node-a\", \"node-b\\n\"]",
+                "warning: ignored 1 topology value in ResourceSlices that no topodra plugin \
+                 publishes; those devices count as not carrying the attribute (-v lists them)",
+            ]
+        );
+        let verbose = findings_report(&findings, true);
+        assert_eq!(
+            verbose[0],
+            "warning: ResourceSlice \"b\", device \"b\": ignored numaNode string \"x\\ny\""
+        );
+        for line in quiet.iter().chain(&verbose) {
+            assert!(!line.chars().any(char::is_control), "{line:?}");
+        }
     }
 
     #[test]

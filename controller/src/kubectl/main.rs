@@ -10,6 +10,7 @@ mod fit;
 mod load;
 mod nodes;
 mod table;
+mod terminal;
 
 #[cfg(test)]
 mod fixtures;
@@ -238,7 +239,8 @@ fn main() -> ExitCode {
             }
         }
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // API errors quote the server, and names from objects (a pod's).
+            eprintln!("error: {}", terminal::escape(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }

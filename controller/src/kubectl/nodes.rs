@@ -199,7 +199,7 @@ pub(crate) fn json(cluster: &Cluster) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixtures::{DRIVER, add_node, dgx_h100_mig, golden, two_dgx};
+    use crate::fixtures::{DRIVER, add_node, dgx_h100, dgx_h100_mig, golden, two_dgx};
 
     #[test]
     fn the_table_shows_nodes_numa_nodes_and_the_total() {
@@ -260,6 +260,29 @@ NODE    NUMA   TOTAL   ALLOCATED   UNHEALTHY   FREE   LARGEST NUMA
 TOTAL   all    0       0           0           0      -
 "
         );
+    }
+
+    #[test]
+    fn a_node_name_from_a_slice_cannot_forge_a_row() {
+        let mut c = Cluster::new(DRIVER);
+        let hostile = "x\nTOTAL        all    99\u{1b}[8m";
+        let opts = topodra_driver::slice::SliceOptions::new("node-a");
+        for mut s in topodra_driver::slice::build_slices(&dgx_h100(), &opts).unwrap() {
+            s.spec.node_name = Some(hostile.to_owned());
+            c.apply_slice(&s);
+        }
+        let t = table(&c, Level::NumaNode, true);
+        assert_eq!(t.lines().count(), 5, "{t}");
+        assert_eq!(t.lines().filter(|l| l.starts_with("TOTAL")).count(), 1);
+        assert!(!t.contains('\u{1b}'), "{t}");
+        assert!(
+            t.lines()
+                .nth(1)
+                .unwrap()
+                .starts_with("x\\nTOTAL        all    99\\u{1b}[8m   all")
+        );
+        // JSON escapes it by itself.
+        assert!(json(&c).contains(r#""node": "x\nTOTAL        all    99\u001b[8m""#));
     }
 
     #[test]

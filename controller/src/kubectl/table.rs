@@ -1,6 +1,11 @@
 //! Tables laid out the way kubectl lays them out: a header in capitals, columns
 //! padded with spaces to the widest cell plus three, at least six wide, and the last
 //! column left as it is.
+//!
+//! Cells are escaped ([`escape`]): they hold names and keys from API objects, and a
+//! newline or an escape sequence in one would forge a row or garble the terminal.
+
+use crate::terminal::escape;
 
 /// Space after the widest cell of a column.
 const PADDING: usize = 3;
@@ -23,7 +28,13 @@ impl Table {
 
     /// Adds a row; a short row is filled with empty cells.
     pub(crate) fn row<S: Into<String>>(&mut self, cells: impl IntoIterator<Item = S>) {
-        let mut cells: Vec<String> = cells.into_iter().map(Into::into).collect();
+        let mut cells: Vec<String> = cells
+            .into_iter()
+            .map(|c| {
+                let c: String = c.into();
+                escape(&c).into_owned()
+            })
+            .collect();
         cells.resize(self.header.len().max(cells.len()), String::new());
         self.rows.push(cells);
     }
@@ -77,6 +88,19 @@ mod tests {
              a-long-name   1       x\n\
              b             12345\n\
              c\n"
+        );
+    }
+
+    #[test]
+    fn a_cell_cannot_forge_a_row_or_reach_the_terminal() {
+        let mut t = Table::new(["NODE", "FREE"]);
+        t.row(["a\nTOTAL   99", "1"]);
+        t.row(["\u{1b}[2J\u{1b}[31mb", "2"]);
+        assert_eq!(
+            t.render(),
+            "NODE                   FREE\n\
+             a\\nTOTAL   99          1\n\
+             \\u{1b}[2J\\u{1b}[31mb   2\n"
         );
     }
 }

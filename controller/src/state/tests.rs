@@ -193,3 +193,5 @@ fn readiness_waits_for_every_watched_resource() {
     let watched = BTreeSet::from(["resourceslices", "nodes", "pods"]);
     assert_eq!(s.unsynced(&watched), ["pods"]);
 }
+
+mod malformed;

@@ -4,8 +4,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::api::resource::v1::{DeviceTaintRule, ResourceClaim, ResourceSlice};
 
-use super::device::{self, DeviceRecord};
+use super::device::{self, DeviceRecord, SliceDevices};
+use super::problems::{Finding, PoolProblem};
 use super::summary::{Counts, NodeSummary, State};
+use super::values::InvalidValue;
 use super::{Level, SET_SIZES};
 
 /// A claim by namespace and name.
@@ -32,6 +34,10 @@ struct SliceFacts {
     generation: i64,
     slice_count: i64,
     devices: BTreeMap<String, DeviceRecord>,
+    /// Device names the slice carries more than once.
+    duplicates: Vec<String>,
+    /// Topology values not taken, by device name.
+    invalid: Vec<(String, InvalidValue)>,
 }
 
 /// The devices of a complete pool: one node's GPUs as the scheduler sees them.
@@ -74,6 +80,10 @@ pub struct Cluster {
     allocated: HashMap<(String, String), u32>,
     rules: HashMap<String, RuleSelector>,
     summaries: BTreeMap<String, NodeSummary>,
+    /// Complete pools left out, and why.
+    skipped: BTreeMap<String, PoolProblem>,
+    /// Reported since the caller last took them.
+    findings: Vec<Finding>,
 }
 
 impl Cluster {
@@ -87,6 +97,8 @@ impl Cluster {
             allocated: HashMap::new(),
             rules: HashMap::new(),
             summaries: BTreeMap::new(),
+            skipped: BTreeMap::new(),
+            findings: Vec::new(),
         }
     }
 
@@ -105,12 +117,30 @@ impl Cluster {
         let Some(node) = node.filter(|_| spec.driver == self.driver) else {
             return self.delete_slice(&name);
         };
+        let SliceDevices {
+            records,
+            duplicates,
+            invalid,
+        } = device::records(spec.devices.as_deref().unwrap_or_default(), &self.driver);
+        // Reported once: an unchanged slice comes back with every relist.
+        let known = self.slices.get(&name).map(|o| o.invalid.as_slice());
+        for (device, value) in &invalid {
+            if !known.is_some_and(|k| k.iter().any(|(d, v)| d == device && v == value)) {
+                self.findings.push(Finding::InvalidValue {
+                    slice: name.clone(),
+                    device: device.clone(),
+                    value: value.clone(),
+                });
+            }
+        }
         let facts = SliceFacts {
             pool: spec.pool.name.clone(),
             node,
             generation: spec.pool.generation,
             slice_count: spec.pool.resource_slice_count,
-            devices: device::records(spec.devices.as_deref().unwrap_or_default(), &self.driver),
+            devices: records,
+            duplicates,
+            invalid,
         };
         let mut pools = BTreeSet::from([facts.pool.clone()]);
         if let Some(old) = self.slices.get(&name) {
@@ -232,6 +262,17 @@ impl Cluster {
         }
     }
 
+    /// What the model did not take from the slices since the last call: values it
+    /// ignored, pools it skipped. The controller takes them after every event.
+    pub fn take_findings(&mut self) -> Vec<Finding> {
+        std::mem::take(&mut self.findings)
+    }
+
+    /// The complete pools left out of the model now, and why.
+    pub fn skipped_pools(&self) -> impl Iterator<Item = (&str, &PoolProblem)> {
+        self.skipped.iter().map(|(p, why)| (p.as_str(), why))
+    }
+
     /// The figures of one node, once its pool has been complete.
     pub fn node(&self, node: &str) -> Option<&NodeSummary> {
         self.summaries.get(node)
@@ -305,6 +346,7 @@ impl Cluster {
                 .filter_map(|n| self.slices.get(n))
                 .collect();
             if facts.is_empty() {
+                self.skipped.remove(&pool);
                 if let Some(old) = self.pools.remove(&pool) {
                     changed.extend(self.remove_summary_if_unused(&old.node));
                 }
@@ -319,6 +361,22 @@ impl Cluster {
             if !complete {
                 continue;
             }
+            if let Some(problem) = pool_problem(&current) {
+                if self.skipped.get(&pool) != Some(&problem) {
+                    self.findings.push(Finding::PoolSkipped {
+                        pool: pool.clone(),
+                        problem: problem.clone(),
+                    });
+                }
+                self.skipped.insert(pool.clone(), problem);
+                // Its last complete devices go too: the scheduler does not allocate
+                // from an invalid pool, so neither node has them now.
+                if let Some(old) = self.pools.remove(&pool) {
+                    changed.extend(self.remove_summary_if_unused(&old.node));
+                }
+                continue;
+            }
+            self.skipped.remove(&pool);
             let node = current[0].node.clone();
             let devices = current.iter().flat_map(|f| f.devices.clone()).collect();
             let old = self.pools.insert(
@@ -384,4 +442,27 @@ impl Cluster {
             State::Free
         }
     }
+}
+
+/// Why the slices of a complete pool generation cannot be taken as one node's GPUs.
+fn pool_problem(current: &[&&SliceFacts]) -> Option<PoolProblem> {
+    let nodes: BTreeSet<&str> = current.iter().map(|f| f.node.as_str()).collect();
+    if nodes.len() > 1 {
+        return Some(PoolProblem::NodesDiffer {
+            nodes: nodes.into_iter().map(str::to_owned).collect(),
+        });
+    }
+    let mut seen: BTreeSet<&str> = BTreeSet::new();
+    let mut duplicates: BTreeSet<&str> = BTreeSet::new();
+    for f in current {
+        duplicates.extend(f.duplicates.iter().map(String::as_str));
+        for name in f.devices.keys() {
+            if !seen.insert(name) {
+                duplicates.insert(name);
+            }
+        }
+    }
+    (!duplicates.is_empty()).then(|| PoolProblem::DuplicateDevices {
+        devices: duplicates.into_iter().map(str::to_owned).collect(),
+    })
 }

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceTaint};
 
 use super::Level;
+use super::values::{self, InvalidValue};
 use crate::slice::attributes::{TYPE, TYPE_GPU, TYPE_MIG};
 
 /// Whole GPUs are what the figures count; MIG devices are counted apart, since one
@@ -29,7 +30,9 @@ pub(crate) struct DeviceRecord {
 }
 
 impl DeviceRecord {
-    pub(crate) fn from_device(dev: &Device, driver: &str) -> Self {
+    /// The record of one device, and the topology values of it that were not taken
+    /// (see [`values`]).
+    pub(crate) fn from_device(dev: &Device, driver: &str) -> (Self, Vec<InvalidValue>) {
         let attrs = dev.attributes.as_ref();
         let get = |name: &str| -> Option<&DeviceAttribute> {
             let attrs = attrs?;
@@ -42,8 +45,14 @@ impl DeviceRecord {
             Some(TYPE_MIG) => DeviceKind::Mig,
             _ => DeviceKind::Other,
         };
-        let groups = Level::ALL.map(|l| get(l.attribute()).and_then(group_key));
-        Self {
+        let mut invalid = Vec::new();
+        let groups = Level::ALL.map(|l| {
+            values::group_key(l, get(l.attribute())).unwrap_or_else(|e| {
+                invalid.push(e);
+                None
+            })
+        });
+        let record = Self {
             name: dev.name.clone(),
             kind,
             groups,
@@ -51,7 +60,8 @@ impl DeviceRecord {
                 .taints
                 .as_deref()
                 .is_some_and(|t| t.iter().any(keeps_off)),
-        }
+        };
+        (record, invalid)
     }
 
     pub(crate) fn group(&self, level: Level) -> Option<&str> {
@@ -63,35 +73,34 @@ pub(super) fn level_index(level: Level) -> usize {
     Level::ALL.iter().position(|l| *l == level).unwrap_or(0)
 }
 
-/// The value a device is grouped by. For the list form of `numaNode` that is the
-/// first element, the device's own node: the model reports strict NUMA locality,
-/// whatever wider match the list allows.
-fn group_key(a: &DeviceAttribute) -> Option<String> {
-    if let Some(i) = a.int {
-        return Some(i.to_string());
-    }
-    if let Some(s) = &a.string {
-        return Some(s.clone());
-    }
-    if let Some(i) = a.ints.as_ref().and_then(|v| v.first()) {
-        return Some(i.to_string());
-    }
-    if let Some(s) = a.strings.as_ref().and_then(|v| v.first()) {
-        return Some(s.clone());
-    }
-    a.version.clone()
-}
-
 /// NoSchedule and NoExecute keep new allocations off a device; the `None` effect
 /// only informs.
 pub(super) fn keeps_off(t: &DeviceTaint) -> bool {
     matches!(t.effect.as_str(), "NoSchedule" | "NoExecute")
 }
 
+/// What the model takes from a slice's devices.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct SliceDevices {
+    pub(super) records: BTreeMap<String, DeviceRecord>,
+    /// Names that more than one device of the slice carries. The API server refuses
+    /// such a slice, so only a broken or hostile writer gets one past it.
+    pub(super) duplicates: Vec<String>,
+    /// Topology values not taken, by device name.
+    pub(super) invalid: Vec<(String, InvalidValue)>,
+}
+
 /// The devices of a slice, by name.
-pub(super) fn records(devices: &[Device], driver: &str) -> BTreeMap<String, DeviceRecord> {
-    devices
-        .iter()
-        .map(|d| (d.name.clone(), DeviceRecord::from_device(d, driver)))
-        .collect()
+pub(super) fn records(devices: &[Device], driver: &str) -> SliceDevices {
+    let mut out = SliceDevices::default();
+    for d in devices {
+        let (record, invalid) = DeviceRecord::from_device(d, driver);
+        out.invalid
+            .extend(invalid.into_iter().map(|v| (d.name.clone(), v)));
+        if out.records.insert(d.name.clone(), record).is_some() && !out.duplicates.contains(&d.name)
+        {
+            out.duplicates.push(d.name.clone());
+        }
+    }
+    out
 }

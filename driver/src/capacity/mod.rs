@@ -11,19 +11,27 @@
 //! Pure: no API client, no clock. [`Cluster`] is updated one object at a time and
 //! recomputes only the nodes an object touches, so a watch event costs the size of
 //! one node, not of the cluster.
+//!
+//! Slices are input from anyone allowed to write them: topology values outside what
+//! our plugin publishes are ignored, and pools that cannot be one node's GPUs are
+//! skipped ([`Cluster::take_findings`] says which).
 
 mod cluster;
 mod demand;
 mod device;
 mod explain;
 mod level;
+mod problems;
 mod summary;
+mod values;
 
 pub use cluster::{ClaimKey, Cluster};
 pub use demand::Demand;
 pub use explain::{Candidate, Explanation, explain};
 pub use level::{Level, LevelError};
+pub use problems::{Finding, PoolProblem};
 pub use summary::{Counts, Group, NodeSummary};
+pub use values::{InvalidValue, MAX_KEY_LEN, MAX_NUMA_NODE, MAX_SOCKET};
 
 /// The aligned set sizes that metrics, fragmentation figures and `kubectl topodra`
 /// report: the claim sizes of an 8-GPU node.

@@ -540,3 +540,5 @@ proptest! {
         }
     }
 }
+
+mod malformed;
