@@ -166,6 +166,25 @@ pub(crate) struct HttpFlags {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub(crate) http_max_connections: u32,
+
+    /// Seconds a client of the endpoint has to take a response that no longer fits
+    /// into the socket; one that reads slower (or not at all) is disconnected.
+    #[arg(
+        long,
+        env = "TOPODRA_HTTP_WRITE_TIMEOUT_SECONDS",
+        default_value_t = 10,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub(crate) http_write_timeout_seconds: u64,
+
+    /// Requests one keep-alive connection of the endpoint serves before it is closed.
+    #[arg(
+        long,
+        env = "TOPODRA_HTTP_MAX_REQUESTS_PER_CONNECTION",
+        default_value_t = 100,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub(crate) http_max_requests_per_connection: u32,
 }
 
 /// Bounds on the work for the kubelet's calls, and the check for stale claims.
@@ -322,6 +341,8 @@ mod tests {
         for flag in [
             "--http-max-connections=0",
             "--http-header-read-timeout-seconds=0",
+            "--http-write-timeout-seconds=0",
+            "--http-max-requests-per-connection=0",
             "--max-concurrent-claims-per-call=0",
             "--max-concurrent-claims=0",
         ] {
@@ -369,6 +390,14 @@ mod tests {
                 "TOPODRA_HTTP_HEADER_READ_TIMEOUT_SECONDS",
             ),
             ("http-max-connections", "TOPODRA_HTTP_MAX_CONNECTIONS"),
+            (
+                "http-write-timeout-seconds",
+                "TOPODRA_HTTP_WRITE_TIMEOUT_SECONDS",
+            ),
+            (
+                "http-max-requests-per-connection",
+                "TOPODRA_HTTP_MAX_REQUESTS_PER_CONNECTION",
+            ),
             (
                 "max-concurrent-claims-per-call",
                 "TOPODRA_MAX_CONCURRENT_CLAIMS_PER_CALL",
