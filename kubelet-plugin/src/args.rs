@@ -228,6 +228,17 @@ pub(crate) struct ClaimFlags {
     )]
     pub(crate) claim_read_deadline_seconds: u64,
 
+    /// Seconds after a NodePrepareResources or NodeUnprepareResources call arrives by
+    /// which it is answered: claims not done by then get an error each (the kubelet
+    /// retries them) rather than the whole call timing out at the kubelet's 45 s.
+    #[arg(
+        long,
+        env = "TOPODRA_CALL_DEADLINE_SECONDS",
+        default_value_t = 30,
+        value_parser = clap::value_parser!(u64).range(1..=40)
+    )]
+    pub(crate) call_deadline_seconds: u64,
+
     /// How often prepared claims are looked up in the API server (one GET each) to
     /// find those that no longer exist.
     #[arg(
@@ -345,6 +356,8 @@ mod tests {
             "--http-max-requests-per-connection=0",
             "--max-concurrent-claims-per-call=0",
             "--max-concurrent-claims=0",
+            "--call-deadline-seconds=0",
+            "--call-deadline-seconds=41",
         ] {
             assert!(http_addr(&[flag]).is_err(), "{flag}");
         }
@@ -410,6 +423,7 @@ mod tests {
                 "claim-read-deadline-seconds",
                 "TOPODRA_CLAIM_READ_DEADLINE_SECONDS",
             ),
+            ("call-deadline-seconds", "TOPODRA_CALL_DEADLINE_SECONDS"),
             (
                 "stale-claim-check-interval-seconds",
                 "TOPODRA_STALE_CLAIM_CHECK_INTERVAL_SECONDS",
