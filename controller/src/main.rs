@@ -125,13 +125,39 @@ pub(crate) struct Cli {
     #[arg(
         long,
         env = "TOPODRA_HTTP_HEADER_READ_TIMEOUT_SECONDS",
-        default_value_t = 10
+        default_value_t = 10,
+        value_parser = clap::value_parser!(u64).range(1..)
     )]
     http_header_read_timeout_seconds: u64,
 
-    /// Connections the endpoint serves at once; more are closed at once.
-    #[arg(long, env = "TOPODRA_HTTP_MAX_CONNECTIONS", default_value_t = 64)]
+    /// Connections the endpoint serves at once; more are closed at once (a few more
+    /// are kept for health probes).
+    #[arg(
+        long,
+        env = "TOPODRA_HTTP_MAX_CONNECTIONS",
+        default_value_t = 64,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
     http_max_connections: u32,
+
+    /// Seconds a client of the endpoint has to take a response that no longer fits
+    /// into the socket; one that reads slower (or not at all) is disconnected.
+    #[arg(
+        long,
+        env = "TOPODRA_HTTP_WRITE_TIMEOUT_SECONDS",
+        default_value_t = 10,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    http_write_timeout_seconds: u64,
+
+    /// Requests one keep-alive connection of the endpoint serves before it is closed.
+    #[arg(
+        long,
+        env = "TOPODRA_HTTP_MAX_REQUESTS_PER_CONNECTION",
+        default_value_t = 100,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    http_max_requests_per_connection: u32,
 
     #[command(flatten)]
     logging: topodra_ops::logging::LoggingArgs,
@@ -212,6 +238,21 @@ mod tests {
             Cli::try_parse_from(["topodra-controller", "--nrt-topology-manager-policy=strict"])
                 .is_err()
         );
+    }
+
+    #[test]
+    fn http_limits_of_zero_are_refused() {
+        for flag in [
+            "--http-header-read-timeout-seconds=0",
+            "--http-max-connections=0",
+            "--http-write-timeout-seconds=0",
+            "--http-max-requests-per-connection=0",
+        ] {
+            assert!(
+                Cli::try_parse_from(["topodra-controller", flag]).is_err(),
+                "{flag}"
+            );
+        }
     }
 
     #[test]

@@ -77,7 +77,9 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
     };
     let limits = HttpLimits {
         header_read_timeout: Duration::from_secs(cli.http_header_read_timeout_seconds),
+        write_timeout: Duration::from_secs(cli.http_write_timeout_seconds),
         max_connections: cli.http_max_connections as usize,
+        max_requests_per_connection: cli.http_max_requests_per_connection as usize,
     };
     let (http_stop, http_stop_rx) = watch::channel(false);
     let http = tokio::spawn(topodra_ops::http::serve(

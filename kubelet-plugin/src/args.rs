@@ -176,6 +176,25 @@ pub(crate) struct HttpFlags {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub(crate) http_max_connections: u32,
+
+    /// Seconds a client of the endpoint has to take a response that no longer fits
+    /// into the socket; one that reads slower (or not at all) is disconnected.
+    #[arg(
+        long,
+        env = "TOPODRA_HTTP_WRITE_TIMEOUT_SECONDS",
+        default_value_t = 10,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub(crate) http_write_timeout_seconds: u64,
+
+    /// Requests one keep-alive connection of the endpoint serves before it is closed.
+    #[arg(
+        long,
+        env = "TOPODRA_HTTP_MAX_REQUESTS_PER_CONNECTION",
+        default_value_t = 100,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub(crate) http_max_requests_per_connection: u32,
 }
 
 /// Bounds on the work for the kubelet's calls, and the check for stale claims.
@@ -218,6 +237,17 @@ pub(crate) struct ClaimFlags {
         value_parser = clap::value_parser!(u64).range(1..=40)
     )]
     pub(crate) claim_read_deadline_seconds: u64,
+
+    /// Seconds after a NodePrepareResources or NodeUnprepareResources call arrives by
+    /// which it is answered: claims not done by then get an error each (the kubelet
+    /// retries them) rather than the whole call timing out at the kubelet's 45 s.
+    #[arg(
+        long,
+        env = "TOPODRA_CALL_DEADLINE_SECONDS",
+        default_value_t = 30,
+        value_parser = clap::value_parser!(u64).range(1..=40)
+    )]
+    pub(crate) call_deadline_seconds: u64,
 
     /// How often prepared claims are looked up in the API server (one GET each) to
     /// find those that no longer exist.
@@ -332,8 +362,12 @@ mod tests {
         for flag in [
             "--http-max-connections=0",
             "--http-header-read-timeout-seconds=0",
+            "--http-write-timeout-seconds=0",
+            "--http-max-requests-per-connection=0",
             "--max-concurrent-claims-per-call=0",
             "--max-concurrent-claims=0",
+            "--call-deadline-seconds=0",
+            "--call-deadline-seconds=41",
         ] {
             assert!(http_addr(&[flag]).is_err(), "{flag}");
         }
@@ -381,6 +415,14 @@ mod tests {
             ),
             ("http-max-connections", "TOPODRA_HTTP_MAX_CONNECTIONS"),
             (
+                "http-write-timeout-seconds",
+                "TOPODRA_HTTP_WRITE_TIMEOUT_SECONDS",
+            ),
+            (
+                "http-max-requests-per-connection",
+                "TOPODRA_HTTP_MAX_REQUESTS_PER_CONNECTION",
+            ),
+            (
                 "max-concurrent-claims-per-call",
                 "TOPODRA_MAX_CONCURRENT_CLAIMS_PER_CALL",
             ),
@@ -392,6 +434,7 @@ mod tests {
                 "claim-read-deadline-seconds",
                 "TOPODRA_CLAIM_READ_DEADLINE_SECONDS",
             ),
+            ("call-deadline-seconds", "TOPODRA_CALL_DEADLINE_SECONDS"),
             (
                 "stale-claim-check-interval-seconds",
                 "TOPODRA_STALE_CLAIM_CHECK_INTERVAL_SECONDS",

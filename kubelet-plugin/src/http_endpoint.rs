@@ -43,7 +43,9 @@ impl HttpEndpoint {
         };
         let limits = HttpLimits {
             header_read_timeout: Duration::from_secs(args.http.http_header_read_timeout_seconds),
+            write_timeout: Duration::from_secs(args.http.http_write_timeout_seconds),
             max_connections: args.http.http_max_connections as usize,
+            max_requests_per_connection: args.http.http_max_requests_per_connection as usize,
         };
         let (stop, mut stopped) = watch::channel(false);
         let task = tokio::spawn(topodra_ops::http::serve(

@@ -357,10 +357,13 @@ async fn serve(
         api_claims,
     )
     .metrics(metrics.claims().clone())
-    .concurrency(ClaimConcurrency::new(
-        args.claims.max_concurrent_claims_per_call as usize,
-        args.claims.max_concurrent_claims as usize,
-    ))
+    .concurrency(
+        ClaimConcurrency::new(
+            args.claims.max_concurrent_claims_per_call as usize,
+            args.claims.max_concurrent_claims as usize,
+        )
+        .call_deadline(Duration::from_secs(args.claims.call_deadline_seconds)),
+    )
     .start()?;
 
     let publisher_config = PublisherConfig::new(&args.discovery.driver_name, &args.node_name);

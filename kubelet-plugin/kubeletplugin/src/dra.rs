@@ -9,13 +9,13 @@
 //! task, and one call may carry any number of claims. Claims over the bound wait
 //! their turn; every claim of a call is answered.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
-use tokio::task::{Id, JoinSet};
+use tokio::task::{Id, JoinError, JoinSet};
 use tonic::{Request, Response, Status};
 use topodra_proto::dra::{v1, v1beta1};
 
@@ -23,62 +23,126 @@ use crate::claims::{ClaimReader, check_claim_ref};
 use crate::driver::{ClaimRef, Driver};
 use crate::metrics::ClaimMetrics;
 
+/// By default a call is answered at most this long after it arrived: the kubelet
+/// gives a NodePrepareResources call 45 s, and an answer after that is lost, so the
+/// claims that were done would be redone and the others get no message at all.
+pub const DEFAULT_CALL_DEADLINE: Duration = Duration::from_secs(30);
+
 /// How many claims are worked on at once: at most `per_call` of one call, and at most
-/// as many as `overall` has permits across all calls.
+/// as many as `overall` has permits across all calls; and how long one call may take.
 #[derive(Debug, Clone)]
 pub struct ClaimConcurrency {
     per_call: usize,
     overall: Arc<Semaphore>,
+    call_deadline: Duration,
 }
 
 impl ClaimConcurrency {
-    /// Zero is taken as one: a bound of zero would answer nothing.
+    /// Zero is taken as one: a bound of zero would answer nothing. Calls are answered
+    /// within [`DEFAULT_CALL_DEADLINE`].
     pub fn new(per_call: usize, overall: usize) -> Self {
         Self {
             per_call: per_call.max(1),
             overall: Arc::new(Semaphore::new(overall.max(1))),
+            call_deadline: DEFAULT_CALL_DEADLINE,
         }
     }
 
+    /// Answers each call within `deadline` of its arrival: claims not done by then
+    /// are answered with an error, which the kubelet retries.
+    pub fn call_deadline(mut self, deadline: Duration) -> Self {
+        self.call_deadline = deadline;
+        self
+    }
+
     /// Runs `work` for every claim of one call, each in a task of its own, within the
-    /// bounds, and collects one answer per claim UID. A task that panics is answered
-    /// with `failed`, so no claim goes without an answer.
+    /// bounds, and collects one answer per claim UID; a UID the call repeats is worked
+    /// on once. A task that panics is answered with `failed`, so no claim goes without
+    /// an answer; so are the claims not done when the call's deadline passes, whose
+    /// number comes second.
     async fn run<T, W, F>(
         &self,
         claims: Vec<v1::Claim>,
         mut work: W,
         failed: fn(String) -> T,
-    ) -> HashMap<String, T>
+    ) -> (HashMap<String, T>, usize)
     where
         T: Send + 'static,
         W: FnMut(v1::Claim) -> F,
         F: Future<Output = T> + Send + 'static,
     {
-        let mut out = HashMap::with_capacity(claims.len());
+        let deadline = tokio::time::Instant::now() + self.call_deadline;
+        // The answers are keyed by UID, so a repeated claim could only get one answer
+        // anyway; working on it twice would read it twice and race with itself.
+        let mut seen = HashSet::with_capacity(claims.len());
+        let mut queue: VecDeque<v1::Claim> = claims
+            .into_iter()
+            .filter(|c| seen.insert(c.uid.clone()))
+            .collect();
+        drop(seen);
+        let mut out = HashMap::with_capacity(queue.len());
         let mut tasks = JoinSet::new();
-        let mut uids: HashMap<Id, String> = HashMap::new();
-        for claim in claims {
-            if tasks.len() >= self.per_call {
-                join_one(&mut tasks, &mut uids, &mut out, failed).await;
+        let mut running: HashMap<Id, v1::Claim> = HashMap::new();
+        let all = async {
+            while !queue.is_empty() {
+                if tasks.len() >= self.per_call {
+                    join_one(&mut tasks, &mut running, &mut out, failed).await;
+                }
+                // Waiting for the permit here, before spawning, keeps the claims that
+                // wait as plain data instead of as parked tasks. The semaphore is fair
+                // (FIFO), so a call with many claims does not starve the calls that
+                // come after it. (It is never closed, so `ok()` never drops the bound.)
+                // The claim leaves the queue only once it has its permit, so a
+                // deadline that cuts this wait short loses none.
+                let permit = self.overall.clone().acquire_owned().await.ok();
+                let Some(claim) = queue.pop_front() else {
+                    break;
+                };
+                let job = work(claim.clone());
+                let handle = tasks.spawn(async move {
+                    let answer = job.await;
+                    drop(permit);
+                    answer
+                });
+                running.insert(handle.id(), claim);
             }
-            // Waiting for the permit here, before spawning, keeps the claims that wait
-            // as plain data instead of as parked tasks. The semaphore is fair (FIFO),
-            // so a call with many claims does not starve the calls that come after it.
-            // (It is never closed, so `ok()` never drops the bound.)
-            let permit = self.overall.clone().acquire_owned().await.ok();
-            let uid = claim.uid.clone();
-            let job = work(claim);
-            let handle = tasks.spawn(async move {
-                let answer = job.await;
-                drop(permit);
-                answer
-            });
-            uids.insert(handle.id(), uid);
+            while !tasks.is_empty() {
+                join_one(&mut tasks, &mut running, &mut out, failed).await;
+            }
+        };
+        if tokio::time::timeout_at(deadline, all).await.is_ok() {
+            return (out, 0);
         }
-        while !tasks.is_empty() {
-            join_one(&mut tasks, &mut uids, &mut out, failed).await;
+        while let Some(result) = tasks.try_join_next_with_id() {
+            file(result, &mut running, &mut out, failed);
         }
-        out
+        // The claims still being worked on finish in the background, holding their
+        // permits: a prepare cut off halfway would leave its CDI spec and checkpoint
+        // for the retry to sort out, and the bound on work in flight would not hold.
+        // The kubelet's retry finds them done (prepare is idempotent).
+        tasks.detach_all();
+        let limit = self.call_deadline;
+        let late = running.len() + queue.len();
+        for claim in running.into_values() {
+            let error = format!(
+                "claim {}/{}: still in progress when the call's time limit of {limit:?} ran out; the kubelet retries it",
+                claim.namespace, claim.name
+            );
+            out.insert(claim.uid, failed(error));
+        }
+        for claim in queue {
+            let error = format!(
+                "claim {}/{}: not started within the call's time limit of {limit:?} ({late} of the call's claims were not done in time); the kubelet retries it",
+                claim.namespace, claim.name
+            );
+            out.insert(claim.uid, failed(error));
+        }
+        tracing::warn!(
+            late,
+            ?limit,
+            "a call was answered at its time limit; claims not done get an error and are retried by the kubelet"
+        );
+        (out, late)
     }
 }
 
@@ -202,11 +266,13 @@ impl DraService {
         v1::NodeUnprepareResourceResponse { error }
     }
 
-    /// Prepares every claim of one call; one answer per claim UID.
+    /// Prepares every claim of one call; one answer per claim UID, its error text
+    /// escaped for the kubelet ([`kubelet_error_text`]).
     pub async fn prepare(
         &self,
         claims: Vec<v1::Claim>,
     ) -> HashMap<String, v1::NodePrepareResourceResponse> {
+        let started = Instant::now();
         let work = |claim| {
             let this = self.clone();
             async move { this.prepare_one(claim).await }
@@ -215,46 +281,112 @@ impl DraService {
             devices: Vec::new(),
             error,
         };
-        self.concurrency.run(claims, work, failed).await
+        let (mut answers, late) = self.concurrency.run(claims, work, failed).await;
+        for _ in 0..late {
+            self.metrics.observe_prepare(started.elapsed(), "deadline");
+        }
+        for answer in answers.values_mut() {
+            if !answer.error.is_empty() {
+                answer.error = kubelet_error_text(&answer.error);
+            }
+        }
+        answers
     }
 
-    /// Unprepares every claim of one call; one answer per claim UID.
+    /// Unprepares every claim of one call; one answer per claim UID, its error text
+    /// escaped for the kubelet.
     pub async fn unprepare(
         &self,
         claims: Vec<v1::Claim>,
     ) -> HashMap<String, v1::NodeUnprepareResourceResponse> {
+        let started = Instant::now();
         let work = |claim| {
             let this = self.clone();
             async move { this.unprepare_one(claim).await }
         };
         let failed = |error| v1::NodeUnprepareResourceResponse { error };
-        self.concurrency.run(claims, work, failed).await
+        let (mut answers, late) = self.concurrency.run(claims, work, failed).await;
+        for _ in 0..late {
+            self.metrics
+                .observe_unprepare(started.elapsed(), "deadline");
+        }
+        for answer in answers.values_mut() {
+            if !answer.error.is_empty() {
+                answer.error = kubelet_error_text(&answer.error);
+            }
+        }
+        answers
     }
 }
 
 /// Waits for one claim task and files its answer under the claim's UID.
 async fn join_one<T: 'static>(
     tasks: &mut JoinSet<T>,
-    uids: &mut HashMap<Id, String>,
+    running: &mut HashMap<Id, v1::Claim>,
     out: &mut HashMap<String, T>,
     failed: fn(String) -> T,
 ) {
-    match tasks.join_next_with_id().await {
-        Some(Ok((id, answer))) => {
-            if let Some(uid) = uids.remove(&id) {
-                out.insert(uid, answer);
+    if let Some(result) = tasks.join_next_with_id().await {
+        file(result, running, out, failed);
+    }
+}
+
+/// Files the answer of a finished claim task under the claim's UID.
+fn file<T>(
+    result: Result<(Id, T), JoinError>,
+    running: &mut HashMap<Id, v1::Claim>,
+    out: &mut HashMap<String, T>,
+    failed: fn(String) -> T,
+) {
+    match result {
+        Ok((id, answer)) => {
+            if let Some(claim) = running.remove(&id) {
+                out.insert(claim.uid, answer);
             }
         }
         // The kubelet retries a claim whose answer is an error.
-        Some(Err(e)) => {
-            let uid = uids.remove(&e.id());
+        Err(e) => {
+            let claim = running.remove(&e.id());
+            let uid = claim.map(|c| c.uid);
             tracing::error!(claim = ?uid, error = %e, "claim task panicked");
             if let Some(uid) = uid {
                 out.insert(uid, failed(format!("internal error: {e}")));
             }
         }
-        None => {}
     }
+}
+
+/// Longest error text the kubelet gets for one claim: it goes into the pod's events
+/// (whose message the API server cuts at 1 KiB) and `kubectl describe`.
+pub const MAX_ERROR_LEN: usize = 1024;
+
+/// An error text as the kubelet may show it: control characters (newlines, terminal
+/// escapes) and the Unicode characters that break or reorder lines are escaped the
+/// way Rust's `escape_debug` writes them, so a claim's opaque config (which error
+/// messages quote) cannot start a new line or colour a terminal in the pod's events;
+/// other text, non-ASCII included, is kept. Longer texts are cut at
+/// [`MAX_ERROR_LEN`] bytes.
+pub fn kubelet_error_text(error: &str) -> String {
+    const CUT: &str = "… (cut)";
+    let mut out = String::with_capacity(error.len());
+    for c in error.chars() {
+        let breaks_lines = c.is_control()
+            || matches!(c, '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if breaks_lines {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    if out.len() > MAX_ERROR_LEN {
+        let mut end = MAX_ERROR_LEN - CUT.len();
+        while !out.is_char_boundary(end) {
+            end -= 1;
+        }
+        out.truncate(end);
+        out.push_str(CUT);
+    }
+    out
 }
 
 #[tonic::async_trait]
@@ -355,9 +487,11 @@ impl v1beta1::dra_plugin_server::DraPlugin for DraServiceV1beta1 {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::time::Duration;
+
+    use k8s_openapi::api::resource::v1::ResourceClaim;
 
     use super::*;
+    use crate::driver::{ClaimError, PreparedDevice};
 
     fn claims(prefix: &str, n: usize) -> Vec<v1::Claim> {
         (0..n)
@@ -397,7 +531,7 @@ mod tests {
     async fn one_call_runs_at_most_per_call_claims_and_answers_all() {
         let limits = ClaimConcurrency::new(3, 100);
         let gauge = Arc::new(Gauge::default());
-        let out = limits.run(claims("c", 50), counted(&gauge), |e| e).await;
+        let (out, _) = limits.run(claims("c", 50), counted(&gauge), |e| e).await;
         assert_eq!(out.len(), 50);
         assert_eq!(out["c7"], "claim-c7");
         assert_eq!(gauge.peak.load(Ordering::SeqCst), 3);
@@ -407,7 +541,7 @@ mod tests {
     async fn calls_together_run_at_most_overall_claims() {
         let limits = ClaimConcurrency::new(4, 6);
         let gauge = Arc::new(Gauge::default());
-        let (a, b) = tokio::join!(
+        let ((a, _), (b, _)) = tokio::join!(
             limits.run(claims("a", 30), counted(&gauge), |e| e),
             limits.run(claims("b", 30), counted(&gauge), |e| e),
         );
@@ -423,10 +557,194 @@ mod tests {
             assert_ne!(claim.uid, "c1", "a bug in one claim's preparation");
             claim.name
         };
-        let out = limits.run(claims("c", 3), work, |e| e).await;
+        let (out, _) = limits.run(claims("c", 3), work, |e| e).await;
         assert_eq!(out.len(), 3);
         assert_eq!(out["c0"], "claim-c0");
         assert!(out["c1"].starts_with("internal error"), "{}", out["c1"]);
+    }
+
+    /// A claim reader that counts its calls and takes `delay` for each.
+    struct SlowClaims {
+        reads: AtomicUsize,
+        delay: Duration,
+    }
+
+    impl ClaimReader for SlowClaims {
+        fn get<'a>(
+            &'a self,
+            _namespace: &'a str,
+            _name: &'a str,
+        ) -> crate::claims::BoxFuture<'a, Result<ResourceClaim, crate::claims::ClaimReadError>>
+        {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async move {
+                tokio::time::sleep(self.delay).await;
+                Ok(ResourceClaim::default())
+            })
+        }
+    }
+
+    /// Prepares every claim with one device, unprepares everything, and counts both;
+    /// a claim named `bad-config` fails with what a strict decoder of its opaque
+    /// config says about a field named with a newline and a terminal escape.
+    #[derive(Default)]
+    struct CountingDriver {
+        prepared: AtomicUsize,
+        unprepared: AtomicUsize,
+    }
+
+    impl Driver for CountingDriver {
+        fn prepare(
+            &self,
+            claim: &ClaimRef,
+            _object: &ResourceClaim,
+        ) -> Result<Vec<PreparedDevice>, ClaimError> {
+            self.prepared.fetch_add(1, Ordering::SeqCst);
+            if claim.name == "bad-config" {
+                return Err(ClaimError::new(
+                    "config",
+                    "opaque config: unknown field `x\n\u{1b}[31mred`, expected one of\n  `sharing`",
+                ));
+            }
+            Ok(vec![PreparedDevice {
+                device: format!("dev-{}", claim.name),
+                ..PreparedDevice::default()
+            }])
+        }
+
+        fn unprepare(&self, _claim: &ClaimRef) -> Result<(), ClaimError> {
+            self.unprepared.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    fn service(
+        driver: &Arc<CountingDriver>,
+        reads: &Arc<SlowClaims>,
+        concurrency: ClaimConcurrency,
+    ) -> DraService {
+        DraService::new(driver.clone(), reads.clone(), Arc::default(), concurrency)
+    }
+
+    fn slow_claims(delay: Duration) -> Arc<SlowClaims> {
+        Arc::new(SlowClaims {
+            reads: AtomicUsize::new(0),
+            delay,
+        })
+    }
+
+    #[tokio::test]
+    async fn a_claim_the_call_repeats_is_read_and_prepared_once() {
+        let driver = Arc::new(CountingDriver::default());
+        let reads = slow_claims(Duration::ZERO);
+        let dra = service(&driver, &reads, ClaimConcurrency::new(4, 4));
+        let mut call = claims("c", 3);
+        call.extend(std::iter::repeat_n(call[1].clone(), 50));
+        call.push(call[0].clone());
+        let answers = dra.prepare(call.clone()).await;
+        assert_eq!(answers.len(), 3);
+        assert_eq!(answers["c1"].devices[0].device_name, "dev-claim-c1");
+        assert_eq!(reads.reads.load(Ordering::SeqCst), 3);
+        assert_eq!(driver.prepared.load(Ordering::SeqCst), 3);
+
+        let answers = dra.unprepare(call).await;
+        assert_eq!(answers.len(), 3);
+        assert_eq!(driver.unprepared.load(Ordering::SeqCst), 3);
+    }
+
+    /// Claims that cannot be done within the call's deadline get an error each, and
+    /// the call is answered at the deadline, not when the last claim would be done.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_is_answered_by_its_deadline_and_the_late_claims_say_so() {
+        let driver = Arc::new(CountingDriver::default());
+        // 40 claims of 100 ms, 2 at a time, would take 2 s.
+        let reads = slow_claims(Duration::from_millis(100));
+        let concurrency = ClaimConcurrency::new(2, 2).call_deadline(Duration::from_millis(350));
+        let dra = service(&driver, &reads, concurrency);
+        let started = Instant::now();
+        let answers = dra.prepare(claims("c", 40)).await;
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_millis(1000),
+            "answered after {took:?}"
+        );
+        assert_eq!(answers.len(), 40);
+        let done = answers.values().filter(|a| a.error.is_empty()).count();
+        assert!((2..=8).contains(&done), "{done} done");
+        let late = &answers["c39"].error;
+        assert!(
+            late.starts_with(
+                "claim team-a/claim-c39: not started within the call's time limit of 350ms"
+            ),
+            "{late}"
+        );
+        let in_progress = answers
+            .values()
+            .filter(|a| a.error.contains("still in progress"))
+            .count();
+        assert!(in_progress <= 2, "{in_progress}");
+
+        // The claims cut off in flight still finish, within the bound on work in
+        // flight, and the next call gets its turn.
+        let next = dra.prepare(claims("n", 1)).await;
+        assert_eq!(next["n0"].error, "");
+    }
+
+    #[test]
+    fn error_texts_for_the_kubelet_escape_what_breaks_lines() {
+        assert_eq!(
+            kubelet_error_text("unknown field `x\n\u{1b}[31my`,\r\texpected\u{7f}\u{85}"),
+            "unknown field `x\\n\\u{1b}[31my`,\\r\\texpected\\u{7f}\\u{85}"
+        );
+        assert_eq!(
+            kubelet_error_text("a\u{2028}b\u{202e}c"),
+            "a\\u{2028}b\\u{202e}c"
+        );
+        // Other text, non-ASCII and quotes included, stays as it is.
+        let kept = r#"claim "ä/ö" on GPU-0 — 3 × 80 GiB: \ 'x'"#;
+        assert_eq!(kubelet_error_text(kept), kept);
+    }
+
+    #[test]
+    fn error_texts_for_the_kubelet_are_cut_at_a_char_boundary() {
+        let long = "é".repeat(2000);
+        let cut = kubelet_error_text(&long);
+        assert!(cut.len() <= MAX_ERROR_LEN, "{}", cut.len());
+        assert!(cut.ends_with("… (cut)"));
+        assert!(cut.starts_with("éé"));
+        let fits = "x".repeat(MAX_ERROR_LEN);
+        assert_eq!(kubelet_error_text(&fits), fits);
+    }
+
+    #[tokio::test]
+    async fn the_errors_of_prepare_reach_the_kubelet_escaped() {
+        let driver = Arc::new(CountingDriver::default());
+        let dra = service(
+            &driver,
+            &slow_claims(Duration::ZERO),
+            ClaimConcurrency::new(2, 2),
+        );
+        let mut call = claims("c", 1);
+        call[0].name = "bad-config".to_owned();
+        call.push(v1::Claim {
+            namespace: "team-a".to_owned(),
+            uid: "u2".to_owned(),
+            name: "x\n\u{1b}[2J".to_owned(),
+        });
+        let answers = dra.prepare(call).await;
+        for answer in answers.values() {
+            assert!(!answer.error.is_empty());
+            assert!(
+                !answer.error.chars().any(char::is_control),
+                "{:?}",
+                answer.error
+            );
+        }
+        assert!(
+            answers["c0"].error.contains(r"`x\n\u{1b}[31mred`"),
+            "{}",
+            answers["c0"].error
+        );
     }
 
     #[test]

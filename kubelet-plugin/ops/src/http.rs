@@ -2,21 +2,36 @@
 //! `/readyz`.
 //!
 //! The endpoint is reachable from the pod network, so it must not be something a
-//! client can exhaust: every connection gets `header_read_timeout` to send its request
-//! headers (idle keep-alive connections too), and at most `max_connections` are served
-//! at once; connections beyond that are closed as soon as they are accepted.
-
+//! client can exhaust, and above all the kubelet's probes must get through whatever
+//! other clients do (a failed liveness probe restarts the container):
+//!
+//! - every connection gets `header_read_timeout` to send its request headers (idle
+//!   keep-alive connections too), and `write_timeout` to take a response once it no
+//!   longer fits into the socket: a client that sends requests but never reads the
+//!   answers is closed then, instead of holding its slot for good;
+//! - a keep-alive connection serves at most `max_requests_per_connection` requests,
+//!   then closes, so pipelining cannot make one connection an endless queue of work;
+//! - at most `max_connections` are served at once. [`HEALTH_SLOTS`] more are kept for
+//!   health probes: a connection accepted while the others are all taken may only ask
+//!   for `/healthz`, `/livez` or `/readyz`, once; any other request line closes it as
+//!   soon as it shows. Connections beyond both are closed as soon as they are accepted.
 use std::convert::Infallible;
 use std::future::Future;
+use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::sync::Semaphore;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Sleep;
 
 /// A liveness or readiness check: `Err` carries the reason the probe prints.
 pub type Check =
@@ -79,13 +94,223 @@ pub struct HttpLimits {
     /// Time to send a request's headers, counted from the connection's start or the
     /// end of its previous response.
     pub header_read_timeout: Duration,
-    /// Connections served at once.
+    /// Time a client has to take a response that no longer fits into the socket,
+    /// counted from the first write that had to wait until the whole response is
+    /// written.
+    pub write_timeout: Duration,
+    /// Connections served at once, besides the [`HEALTH_SLOTS`].
     pub max_connections: usize,
+    /// Requests one keep-alive connection serves before it is closed.
+    pub max_requests_per_connection: usize,
 }
+
+/// Connections beyond `max_connections` that only a health probe may use: the
+/// kubelet sends one liveness and one readiness probe at a time, so a few are enough,
+/// and they stay free however many scrapers (or clients posing as scrapers) hold the
+/// others.
+pub const HEALTH_SLOTS: usize = 4;
 
 /// Probe and scrape requests have a few hundred bytes of headers; hyper's default
 /// buffer (about 400 KiB) would let each open connection hold that much memory.
 const MAX_REQUEST_BUFFER: usize = 16 * 1024;
+
+/// Request lines a connection in a health slot may start with: the path, then the
+/// space before the version or a query.
+const HEALTH_REQUEST_LINES: [&[u8]; 6] = [
+    b"GET /healthz ",
+    b"GET /healthz?",
+    b"GET /livez ",
+    b"GET /livez?",
+    b"GET /readyz ",
+    b"GET /readyz?",
+];
+
+/// Whether a connection that starts with `head` asks for a health path: `None`
+/// while it may still turn out either way.
+fn is_health_request(head: &[u8]) -> Option<bool> {
+    if HEALTH_REQUEST_LINES.iter().any(|l| head.starts_with(l)) {
+        Some(true)
+    } else if HEALTH_REQUEST_LINES.iter().any(|l| l.starts_with(head)) {
+        None
+    } else {
+        Some(false)
+    }
+}
+
+/// Reads the start of the request line of a connection in a health slot, until it
+/// shows whether it asks for a health path; what was read is handed on with it.
+async fn read_health_request_line(stream: &mut TcpStream, limit: Duration) -> Option<Vec<u8>> {
+    let longest = HEALTH_REQUEST_LINES
+        .iter()
+        .map(|l| l.len())
+        .max()
+        .unwrap_or(0);
+    let mut head = vec![0; longest];
+    let mut got = 0;
+    let read = async {
+        loop {
+            match is_health_request(&head[..got]) {
+                Some(true) => return true,
+                Some(false) => return false,
+                None => {}
+            }
+            // Undecided means `head[..got]` is a proper prefix of a line, so there is
+            // room for at least one more byte.
+            match stream.read(&mut head[got..]).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => got += n,
+            }
+        }
+    };
+    let health = tokio::time::timeout(limit, read).await.unwrap_or(false);
+    head.truncate(got);
+    health.then_some(head)
+}
+
+/// The accepted socket as hyper sees it: `prefix` (bytes already read to choose the
+/// slot) comes first, and a write that cannot proceed for `write_timeout` fails the
+/// connection.
+struct Conn {
+    stream: TcpStream,
+    prefix: Vec<u8>,
+    prefix_pos: usize,
+    write_timeout: Duration,
+    /// Armed at the first write that had to wait, disarmed once hyper has flushed
+    /// everything: it bounds how long one response may take to leave, however
+    /// slowly the client reads, not only how long one write may wait.
+    stalled: Option<Pin<Box<Sleep>>>,
+}
+
+impl Conn {
+    fn new(stream: TcpStream, prefix: Vec<u8>, write_timeout: Duration) -> Self {
+        Self {
+            stream,
+            prefix,
+            prefix_pos: 0,
+            write_timeout,
+            stalled: None,
+        }
+    }
+
+    fn bounded<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        write: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if write.is_ready() {
+            return write;
+        }
+        let timeout = self.write_timeout;
+        let stalled = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        if stalled.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the client took no response for {timeout:?}"),
+            )));
+        }
+        Poll::Pending
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.prefix_pos < this.prefix.len() {
+            let rest = &this.prefix[this.prefix_pos..];
+            let n = rest.len().min(buf.remaining());
+            buf.put_slice(&rest[..n]);
+            this.prefix_pos += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let write = Pin::new(&mut this.stream).poll_write(cx, buf);
+        this.bounded(cx, write)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let write = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        this.bounded(cx, write)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let flush = Pin::new(&mut this.stream).poll_flush(cx);
+        if flush.is_ready() {
+            // hyper flushes once its buffer is written out: the response has left.
+            this.stalled = None;
+        }
+        this.bounded(cx, flush)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let shutdown = Pin::new(&mut this.stream).poll_shutdown(cx);
+        this.bounded(cx, shutdown)
+    }
+}
+
+/// Serves one accepted connection; `max_requests` of one makes it a one-shot.
+async fn serve_connection(
+    conn: Conn,
+    endpoints: Endpoints,
+    limits: HttpLimits,
+    max_requests: usize,
+    peer: std::net::SocketAddr,
+    _slot: OwnedSemaphorePermit,
+) {
+    let served = Arc::new(AtomicUsize::new(0));
+    let service = hyper::service::service_fn(move |req| {
+        let endpoints = endpoints.clone();
+        let served = served.clone();
+        async move {
+            let mut response = handle(endpoints, req).await?;
+            // `Connection: close` on the last answer makes hyper close the connection
+            // once it is written; requests pipelined behind it get no answer.
+            if served.fetch_add(1, Ordering::Relaxed) + 1 >= max_requests {
+                response.headers_mut().insert(
+                    hyper::header::CONNECTION,
+                    hyper::header::HeaderValue::from_static("close"),
+                );
+            }
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let served = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(MAX_REQUEST_BUFFER)
+        .keep_alive(max_requests > 1)
+        .serve_connection(TokioIo::new(conn), service)
+        .await;
+    if let Err(e) = served {
+        tracing::debug!(%peer, error = %e, "metrics connection ended");
+    }
+}
 
 /// Serves the endpoints on `listener` until `shutdown` resolves.
 pub async fn serve(
@@ -95,15 +320,17 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) {
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, header_read_timeout = ?limits.header_read_timeout, max_connections = limits.max_connections, "serving /metrics, /healthz and /readyz");
+        tracing::info!(%addr, header_read_timeout = ?limits.header_read_timeout, write_timeout = ?limits.write_timeout, max_connections = limits.max_connections, max_requests_per_connection = limits.max_requests_per_connection, health_slots = HEALTH_SLOTS, "serving /metrics, /healthz and /readyz");
     }
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let health_slots = Arc::new(Semaphore::new(HEALTH_SLOTS));
+    let max_requests = limits.max_requests_per_connection.max(1);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             () = &mut shutdown => return,
             accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
+                let (mut stream, peer) = match accepted {
                     Ok(a) => a,
                     Err(e) => {
                         tracing::warn!(error = %e, "metrics endpoint accept failed");
@@ -111,29 +338,277 @@ pub async fn serve(
                         continue;
                     }
                 };
+                let endpoints = endpoints.clone();
+                if let Ok(slot) = slots.clone().try_acquire_owned() {
+                    let conn = Conn::new(stream, Vec::new(), limits.write_timeout);
+                    tokio::spawn(serve_connection(conn, endpoints, limits, max_requests, peer, slot));
+                    continue;
+                }
                 // Closing at once rather than queueing: a waiting connection would
                 // still hold a socket, and the client learns immediately.
-                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                let Ok(slot) = health_slots.clone().try_acquire_owned() else {
                     (endpoints.rejected)();
                     tracing::debug!(%peer, "metrics endpoint at its connection limit; closed a connection");
                     drop(stream);
                     continue;
                 };
-                let endpoints = endpoints.clone();
                 tokio::spawn(async move {
-                    let _slot = slot;
-                    let service = hyper::service::service_fn(move |req| handle(endpoints.clone(), req));
-                    let served = hyper::server::conn::http1::Builder::new()
-                        .timer(TokioTimer::new())
-                        .header_read_timeout(limits.header_read_timeout)
-                        .max_buf_size(MAX_REQUEST_BUFFER)
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                    if let Err(e) = served {
-                        tracing::debug!(%peer, error = %e, "metrics connection ended");
-                    }
+                    let Some(head) = read_health_request_line(&mut stream, limits.header_read_timeout).await else {
+                        (endpoints.rejected)();
+                        tracing::debug!(%peer, "metrics endpoint at its connection limit; closed a connection that is no health probe");
+                        return;
+                    };
+                    let conn = Conn::new(stream, head, limits.write_timeout);
+                    serve_connection(conn, endpoints, limits, 1, peer, slot).await;
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+
+    const BIG: usize = 8 << 20;
+
+    struct Server {
+        addr: SocketAddr,
+        rejected: Arc<AtomicUsize>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Drop for Server {
+        fn drop(&mut self) {
+            self.task.abort();
+        }
+    }
+
+    fn limits(max_connections: usize) -> HttpLimits {
+        HttpLimits {
+            header_read_timeout: Duration::from_secs(5),
+            write_timeout: Duration::from_secs(60),
+            max_connections,
+            max_requests_per_connection: 100,
+        }
+    }
+
+    /// An endpoint on loopback whose metrics are `metrics_len` bytes: more than the
+    /// socket buffers hold, so a client that does not read blocks the server.
+    async fn start(limits: HttpLimits, metrics_len: usize) -> Server {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let rejected = Arc::new(AtomicUsize::new(0));
+        let endpoints = Endpoints {
+            metrics: Arc::new(move || "x".repeat(metrics_len)),
+            live: always_ok(),
+            ready: always_ok(),
+            rejected: {
+                let rejected = rejected.clone();
+                Arc::new(move || {
+                    rejected.fetch_add(1, Ordering::SeqCst);
+                })
+            },
+        };
+        let task = tokio::spawn(serve(listener, endpoints, limits, std::future::pending()));
+        Server {
+            addr,
+            rejected,
+            task,
+        }
+    }
+
+    fn request(path: &str, close: bool) -> String {
+        let connection = if close { "Connection: close\r\n" } else { "" };
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n{connection}\r\n")
+    }
+
+    /// Everything the server sends on `s` until it closes it, within `limit`; `None`
+    /// if it is still open then.
+    async fn read_all(s: &mut TcpStream, limit: Duration) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut buf = vec![0; 64 * 1024];
+        tokio::time::timeout(limit, async {
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => out.extend_from_slice(&buf[..n]),
+                }
+            }
+        })
+        .await
+        .ok()?;
+        Some(out)
+    }
+
+    /// The status of one request on a connection of its own, answered within
+    /// `limit`; `None` if the server closed it without an answer or took longer.
+    async fn get(addr: SocketAddr, path: &str, limit: Duration) -> Option<u16> {
+        let mut s = TcpStream::connect(addr).await.ok()?;
+        s.write_all(request(path, true).as_bytes()).await.ok()?;
+        let answer = read_all(&mut s, limit).await?;
+        let text = String::from_utf8_lossy(&answer[..answer.len().min(64)]).into_owned();
+        text.split_whitespace().nth(1)?.parse().ok()
+    }
+
+    /// A client that pipelines `requests` scrapes and reads none of the answers, with
+    /// a small receive buffer so the server's writes soon have to wait.
+    async fn slow_reader(addr: SocketAddr, requests: usize) -> TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut s = socket.connect(addr).await.unwrap();
+        s.write_all(request("/metrics", false).repeat(requests).as_bytes())
+            .await
+            .unwrap();
+        s
+    }
+
+    #[test]
+    fn only_health_request_lines_are_health_requests() {
+        for line in [
+            "GET /healthz HTTP/1.1",
+            "GET /livez HTTP/1.1",
+            "GET /readyz?verbose HTTP/1.1",
+        ] {
+            assert_eq!(is_health_request(line.as_bytes()), Some(true), "{line}");
+        }
+        for head in ["", "G", "GET /", "GET /he", "GET /healthz"] {
+            assert_eq!(is_health_request(head.as_bytes()), None, "{head}");
+        }
+        for head in [
+            "GET /metr",
+            "POST /healthz",
+            "GET /healthzz",
+            "GET /readyz/x",
+            "\x16\x03",
+        ] {
+            assert_eq!(is_health_request(head.as_bytes()), Some(false), "{head}");
+        }
+    }
+
+    /// Clients that pipeline scrapes and never read hold every connection slot, for
+    /// as long as the write timeout lets them; the probes still get through.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn probes_get_through_while_slow_readers_hold_every_slot() {
+        let server = start(limits(4), BIG).await;
+        let mut slow = Vec::new();
+        for _ in 0..6 {
+            slow.push(slow_reader(server.addr, 3).await);
+        }
+        // Every slot is taken: a scrape is refused.
+        assert_eq!(
+            get(server.addr, "/metrics", Duration::from_secs(2)).await,
+            None
+        );
+
+        let started = std::time::Instant::now();
+        let mut answered = 0;
+        for i in 0..30 {
+            let path = ["/healthz", "/livez", "/readyz"][i % 3];
+            if get(server.addr, path, Duration::from_secs(2)).await == Some(200) {
+                answered += 1;
+            }
+        }
+        eprintln!(
+            "30 probes against 6 slow readers: {answered} answered in {:?}",
+            started.elapsed()
+        );
+        assert_eq!(answered, 30);
+        assert!(server.rejected.load(Ordering::SeqCst) >= 1);
+        drop(slow);
+    }
+
+    /// A client that does not take its answer is closed after the write timeout, and
+    /// its slot serves others again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_that_does_not_read_is_closed_after_the_write_timeout() {
+        let server = start(
+            HttpLimits {
+                write_timeout: Duration::from_millis(300),
+                ..limits(1)
+            },
+            BIG,
+        )
+        .await;
+        let mut slow = slow_reader(server.addr, 3).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // Closed: what it reads now is what the socket buffers held, less than the
+        // first of its three answers, and then the end.
+        let got = read_all(&mut slow, Duration::from_secs(10))
+            .await
+            .expect("the server closes the connection");
+        assert!(got.len() < BIG, "{} bytes", got.len());
+        assert_eq!(
+            get(server.addr, "/metrics", Duration::from_secs(5)).await,
+            Some(200)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_keep_alive_connection_serves_at_most_max_requests() {
+        let server = start(
+            HttpLimits {
+                header_read_timeout: Duration::from_secs(1),
+                max_requests_per_connection: 3,
+                ..limits(4)
+            },
+            16,
+        )
+        .await;
+        let mut s = TcpStream::connect(server.addr).await.unwrap();
+        s.write_all(request("/healthz", false).repeat(5).as_bytes())
+            .await
+            .unwrap();
+        let answer = read_all(&mut s, Duration::from_secs(5)).await.unwrap();
+        let answer = String::from_utf8_lossy(&answer).to_lowercase();
+        assert_eq!(answer.matches("http/1.1 200").count(), 3, "{answer}");
+        // The third answer says so.
+        assert_eq!(answer.matches("connection: close").count(), 1, "{answer}");
+    }
+
+    /// A connection in a health slot gets one probe answered; anything else closes
+    /// it as soon as its request line shows, and is counted.
+    #[tokio::test]
+    async fn a_health_slot_serves_one_probe_and_nothing_else() {
+        let server = start(limits(1), 16).await;
+        // Holds the one ordinary slot: connected, nothing sent yet.
+        let _idle = TcpStream::connect(server.addr).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+
+        assert_eq!(
+            get(server.addr, "/metrics", Duration::from_secs(1)).await,
+            None
+        );
+        assert_eq!(server.rejected.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            get(server.addr, "/readyz", Duration::from_secs(1)).await,
+            Some(200)
+        );
+
+        let mut s = TcpStream::connect(server.addr).await.unwrap();
+        s.write_all(request("/healthz", false).repeat(2).as_bytes())
+            .await
+            .unwrap();
+        let answer = read_all(&mut s, Duration::from_secs(2)).await.unwrap();
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        assert_eq!(answer.matches("HTTP/1.1 200").count(), 1, "{answer}");
+
+        // Health slots taken by clients that send nothing; one more is closed at once.
+        let mut held = Vec::new();
+        for _ in 0..HEALTH_SLOTS {
+            held.push(TcpStream::connect(server.addr).await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut extra = TcpStream::connect(server.addr).await.unwrap();
+        assert!(
+            read_all(&mut extra, Duration::from_millis(500))
+                .await
+                .is_some()
+        );
+        assert_eq!(server.rejected.load(Ordering::SeqCst), 2);
     }
 }

@@ -166,7 +166,7 @@ Checks of values that would otherwise fail at run time on every node.
 {{- if not (hasPrefix "/" (toString .Values.kubeletPlugin.driverRoot)) }}
 {{- fail "kubeletPlugin.driverRoot must be an absolute host path" }}
 {{- end }}
-{{- range $key := list "httpHeaderReadTimeoutSeconds" "httpMaxConnections" "maxConcurrentClaimsPerCall" "maxConcurrentClaims" }}
+{{- range $key := list "httpHeaderReadTimeoutSeconds" "httpMaxConnections" "httpWriteTimeoutSeconds" "httpMaxRequestsPerConnection" "maxConcurrentClaimsPerCall" "maxConcurrentClaims" }}
 {{- $v := index $.Values.kubeletPlugin $key }}
 {{- if or (lt (int64 $v) 1) (ne (float64 $v) (float64 (int64 $v))) }}
 {{- fail (printf "kubeletPlugin.%s must be a whole number of at least 1, not %v" $key $v) }}

@@ -135,3 +135,99 @@ async fn registers_prepares_on_both_versions_and_removes_its_sockets() {
     plugin.stop().await;
     assert!(!sockets.dra.exists());
 }
+
+/// Claim reads that wait at a gate, counting how many wait at once.
+struct Gated {
+    gate: tokio::sync::Semaphore,
+    waiting: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+impl ClaimReader for Gated {
+    fn get<'a>(
+        &'a self,
+        _namespace: &'a str,
+        _name: &'a str,
+    ) -> BoxFuture<'a, Result<ResourceClaim, ClaimReadError>> {
+        Box::pin(async move {
+            let now = self.waiting.fetch_add(1, Ordering::SeqCst) + 1;
+            self.peak.fetch_max(now, Ordering::SeqCst);
+            let _pass = self.gate.acquire().await;
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            Ok(ResourceClaim::default())
+        })
+    }
+}
+
+/// One connection gets at most `MAX_CONCURRENT_STREAMS` calls in at once; grpc
+/// clients queue the others, which are answered once the first are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connection_gets_at_most_max_concurrent_streams_calls_in() {
+    use std::time::Duration;
+
+    use crate::uds::MAX_CONCURRENT_STREAMS;
+
+    let dir = tempfile::tempdir().unwrap();
+    let sockets = PluginSockets::new(
+        &dir.path().join("registry"),
+        &dir.path().join("plugins"),
+        "example.com",
+        None,
+    );
+    let claims = Arc::new(Gated {
+        gate: tokio::sync::Semaphore::new(0),
+        waiting: AtomicUsize::new(0),
+        peak: AtomicUsize::new(0),
+    });
+    let plugin = PluginBuilder::new(
+        "example.com",
+        "node-a",
+        sockets.clone(),
+        Arc::new(Fake::default()),
+        claims.clone(),
+    )
+    .start()
+    .unwrap();
+
+    let dra = connect(&sockets.dra).await.unwrap();
+    // A client learns the limit from the server's SETTINGS; streams it opens before
+    // get REFUSED_STREAM (which grpc-go retries on its own, hyper does not). One call
+    // first makes sure the client has them.
+    v1::dra_plugin_client::DraPluginClient::new(dra.clone())
+        .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: vec![] })
+        .await
+        .unwrap();
+    let calls = 20;
+    let mut answers = tokio::task::JoinSet::new();
+    for i in 0..calls {
+        let mut client = v1::dra_plugin_client::DraPluginClient::new(dra.clone());
+        answers.spawn(async move {
+            client
+                .node_prepare_resources(v1::NodePrepareResourcesRequest {
+                    claims: vec![claim(&format!("c{i}"))],
+                })
+                .await
+        });
+    }
+    let limit = MAX_CONCURRENT_STREAMS as usize;
+    tokio::time::timeout(Duration::from_secs(3), async {
+        while claims.waiting.load(Ordering::SeqCst) < limit {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the first calls arrive");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(claims.peak.load(Ordering::SeqCst), limit);
+
+    claims.gate.add_permits(calls);
+    let mut answered = 0;
+    while let Some(answer) = answers.join_next().await {
+        let answer = answer.unwrap().unwrap().into_inner();
+        assert_eq!(answer.claims.len(), 1);
+        answered += 1;
+    }
+    assert_eq!(answered, calls);
+    drop(dra);
+    plugin.stop().await;
+}

@@ -5,9 +5,11 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use tokio::net::UnixListener;
+use tokio::sync::Semaphore;
 use tokio_stream::Stream;
 use tracing::{debug, warn};
 
@@ -184,11 +186,20 @@ fn remove_stale(path: &Path) -> Result<(), BindError> {
 #[derive(Debug)]
 pub struct Incoming {
     listener: UnixListener,
+    /// One per connection served; see [`super::MAX_CONNECTIONS`].
+    slots: Arc<Semaphore>,
 }
 
 impl Incoming {
     pub(crate) fn new(listener: UnixListener) -> Self {
-        Self { listener }
+        Self::with_max_connections(listener, super::MAX_CONNECTIONS)
+    }
+
+    pub(crate) fn with_max_connections(listener: UnixListener, max: usize) -> Self {
+        Self {
+            listener,
+            slots: Arc::new(Semaphore::new(max.max(1))),
+        }
     }
 }
 
@@ -196,10 +207,18 @@ impl Stream for Incoming {
     type Item = io::Result<ShimmedStream>;
 
     /// Never ends. Accept errors (e.g. out of file descriptors) are yielded and the
-    /// stream stays usable; tonic logs them and keeps accepting.
+    /// stream stays usable; tonic logs them and keeps accepting. A connection over
+    /// the limit is closed at once: queueing it would still hold its socket, and
+    /// its client learns immediately.
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let (stream, _) = ready!(self.listener.poll_accept(cx))?;
-        Poll::Ready(Some(Ok(ShimmedStream::new(stream))))
+        let this = self.get_mut();
+        loop {
+            let (stream, _) = ready!(this.listener.poll_accept(cx))?;
+            match this.slots.clone().try_acquire_owned() {
+                Ok(slot) => return Poll::Ready(Some(Ok(ShimmedStream::new(stream).holding(slot)))),
+                Err(_) => debug!("plugin socket at its connection limit; closed a connection"),
+            }
+        }
     }
 }
 

@@ -6,6 +6,7 @@ use std::task::{Context, Poll, ready};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::UnixStream;
+use tokio::sync::OwnedSemaphorePermit;
 use tonic::transport::server::{Connected, UdsConnectInfo};
 use tracing::warn;
 
@@ -29,6 +30,9 @@ pub struct ShimmedStream {
     ready: Vec<u8>,
     ready_pos: usize,
     read_state: ReadState,
+    /// The connection's place under the socket's connection limit, given back when
+    /// the server drops the connection.
+    _slot: Option<OwnedSemaphorePermit>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +52,13 @@ impl ShimmedStream {
             ready: Vec::new(),
             ready_pos: 0,
             read_state: ReadState::Open,
+            _slot: None,
         }
+    }
+
+    pub(crate) fn holding(mut self, slot: OwnedSemaphorePermit) -> Self {
+        self._slot = Some(slot);
+        self
     }
 
     /// The underlying socket, e.g. for peer credentials.

@@ -514,3 +514,181 @@ async fn the_shims_header_limit_is_the_servers() {
     outcome.assert_closed();
     server.abort();
 }
+
+/// The server tells every client the bounds at once, in its first frames: streams at
+/// once, and the stream and connection windows.
+#[tokio::test]
+async fn the_servers_settings_bound_streams_and_windows() {
+    use super::{CONNECTION_WINDOW, MAX_CONCURRENT_STREAMS, STREAM_WINDOW, grpc_server};
+    const WINDOW_UPDATE: u8 = 0x8;
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = socket_path(&dir);
+    let (_guard, incoming) = serve_uds(&path).unwrap();
+    let server = tokio::spawn(async move {
+        grpc_server()
+            .add_routes(tonic::service::Routes::default())
+            .serve_with_incoming(incoming)
+            .await
+            .unwrap();
+    });
+    let mut client = RawClient::connect(&path).await;
+    let (kind, flags, _, payload) = client.read_frame().await.unwrap();
+    assert_eq!((kind, flags), (SETTINGS, 0));
+    let settings: std::collections::HashMap<u16, u32> = payload
+        .chunks(6)
+        .map(|c| {
+            (
+                u16::from_be_bytes([c[0], c[1]]),
+                u32::from_be_bytes([c[2], c[3], c[4], c[5]]),
+            )
+        })
+        .collect();
+    assert_eq!(
+        settings.get(&0x3),
+        Some(&MAX_CONCURRENT_STREAMS),
+        "{settings:?}"
+    );
+    assert_eq!(settings.get(&0x4), Some(&STREAM_WINDOW), "{settings:?}");
+    // The connection window grows from the protocol's 65,535 by a WINDOW_UPDATE.
+    let increment = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let (kind, _, stream, payload) = client.read_frame().await.unwrap();
+            if kind == WINDOW_UPDATE && stream == 0 {
+                return u32::from_be_bytes(payload[..4].try_into().unwrap());
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(increment + 65_535, CONNECTION_WINDOW);
+    server.abort();
+}
+
+/// Request messages of all calls together take at most the budget: a call whose
+/// message would take it further fails with RESOURCE_EXHAUSTED, however the bytes
+/// are spread over streams, and the bytes come back once a call is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_messages_together_stay_within_the_budget() {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+
+    use topodra_proto::pluginregistration::v1::registration_server::RegistrationServer;
+
+    use super::RequestBudgetLayer;
+    use crate::registration::RegistrationService;
+
+    const BUDGET: usize = 1 << 20;
+    const PART: usize = 600 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = socket_path(&dir);
+    let (_guard, incoming) = serve_uds(&path).unwrap();
+    let budget = RequestBudgetLayer::new(BUDGET);
+    let layer = budget.clone();
+    let server = tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .layer(layer)
+            .add_service(RegistrationServer::new(RegistrationService {
+                driver_name: "example.com".to_owned(),
+                endpoint: "dra.sock".to_owned(),
+                supported_versions: Vec::new(),
+                registered: Arc::new(AtomicBool::new(false)),
+            }))
+            .serve_with_incoming(incoming)
+            .await
+            .unwrap();
+    });
+
+    let io = UnixStream::connect(&path).await.unwrap();
+    let (mut h2, connection) = h2::client::handshake(io).await.unwrap();
+    tokio::spawn(connection);
+    // A message that declares 1,000,000 bytes and sends the first `PART` of them.
+    async fn start_call(
+        h2: &mut h2::client::SendRequest<tonic::codegen::Bytes>,
+    ) -> (
+        h2::client::ResponseFuture,
+        h2::SendStream<tonic::codegen::Bytes>,
+    ) {
+        let request =
+            http::Request::post("http://localhost/pluginregistration.Registration/GetInfo")
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .body(())
+                .unwrap();
+        *h2 = h2.clone().ready().await.unwrap();
+        let (response, mut body) = h2.send_request(request, false).unwrap();
+        let mut message = vec![0u8];
+        message.extend_from_slice(&1_000_000u32.to_be_bytes());
+        message.resize(5 + PART, b'x');
+        body.send_data(message.into(), false).unwrap();
+        (response, body)
+    }
+    async fn wait_for(budget: &RequestBudgetLayer, what: &str, cond: impl Fn(usize) -> bool) {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while !cond(budget.available()) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{what}: {} bytes left", budget.available()));
+    }
+
+    let (first, first_body) = start_call(&mut h2).await;
+    wait_for(&budget, "the first call takes its bytes", |left| {
+        left <= BUDGET - PART
+    })
+    .await;
+    let (second, _second_body) = start_call(&mut h2).await;
+    let answer = tokio::time::timeout(Duration::from_secs(5), second)
+        .await
+        .unwrap()
+        .unwrap();
+    let status = answer
+        .headers()
+        .get("grpc-status")
+        .map(|v| v.to_str().unwrap().to_owned());
+    assert_eq!(status.as_deref(), Some("8"), "{answer:?}");
+
+    // The first call ends (its client gives up): its bytes are free again.
+    drop((first, first_body));
+    wait_for(&budget, "the bytes come back", |left| left == BUDGET).await;
+    server.abort();
+}
+
+/// A socket serves at most `MAX_CONNECTIONS` connections; one more is closed as soon
+/// as it is accepted, and a slot given back serves the next.
+#[tokio::test]
+async fn connections_over_the_limit_are_closed_at_once() {
+    use super::MAX_CONNECTIONS;
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = socket_path(&dir);
+    let (_guard, mut incoming) = serve_uds(&path).unwrap();
+    let (tx, mut accepted) = tokio::sync::mpsc::unbounded_channel();
+    let server = tokio::spawn(async move {
+        while let Some(Ok(stream)) = incoming.next().await {
+            let _ = tx.send(stream);
+        }
+    });
+    let is_closed = async |s: &mut UnixStream| {
+        let mut buf = [0u8; 1];
+        matches!(
+            tokio::time::timeout(Duration::from_millis(300), s.read(&mut buf)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    };
+
+    let mut clients = Vec::new();
+    let mut served = Vec::new();
+    for _ in 0..MAX_CONNECTIONS {
+        clients.push(UnixStream::connect(&path).await.unwrap());
+        served.push(accepted.recv().await.unwrap());
+    }
+    let mut extra = UnixStream::connect(&path).await.unwrap();
+    assert!(is_closed(&mut extra).await);
+    assert!(!is_closed(&mut clients[0]).await);
+
+    drop(served.pop());
+    let mut next = UnixStream::connect(&path).await.unwrap();
+    let _served = accepted.recv().await.unwrap();
+    assert!(!is_closed(&mut next).await);
+    server.abort();
+}
