@@ -2,6 +2,7 @@
 //! check found, for an operator who does not read the plugin's logs.
 
 use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use topodra_driver::checkpoint::ClaimRecord;
 use topodra_driver::prepare::StartupReport;
 
@@ -90,6 +91,46 @@ pub(crate) async fn recovery_events(client: kube::Client, node: &str, report: &S
             "recovered state could not be saved ({e}); serving from memory, prepares fail until the disk accepts writes"
         );
         node_event(client, node, "CheckpointNotSaved", "Recover", note).await;
+    }
+}
+
+/// Earlier versions named this node's slices `<node>-<driver>-<i>`; now the API
+/// server names them. A slice of another node or driver under such a name was made
+/// to squat it (any identity that may create slices can create one under any
+/// name): it no longer matters to publishing, but it says that an identity
+/// misbehaves, so each is reported once per start. One GET per slice of the pool.
+pub(crate) async fn squatted_names(client: kube::Client, node: &str, driver: &str, slices: usize) {
+    let api: kube::Api<ResourceSlice> = kube::Api::all(client.clone());
+    for i in 0..slices {
+        let name = format!("{node}-{driver}-{i}");
+        let slice = match api.get_opt(&name).await {
+            Ok(Some(slice)) => slice,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::debug!(error = %e, slice = %name, "cannot check an old slice name");
+                return;
+            }
+        };
+        let (their_node, their_driver) = (
+            slice.spec.node_name.as_deref().unwrap_or(""),
+            slice.spec.driver.as_str(),
+        );
+        if their_node == node && their_driver == driver {
+            continue;
+        }
+        tracing::warn!(slice = %name, node = ?their_node, driver = ?their_driver, "a ResourceSlice of another node or driver has this node's old slice name; it is ignored");
+        let note = format!(
+            "ResourceSlice {name} carries this node's old slice name but is of node {their_node:?}, driver {their_driver:?}; \
+             it is ignored (this node's slices are named by the API server). Find who created it in its managedFields"
+        );
+        node_event(
+            client.clone(),
+            node,
+            "ResourceSliceNameSquatted",
+            "Publish",
+            note,
+        )
+        .await;
     }
 }
 

@@ -367,9 +367,19 @@ async fn serve(
     .start()?;
 
     let publisher_config = PublisherConfig::new(&args.discovery.driver_name, &args.node_name);
+    let slices = match &*desired_rx.borrow() {
+        crate::publish::DesiredPool::Slices(s) => s.len(),
+        crate::publish::DesiredPool::Invalid(_) => 1,
+    };
     let publisher = Publisher::new(client.clone(), publisher_config, desired_rx);
     let publish_status = publisher.status();
     let publisher_task = tokio::spawn(publisher.run(shutdown()));
+    let (check_client, node, driver) = (
+        client.clone(),
+        args.node_name.clone(),
+        args.discovery.driver_name.clone(),
+    );
+    tokio::spawn(async move { events::squatted_names(check_client, &node, &driver, slices).await });
     lifecycle.serving(
         plugin.sockets().registration.clone(),
         plugin.sockets().dra.clone(),

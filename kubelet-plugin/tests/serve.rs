@@ -874,3 +874,52 @@ async fn claims_gone_from_the_api_server_are_unprepared_after_a_grace_period() {
         api.requests()
     );
 }
+
+/// A slice of another node under this node's old slice name (`<node>-<driver>-0`):
+/// reported in an Event, never written to, and this node publishes its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slice_squatting_the_old_name_is_reported_and_ignored() {
+    let node = NodeDirs::profile("dgx-h100");
+    let (api, kubeconfig) = api_for(&node).await;
+    let squatted = format!("{}-{DRIVER}-0", node.name);
+    api.seed(&[serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": squatted},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": "evil-node",
+            "pool": {"name": "evil-node", "generation": 1, "resourceSliceCount": 1},
+        },
+    })]);
+    let mut plugin = Plugin::start(&node, &kubeconfig, &[]);
+    plugin.wait_live(Duration::from_secs(60)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let ours = api
+            .slices()
+            .iter()
+            .filter(|s| s["spec"]["nodeName"] == node.name.as_str())
+            .count();
+        let reported = api
+            .events_posted()
+            .iter()
+            .any(|e| e["reason"] == "ResourceSliceNameSquatted");
+        if ours == 1 && reported {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "ours {ours}, reported {reported}:\n{}",
+            plugin.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let writes: Vec<_> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.ends_with(&squatted) && r.method != http::Method::GET)
+        .collect();
+    assert!(writes.is_empty(), "{writes:?}");
+    assert_eq!(api.stored()[&squatted]["spec"]["nodeName"], "evil-node");
+}

@@ -96,13 +96,13 @@ impl Driver for Minimal {
     }
 }
 
-/// The node's pool: one slice with one device. The publisher sets the pool
-/// generation and makes the Node own the slice.
+/// The node's pool: one slice with one device. The publisher names the slice, sets
+/// the pool generation and makes the Node own it.
 fn pool(node: &str) -> serde_json::Result<DesiredPool> {
     let slice: ResourceSlice = serde_json::from_value(json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
-        "metadata": { "name": format!("{node}-minimal-example-com") },
+        "metadata": {},
         "spec": {
             "driver": DRIVER,
             "nodeName": node,

@@ -139,19 +139,34 @@ impl MockApi {
                     )
                 }
             }
+            (Method::GET, ["apis", "resource.k8s.io", "v1", "resourceslices", name]) => {
+                match s.slices.get(*name) {
+                    Some(slice) => json_response(StatusCode::OK, slice),
+                    None => status(
+                        StatusCode::NOT_FOUND,
+                        &format!("resourceslices.resource.k8s.io \"{name}\" not found"),
+                    ),
+                }
+            }
             (Method::PATCH, ["apis", "resource.k8s.io", "v1", "resourceslices", name]) => {
-                if s.failing_applies > 0 {
-                    s.failing_applies -= 1;
-                    return Ok(status(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "etcdserver: leader changed",
-                    ));
+                if let Some(failed) = s.failing_write() {
+                    return Ok(failed);
                 }
                 let Some(object) = json_body else {
                     return Ok(status(StatusCode::BAD_REQUEST, "apply body is not JSON"));
                 };
                 let manager = query.get("fieldManager").cloned().unwrap_or_default();
                 s.apply(name, object, &manager)
+            }
+            (Method::POST, ["apis", "resource.k8s.io", "v1", "resourceslices"]) => {
+                if let Some(failed) = s.failing_write() {
+                    return Ok(failed);
+                }
+                let Some(object) = json_body else {
+                    return Ok(status(StatusCode::BAD_REQUEST, "create body is not JSON"));
+                };
+                let manager = query.get("fieldManager").cloned().unwrap_or_default();
+                s.create(object, &manager)
             }
             (Method::DELETE, ["apis", "resource.k8s.io", "v1", "resourceslices", name]) => {
                 s.delete(name, json_body.as_ref())
@@ -253,6 +268,46 @@ impl State {
         json_response(code, &obj)
     }
 
+    /// A 500 for this write when writes are set to fail (`fail_applies`).
+    fn failing_write(&mut self) -> Option<Response<Body>> {
+        (self.failing_applies > 0).then(|| {
+            self.failing_applies -= 1;
+            status(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "etcdserver: leader changed",
+            )
+        })
+    }
+
+    /// POST: a new slice, named by `metadata.generateName` plus a suffix as the API
+    /// server makes them (5 characters from its alphabet), or by `metadata.name`;
+    /// 409 when the name is taken.
+    fn create(&mut self, obj: Value, manager: &str) -> Response<Body> {
+        let name = match (
+            obj["metadata"]["name"].as_str(),
+            obj["metadata"]["generateName"].as_str(),
+        ) {
+            (Some(name), _) => name.to_owned(),
+            (None, Some(prefix)) => {
+                self.generated += 1;
+                format!("{prefix}{}", generated_suffix(self.generated))
+            }
+            (None, None) => {
+                return status(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "metadata.name: Required value: name or generateName is required",
+                );
+            }
+        };
+        if self.slices.contains_key(&name) {
+            return status(
+                StatusCode::CONFLICT,
+                &format!("resourceslices.resource.k8s.io \"{name}\" already exists"),
+            );
+        }
+        self.apply(&name, obj, manager)
+    }
+
     /// DELETE, honouring a uid precondition in the options.
     fn delete(&mut self, name: &str, options: Option<&Value>) -> Response<Body> {
         let Some(obj) = self.slices.get(name) else {
@@ -310,4 +365,19 @@ fn status(code: StatusCode, message: &str) -> Response<Body> {
             "code": code.as_u16(),
         }),
     )
+}
+
+/// The `n`th generated name suffix: five characters of the API server's alphabet
+/// (`k8s.io/apimachinery/pkg/util/rand`: no vowels, no confusable digits), in a
+/// fixed order so tests are reproducible.
+fn generated_suffix(mut n: u64) -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let base = ALPHABET.len() as u64;
+    (0..5)
+        .map(|_| {
+            let c = ALPHABET[(n % base) as usize] as char;
+            n /= base;
+            c
+        })
+        .collect()
 }

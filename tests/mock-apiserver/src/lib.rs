@@ -81,6 +81,11 @@ impl Recorded {
         self.method == Method::PATCH && self.path.starts_with(SLICES)
     }
 
+    /// A POST of a new slice (`generateName`).
+    pub fn is_create(&self) -> bool {
+        self.method == Method::POST && self.path == SLICES
+    }
+
     pub fn is_delete(&self) -> bool {
         self.method == Method::DELETE
     }
@@ -114,8 +119,10 @@ struct State {
     watchers: Vec<Watcher>,
     /// Requests to fail with a connection error, whatever they are.
     unreachable: usize,
-    /// Applies to answer with 500.
+    /// Slice writes (applies and creates) to answer with 500.
     failing_applies: usize,
+    /// Names made from `generateName` so far.
+    generated: u64,
     /// Answer every request with 503 (an API server that is up but failing).
     failing: bool,
 }
@@ -158,6 +165,7 @@ impl MockApi {
                     watchers: Vec::new(),
                     unreachable: 0,
                     failing_applies: 0,
+                    generated: 0,
                     failing: false,
                 }),
                 claim_gets_in_flight: AtomicUsize::new(0),

@@ -17,8 +17,14 @@
 //!   `kube::runtime::reflector` store;
 //! - writes only when the observed slices differ from the desired ones, in the fields
 //!   we set, after a short quiet period so a burst of changes is one write;
-//! - server-side apply with one field manager, and a delete only for a slice the pool
-//!   no longer has.
+//! - server-side apply with one field manager, a create only for a slice the pool
+//!   did not have, and a delete only for a slice the pool no longer has.
+//!
+//! Slices get their names from the API server (`generateName` `<node>-<driver>-`),
+//! and the publisher finds its own by field selector (this node, this driver), not
+//! by name: with fixed names, any identity that may create a slice could create one
+//! under a name of another node's pool, and that node's publisher would write to it
+//! for ever (`spec.pool.name` is immutable) and never become ready.
 //!
 //! The publisher sends its requests through the `kube::Client` it is given, so a
 //! caller that counts API requests layers the client before handing it over.
@@ -43,9 +49,10 @@ pub use publisher::Publisher;
 /// when it changes (a device goes bad or recovers, the inventory changes).
 #[derive(Debug, Clone, PartialEq)]
 pub enum DesiredPool {
-    /// Every slice of the pool, complete but for `spec.pool.generation` and
-    /// `metadata.ownerReferences`, which the publisher sets. Each must have a name,
-    /// and the driver and node name of the [`PublisherConfig`].
+    /// Every slice of the pool, complete but for `spec.pool.generation`,
+    /// `metadata.ownerReferences` and the name, which the publisher sets (a name
+    /// the driver gives is not used). Each must have the driver and node name of the
+    /// [`PublisherConfig`].
     Slices(Arc<[ResourceSlice]>),
     /// The driver could not build a valid pool: nothing is written until it can, and
     /// the status says why.

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Client;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -212,6 +212,22 @@ async fn reconcile(
     };
 
     let params = PatchParams::apply(&config.field_manager()).force();
+    let create = PostParams {
+        dry_run: false,
+        field_manager: Some(config.field_manager()),
+    };
+    for slice in &plan.create {
+        let prefix = slice.metadata.generate_name.clone().unwrap_or_default();
+        let response = api
+            .create(&create, slice)
+            .await
+            .map_err(|source| ReconcileError::Api {
+                op: "creating",
+                name: format!("{prefix}*"),
+                source,
+            })?;
+        state.applied(slice, response, Instant::now());
+    }
     for slice in &plan.apply {
         let name = slice.metadata.name.clone().unwrap_or_default();
         let response = api
@@ -248,6 +264,7 @@ async fn reconcile(
     }
     info!(
         generation = plan.generation,
+        created = plan.create.len(),
         applied = plan.apply.len(),
         deleted = plan.delete.len(),
         "published ResourceSlices"
@@ -255,13 +272,11 @@ async fn reconcile(
     Ok(plan.generation)
 }
 
-/// Every slice must be named, and of our driver and node: the watch sees no others,
-/// so publishing one would be a write loop.
+/// Every slice must be of our driver and node: the watch sees no others, so
+/// publishing one would be a write loop.
 fn check_ours(slices: &[ResourceSlice], config: &PublisherConfig) -> Result<(), String> {
-    for s in slices {
-        let Some(name) = s.metadata.name.as_deref() else {
-            return Err("a ResourceSlice has no name".to_owned());
-        };
+    for (i, s) in slices.iter().enumerate() {
+        let name = format!("#{i}");
         if s.spec.driver != config.driver_name
             || s.spec.node_name.as_deref() != Some(config.node_name.as_str())
         {

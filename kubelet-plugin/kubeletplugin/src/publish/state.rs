@@ -32,13 +32,19 @@ pub(crate) enum Decision {
     Write(Plan),
 }
 
+/// What to write. Every slice of the pool is in `apply` or `create`: a new
+/// generation has to be on every one of them.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Plan {
     pub(crate) generation: i64,
-    /// All slices of the pool: a new generation has to be on every one of them.
+    /// Slices that reuse one of ours, under its name.
     pub(crate) apply: Vec<ResourceSlice>,
-    /// Slices of ours that the pool no longer has (the slice count shrank), deleted
-    /// after the applies so the pool is complete at every moment.
+    /// Slices with no counterpart yet: no name, `generateName` set, for the API
+    /// server to name.
+    pub(crate) create: Vec<ResourceSlice>,
+    /// Slices of ours that the pool no longer has (the slice count shrank, or one
+    /// too many exists), deleted after the writes so the pool is complete at every
+    /// moment.
     pub(crate) delete: Vec<ResourceSlice>,
 }
 
@@ -132,16 +138,20 @@ impl PoolState {
         changed
     }
 
-    /// Records a successful apply.
+    /// Records a successful apply or create: `desired` as written (for a create,
+    /// before the server named it).
     pub(crate) fn applied(
         &mut self,
         desired: &ResourceSlice,
         response: ResourceSlice,
         now: Instant,
     ) {
-        let Some(name) = desired.metadata.name.clone() else {
+        let Some(name) = response.metadata.name.clone() else {
             return;
         };
+        let mut desired = desired.clone();
+        desired.metadata.name = Some(name.clone());
+        desired.metadata.generate_name = None;
         // An apply that changed nothing keeps the resourceVersion and sends no event.
         let echo_pending = self
             .observed_ours(&name)
@@ -151,7 +161,7 @@ impl PoolState {
         self.written.insert(
             name,
             Written {
-                desired: shape(desired),
+                desired: shape(&desired),
                 response,
                 echo_pending,
                 at: now,
@@ -168,8 +178,13 @@ impl PoolState {
         }
     }
 
-    /// Compares the desired pool (its slices at any generation) with what is
-    /// observed.
+    /// Compares the desired pool (its slices at any generation, names ignored) with
+    /// what is observed.
+    ///
+    /// Our slices are those the watch shows (this node, this driver), whatever their
+    /// names: each desired slice reuses one of them ([`assign`]), and those left over
+    /// are deleted. The names are the API server's (`generateName`), so no one can
+    /// take a name before us and make us write to their object.
     ///
     /// The pool keeps its generation while nothing differs; any difference (content,
     /// a slice missing, one too many) moves every slice to one generation above both
@@ -179,34 +194,50 @@ impl PoolState {
         let effective = self.effective(&observed, now);
         let observed_max = effective.values().map(|s| s.spec.pool.generation).max();
         let high = observed_max.max(self.last_generation);
-        let names: BTreeSet<&str> = desired
+        let names = assign(desired, &effective);
+        let named: Vec<ResourceSlice> = desired
             .iter()
-            .filter_map(|s| s.metadata.name.as_deref())
+            .zip(&names)
+            .map(|(s, name)| self.named(s, name.clone()))
             .collect();
 
-        if let Some(generation) = high {
-            let same_names = names.len() == effective.len()
-                && effective.keys().all(|n| names.contains(n.as_str()));
-            if same_names
-                && at_generation(desired, generation)
-                    .iter()
-                    .all(|d| self.matches(d, &effective))
-            {
-                return Decision::InSync { generation };
-            }
+        if let Some(generation) = high
+            && names.iter().all(Option::is_some)
+            && effective.len() == desired.len()
+            && at_generation(&named, generation)
+                .iter()
+                .all(|d| self.matches(d, &effective))
+        {
+            return Decision::InSync { generation };
         }
 
         let generation = high.map_or(1, |g| g.saturating_add(1));
+        let kept: BTreeSet<&str> = names.iter().flatten().map(String::as_str).collect();
         let delete = effective
             .iter()
-            .filter(|(n, _)| !names.contains(n.as_str()))
+            .filter(|(n, _)| !kept.contains(n.as_str()))
             .map(|(_, s)| (*s).clone())
             .collect();
+        let (apply, create) = at_generation(&named, generation)
+            .into_iter()
+            .partition(|s| s.metadata.name.is_some());
         Decision::Write(Plan {
             generation,
-            apply: at_generation(desired, generation),
+            apply,
+            create,
             delete,
         })
+    }
+
+    /// `slice` under `name`, or to be named by the server after this node and driver.
+    fn named(&self, slice: &ResourceSlice, name: Option<String>) -> ResourceSlice {
+        let mut s = slice.clone();
+        s.metadata.generate_name = match name {
+            Some(_) => None,
+            None => Some(format!("{}-{}-", self.node, self.driver)),
+        };
+        s.metadata.name = name;
+        s
     }
 
     /// Our slices in the store, by name.
@@ -271,6 +302,48 @@ impl PoolState {
     }
 }
 
+/// Which of our slices each desired slice is written to: the one holding the same
+/// devices, else the one sharing most devices with it, else any left; `None` when
+/// none is left (it is created). Reusing slices keeps writes to one per changed
+/// slice; matching by devices keeps each device in the object it was in, so a
+/// reader never sees a device move between slices for nothing.
+fn assign(
+    desired: &[ResourceSlice],
+    observed: &BTreeMap<&String, &ResourceSlice>,
+) -> Vec<Option<String>> {
+    let devices = |s: &ResourceSlice| -> BTreeSet<String> {
+        s.spec
+            .devices
+            .iter()
+            .flatten()
+            .map(|d| d.name.clone())
+            .collect()
+    };
+    let mut free: Vec<(&String, BTreeSet<String>)> =
+        observed.iter().map(|(n, s)| (*n, devices(s))).collect();
+    let wanted: Vec<BTreeSet<String>> = desired.iter().map(devices).collect();
+    let mut out: Vec<Option<String>> = vec![None; desired.len()];
+    for (i, want) in wanted.iter().enumerate() {
+        if let Some(at) = free.iter().position(|(_, have)| have == want) {
+            out[i] = Some(free.remove(at).0.clone());
+        }
+    }
+    for (i, want) in wanted.iter().enumerate() {
+        if out[i].is_some() || free.is_empty() {
+            continue;
+        }
+        // max_by_key keeps the last of equals; the first (by name) is wanted.
+        let at = free
+            .iter()
+            .enumerate()
+            .rev()
+            .max_by_key(|(_, (_, have))| have.intersection(want).count())
+            .map_or(0, |(at, _)| at);
+        out[i] = Some(free.remove(at).0.clone());
+    }
+    out
+}
+
 /// The slices with the pool generation set.
 fn at_generation(slices: &[ResourceSlice], generation: i64) -> Vec<ResourceSlice> {
     slices
@@ -322,7 +395,15 @@ mod tests {
             panic!("expected a write");
         };
         assert_eq!(plan.generation, 1);
-        assert_eq!(plan.apply.len(), 2);
+        assert!(plan.apply.is_empty());
+        assert_eq!(plan.create.len(), 2);
+        for s in &plan.create {
+            assert_eq!(s.metadata.name, None);
+            assert_eq!(
+                s.metadata.generate_name.as_deref(),
+                Some("n-gpu.topodra.dev-")
+            );
+        }
         assert!(plan.delete.is_empty());
     }
 
@@ -397,9 +478,12 @@ mod tests {
         let Decision::Write(plan) = st.decide(&pool(1), now) else {
             panic!("expected a write");
         };
-        let mut response = stored(plan.apply[0].clone(), 3);
+        // The server names the slice it creates.
+        let mut response = plan.create[0].clone();
+        response.metadata.name = Some("n-gpu.topodra.dev-bcdfg".to_owned());
+        let mut response = stored(response, 3);
         response.spec.pool.name = "normalized".to_owned();
-        st.applied(&plan.apply[0], response.clone(), now);
+        st.applied(&plan.create[0], response.clone(), now);
         st.on_event(&watcher::Event::Apply(response.clone()));
         assert_eq!(st.decide(&pool(1), now), Decision::InSync { generation: 1 });
         // Someone else changing it afterwards is a difference again.
@@ -407,6 +491,40 @@ mod tests {
         response.metadata.resource_version = Some("4".to_owned());
         st.on_event(&watcher::Event::Apply(response));
         assert!(matches!(st.decide(&pool(1), now), Decision::Write(_)));
+    }
+
+    #[test]
+    fn slices_are_matched_by_devices_whatever_their_names() {
+        let now = Instant::now();
+        // Two of ours, under names the server made, listed in the other order.
+        let mut observed = at(4, 3);
+        observed[0].metadata.name = Some("n-gpu.topodra.dev-zzzzz".to_owned());
+        observed[1].metadata.name = Some("n-gpu.topodra.dev-bbbbb".to_owned());
+        let st = synced_with(observed);
+        assert_eq!(st.decide(&pool(4), now), Decision::InSync { generation: 3 });
+
+        // gpu-3 is gone: the new generation goes on both slices, each under its name.
+        let Decision::Write(plan) = st.decide(&pool(3), now) else {
+            panic!("expected a write");
+        };
+        let names: Vec<_> = plan
+            .apply
+            .iter()
+            .map(|s| s.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            ["n-gpu.topodra.dev-zzzzz", "n-gpu.topodra.dev-bbbbb"]
+        );
+        assert!(plan.create.is_empty() && plan.delete.is_empty());
+        // A pool that grew by a slice creates one and keeps the others.
+        let Decision::Write(plan) = st.decide(&pool(6), now) else {
+            panic!("expected a write");
+        };
+        assert_eq!(
+            (plan.apply.len(), plan.create.len(), plan.delete.len()),
+            (2, 1, 0)
+        );
     }
 
     #[test]

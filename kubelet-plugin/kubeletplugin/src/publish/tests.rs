@@ -20,7 +20,9 @@ const NODE_UID: &str = "6f1e0c1a-8d2b-4b5e-9c4f-0a1b2c3d4e5f";
 const DRIVER: &str = "gpu.topodra.dev";
 
 /// A driver's pool on `node`: devices `gpu-0`... with their taints, `max` to a slice,
-/// in slices named `<node>-<driver>-<i>`, at generation 1 and without an owner.
+/// at generation 1 and without an owner. The slices are named `<node>-<driver>-<i>`,
+/// as an earlier version of the publisher named them (the publisher itself ignores
+/// the names it is given).
 pub(super) fn pool_slices(
     node: &str,
     devices: u32,
@@ -109,6 +111,7 @@ fn counts(requests: &[Recorded]) -> BTreeMap<(&'static str, &'static str), u64> 
             Method::GET if r.path == SLICES => "list",
             Method::GET => "get",
             Method::PATCH => "apply",
+            Method::POST if r.path == SLICES => "create",
             Method::DELETE => "delete",
             _ => "other",
         };
@@ -192,10 +195,11 @@ impl Running {
         self.mock.requests()
     }
 
+    /// The slice writes: applies and creates.
     fn applies(&self) -> Vec<Recorded> {
         self.requests()
             .into_iter()
-            .filter(Recorded::is_apply)
+            .filter(|r| r.is_apply() || r.is_create())
             .collect()
     }
 
@@ -232,17 +236,14 @@ async fn startup_is_one_get_one_streaming_watch_and_the_applies_then_silence() {
         .iter()
         .map(|r| (r.method.clone(), r.path.as_str()))
         .collect();
-    let applies: Vec<String> = (0..3)
-        .map(|i| format!("{SLICES}/{}", slice_name(i)))
-        .collect();
     assert_eq!(
         shape,
         [
             (Method::GET, "/api/v1/nodes/dgx-01"),
             (Method::GET, SLICES),
-            (Method::PATCH, applies[0].as_str()),
-            (Method::PATCH, applies[1].as_str()),
-            (Method::PATCH, applies[2].as_str()),
+            (Method::POST, SLICES),
+            (Method::POST, SLICES),
+            (Method::POST, SLICES),
         ]
     );
 
@@ -256,18 +257,18 @@ async fn startup_is_one_get_one_streaming_watch_and_the_applies_then_silence() {
         format!("spec.nodeName={NODE},spec.driver={DRIVER}")
     );
 
-    for (i, apply) in requests[2..].iter().enumerate() {
+    // Created with names the API server makes: no one can take them beforehand.
+    for create in &requests[2..] {
         assert_eq!(
-            apply.content_type.as_deref(),
-            Some("application/apply-patch+yaml")
-        );
-        assert_eq!(
-            apply.query["fieldManager"],
+            create.query["fieldManager"],
             "gpu.topodra.dev-kubelet-plugin"
         );
-        assert_eq!(apply.query["force"], "true");
-        let body = apply.body.as_ref().unwrap();
-        assert_eq!(body["metadata"]["name"], slice_name(i));
+        let body = create.body.as_ref().unwrap();
+        assert_eq!(
+            body["metadata"]["generateName"],
+            format!("{NODE}-{DRIVER}-")
+        );
+        assert!(body["metadata"].get("name").is_none(), "{body}");
         assert_eq!(body["spec"]["pool"]["generation"], 1);
         assert_eq!(body["spec"]["pool"]["resourceSliceCount"], 3);
         let owner = &body["metadata"]["ownerReferences"][0];
@@ -276,11 +277,21 @@ async fn startup_is_one_get_one_streaming_watch_and_the_applies_then_silence() {
             (&"Node".into(), &NODE.into(), &NODE_UID.into())
         );
     }
+    let stored = mock.stored();
+    assert_eq!(stored.len(), 3);
+    assert!(
+        stored
+            .keys()
+            .all(|n| n.starts_with(&format!("{NODE}-{DRIVER}-"))
+                && n.len() == format!("{NODE}-{DRIVER}-").len() + 5),
+        "{:?}",
+        stored.keys()
+    );
 
     let want = BTreeMap::from([
         (("get", "nodes"), 1),
         (("watchlist", "resourceslices"), 1),
-        (("apply", "resourceslices"), 3),
+        (("create", "resourceslices"), 3),
     ]);
     assert_eq!(counts(&requests), want);
 
@@ -363,12 +374,16 @@ async fn a_wiped_pool_is_published_again() {
     run.until(PublishStatus::InSync { generation: 1 }).await;
     assert_eq!(run.applies().len(), 1);
 
-    mock.wipe(&slice_name(0));
+    let first = mock.stored().into_keys().next().unwrap();
+    mock.wipe(&first);
     run.until(PublishStatus::InSync { generation: 2 }).await;
     let applies = run.applies();
     assert_eq!(applies.len(), 2);
+    assert!(applies[1].is_create());
     assert_eq!(generation_of(&applies[1]), 2);
-    assert!(mock.stored().contains_key(&slice_name(0)));
+    let stored = mock.stored();
+    assert_eq!(stored.len(), 1, "{:?}", stored.keys());
+    assert!(!stored.contains_key(&first), "a new name for a new object");
     assert_no_list(&run.requests());
     run.stop().await;
 }
@@ -497,5 +512,55 @@ async fn an_invalid_pool_is_not_written_and_says_why() {
     run.desired.send_replace(desired(2, None));
     run.until(PublishStatus::InSync { generation: 1 }).await;
     assert_eq!(run.applies().len(), 1);
+    run.stop().await;
+}
+
+/// With fixed names, a node-bound identity could create a slice of its own node
+/// under this node's name, and this node's publisher would apply to it for ever
+/// (`spec.pool.name` is immutable). Such a slice is not ours (the watch does not
+/// even show it), and ours get names of their own.
+#[tokio::test(start_paused = true)]
+async fn a_slice_squatting_our_old_name_is_left_alone() {
+    let mock = mock();
+    let mut squatter = pool_slices("evil-node", 1, None, &BTreeMap::new());
+    squatter[0].metadata.name = Some(slice_name(0));
+    mock.seed(&squatter);
+    let mut run = start(&mock, config(), desired(2, None));
+    run.until(PublishStatus::InSync { generation: 1 }).await;
+    let applies = run.applies();
+    assert_eq!(applies.len(), 1);
+    assert!(applies[0].is_create(), "{:?}", applies[0]);
+    let stored = mock.stored();
+    assert_eq!(stored.len(), 2);
+    assert_eq!(stored[&slice_name(0)]["spec"]["nodeName"], "evil-node");
+    let ours: Vec<&serde_json::Value> = stored
+        .values()
+        .filter(|s| s["spec"]["nodeName"] == NODE)
+        .collect();
+    assert_eq!(ours.len(), 1);
+    assert!(
+        run.requests()
+            .iter()
+            .all(|r| !r.path.ends_with(&slice_name(0))),
+        "a request went to the squatter's object"
+    );
+    run.stop().await;
+}
+
+/// Two slices of ours with the same devices (a create whose echo was lost, then
+/// created again): one is kept, the other deleted.
+#[tokio::test(start_paused = true)]
+async fn a_duplicate_slice_of_ours_is_deleted() {
+    let mock = mock();
+    let mut twice = slices(2, 4, None);
+    let mut copy = twice[0].clone();
+    copy.metadata.name = Some(format!("{NODE}-{DRIVER}-copy1"));
+    twice.push(copy);
+    mock.seed(&twice);
+    let mut run = start(&mock, config(), desired(2, None));
+    run.until(PublishStatus::InSync { generation: 5 }).await;
+    let stored = mock.stored();
+    assert_eq!(stored.len(), 1, "{:?}", stored.keys());
+    assert_eq!(counts(&run.requests())[&("delete", "resourceslices")], 1);
     run.stop().await;
 }
