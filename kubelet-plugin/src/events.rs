@@ -1,13 +1,17 @@
 //! Warning Events on this plugin's Node: what recovery, discovery and the stale-claim
 //! check found, for an operator who does not read the plugin's logs.
 
-use k8s_openapi::api::core::v1::ObjectReference;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use topodra_driver::checkpoint::ClaimRecord;
 use topodra_driver::prepare::StartupReport;
 
 /// Records a Warning Event on this plugin's Node, where `kubectl describe node`
-/// shows it; failing to record one is logged, never fatal.
+/// shows it (it lists the Events whose involvedObject has the Node's kind, name and
+/// uid, so the reference carries the uid); failing to record one is logged, never
+/// fatal.
 pub(crate) async fn node_event(
     client: kube::Client,
     node: &str,
@@ -15,6 +19,7 @@ pub(crate) async fn node_event(
     action: &str,
     note: String,
 ) {
+    let uid = node_uid(&client, node).await;
     let recorder = kube::runtime::events::Recorder::new(
         client,
         kube::runtime::events::Reporter {
@@ -33,10 +38,51 @@ pub(crate) async fn node_event(
         api_version: Some("v1".into()),
         kind: Some("Node".into()),
         name: Some(node.to_owned()),
+        uid,
         ..Default::default()
     };
     if let Err(e) = recorder.publish(&event, &node_ref).await {
         tracing::warn!(error = %e, reason, "could not record an event on the node");
+    }
+}
+
+/// The Node's uid, read with one GET (retried) the first time an Event is recorded
+/// and kept for the life of the process: Events are rare, and a Node keeps its uid
+/// as long as this pod runs on it (a recreated Node deletes the pod with it).
+static NODE_UID: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
+
+/// A few attempts, 0.5 s doubling to 4 s: when the API server does not answer for
+/// that long, the Event itself would not get through either. `None` then: the Event
+/// is still recorded (`kubectl get events` shows it), the next one asks again.
+async fn node_uid(client: &kube::Client, node: &str) -> Option<String> {
+    const ATTEMPTS: u32 = 5;
+    let nodes: kube::Api<Node> = kube::Api::all(client.clone());
+    let read = || async {
+        let mut delay = Duration::from_millis(500);
+        let mut attempt = 1;
+        loop {
+            let error = match nodes.get(node).await {
+                Ok(n) => match n.metadata.uid {
+                    Some(uid) if !uid.is_empty() => return Ok(uid),
+                    _ => "the Node has no uid".to_owned(),
+                },
+                Err(e) => e.to_string(),
+            };
+            if attempt == ATTEMPTS {
+                return Err(error);
+            }
+            tracing::debug!(node, attempt, %error, "reading the Node's uid for an event failed");
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(4));
+            attempt += 1;
+        }
+    };
+    match NODE_UID.get_or_try_init(read).await {
+        Ok(uid) => Some(uid.clone()),
+        Err(error) => {
+            tracing::warn!(node, %error, "could not read the Node's uid; the event will not show in `kubectl describe node`");
+            None
+        }
     }
 }
 

@@ -262,6 +262,18 @@ async fn prepared_claims_survive_a_restart_and_a_corrupt_checkpoint() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // `kubectl describe node` finds Events by the Node's uid, not by its name alone.
+    let events = api.events_posted();
+    let quarantined = events
+        .iter()
+        .find(|e| e["reason"] == "CheckpointQuarantined")
+        .unwrap();
+    assert_eq!(quarantined["regarding"]["kind"], "Node", "{quarantined}");
+    assert_eq!(quarantined["regarding"]["name"], "node-a", "{quarantined}");
+    assert_eq!(
+        quarantined["regarding"]["uid"], "node-uid-1",
+        "{quarantined}"
+    );
     let un = unprepare(&node, &["u1"]).await;
     assert_eq!(un.claims["u1"].error, "");
     assert!(node.cdi_specs().is_empty());

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"regexp"
 	"slices"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -128,4 +130,45 @@ func TestDGXA100MIG(t *testing.T) {
 		}
 		return fmt.Errorf("no GpuNotOffered event for the MIG-pending GPU among %d events", len(l.Items))
 	})
+}
+
+// TestNodeEventsInDescribeNode: the plugin's Events on its Node (here GpuNotOffered,
+// for the GPU of dgx-a100-mig waiting for a MIG mode change) name the Node's uid, so
+// `kubectl describe node` lists them: it selects a Node's Events by kind, name and
+// uid (the Node's, or the name for the kubelet's own), never by name alone.
+func TestNodeEventsInDescribeNode(t *testing.T) {
+	e := newEnv(t, envOptions{profile: "dgx-a100-mig"})
+	e.waitRegistered(2 * time.Minute)
+	node, err := e.admin.CoreV1().Nodes().Get(t0ctx(), e.node, getOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var regarding v1.ObjectReference
+	eventually(t, time.Minute, func() error {
+		l, err := e.admin.EventsV1().Events("").List(t0ctx(), metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		for _, ev := range l.Items {
+			if ev.Reason == "GpuNotOffered" {
+				regarding = ev.Regarding
+				return nil
+			}
+		}
+		return fmt.Errorf("no GpuNotOffered event yet among %d", len(l.Items))
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := e.c.Kubectl(ctx, "describe", "node", e.node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, events, _ := strings.Cut(string(out), "\nEvents:")
+	if !regexp.MustCompile(`Warning\s+GpuNotOffered\s+.*MIG mode change pending`).MatchString(events) {
+		t.Errorf("kubectl describe node %s does not show the plugin's GpuNotOffered event (it regards %+v):\n%s", e.node, regarding, out)
+	}
+	if regarding.Kind != "Node" || regarding.Name != e.node || regarding.UID != node.UID {
+		t.Errorf("GpuNotOffered regards %+v, want Node %s with uid %s", regarding, e.node, node.UID)
+	}
+	t.Logf("kubectl describe node, events:%s", events)
 }

@@ -139,6 +139,35 @@ LD_LIBRARY_PATH through which the plugin finds libnvidia-ml.so.1 in the driver r
 {{- end }}
 
 {{/*
+The kubelet plugin's node selection while kubeletPlugin.nodeSelector and affinity are
+both empty: a node with any one of the labels that mark NVIDIA GPU nodes, as NVIDIA's
+device plugin and GPU operator charts select them. Terms of a required nodeAffinity
+are ORed; labels in one nodeSelector would be ANDed, and a cluster labelled by NFD
+alone, or by the GPU operator alone, would get no plugin pod.
+*/}}
+{{- define "topodra.kubeletPlugin.defaultAffinity" -}}
+# Any of the GPU node labels: NFD's NVIDIA PCI vendor (10de), NFD's CPU vendor on
+# Tegra systems (integrated GPU, no PCI device), or GPU feature discovery's / the GPU
+# operator's nvidia.com/gpu.present (also the label to set by hand).
+affinity:
+  nodeAffinity:
+    requiredDuringSchedulingIgnoredDuringExecution:
+      nodeSelectorTerms:
+        - matchExpressions:
+            - key: feature.node.kubernetes.io/pci-10de.present
+              operator: In
+              values: ["true"]
+        - matchExpressions:
+            - key: feature.node.kubernetes.io/cpu-model.vendor_id
+              operator: In
+              values: ["NVIDIA"]
+        - matchExpressions:
+            - key: nvidia.com/gpu.present
+              operator: In
+              values: ["true"]
+{{- end }}
+
+{{/*
 Checks of values that would otherwise fail at run time on every node.
 */}}
 {{- define "topodra.validate" -}}
@@ -165,6 +194,19 @@ Checks of values that would otherwise fail at run time on every node.
 {{- end }}
 {{- if not (hasPrefix "/" (toString .Values.kubeletPlugin.driverRoot)) }}
 {{- fail "kubeletPlugin.driverRoot must be an absolute host path" }}
+{{- end }}
+{{- /* The schema says the same; these also hold with --skip-schema-validation. */}}
+{{- if not (regexMatch "^(/|(/[^/]+)+)$" (toString .Values.kubeletPlugin.driverRoot)) }}
+{{- fail (printf "kubeletPlugin.driverRoot must be \"/\" or an absolute path without a trailing or doubled slash (the CDI specs name host paths under it), not %q" (toString .Values.kubeletPlugin.driverRoot)) }}
+{{- end }}
+{{- range $key, $port := dict "kubeletPlugin.httpPort" .Values.kubeletPlugin.httpPort "controller.httpPort" .Values.controller.httpPort }}
+{{- if or (lt (int64 $port) 1) (gt (int64 $port) 65535) (ne (float64 $port) (float64 (int64 $port))) }}
+{{- fail (printf "%s must be a port number from 1 to 65535, not %v" $key $port) }}
+{{- end }}
+{{- end }}
+{{- $c := .Values.controller }}
+{{- if and $c.enabled (gt (int64 $c.replicas) 1) (not $c.leaderElection.enabled) }}
+{{- fail (printf "controller.replicas is %v with controller.leaderElection.enabled false: every replica would write NodeResourceTopology objects and Events; enable leader election or run one replica" $c.replicas) }}
 {{- end }}
 {{- range $key := list "httpHeaderReadTimeoutSeconds" "httpMaxConnections" "httpWriteTimeoutSeconds" "httpMaxRequestsPerConnection" "maxConcurrentClaimsPerCall" "maxConcurrentClaims" }}
 {{- $v := index $.Values.kubeletPlugin $key }}

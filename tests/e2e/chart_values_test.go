@@ -1,0 +1,198 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+)
+
+// helmTemplateOut renders the chart as helmTemplate does and returns what helm
+// printed on stderr when it refused the values.
+func helmTemplateOut(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	chart := filepath.Join(repoRoot(t), "deploy", "helm", "topodra")
+	argv := append([]string{"template", "topodra", chart, "--namespace", "topodra-system", "--kube-version", "1.37.0"}, args...)
+	var stderr bytes.Buffer
+	cmd := exec.Command(helmBinary(t), argv...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return stderr.String(), err
+	}
+	return string(out), nil
+}
+
+// TestChartRefusesValuesThatCannotWork: values that pass YAML but break every node,
+// or silently do nothing, fail `helm template` (so `helm install`) naming the value;
+// the chart's own checks say the same when schema validation is skipped. Values
+// next to them that work still render.
+func TestChartRefusesValuesThatCannotWork(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		args []string
+		want string // in helm's error
+	}{
+		{"plugin port 0", []string{"--set", "kubeletPlugin.httpPort=0"}, "/kubeletPlugin/httpPort"},
+		{"plugin port 70000", []string{"--set", "kubeletPlugin.httpPort=70000"}, "/kubeletPlugin/httpPort"},
+		{"controller port 0", []string{"--set", "controller.httpPort=0"}, "/controller/httpPort"},
+		{"controller port 65536", []string{"--set", "controller.httpPort=65536"}, "/controller/httpPort"},
+		{"driver root with a trailing slash", []string{"--set", "kubeletPlugin.driverRoot=/run/nvidia/driver/"}, "/kubeletPlugin/driverRoot"},
+		{"driver root with a doubled slash", []string{"--set", "kubeletPlugin.driverRoot=/run//nvidia"}, "/kubeletPlugin/driverRoot"},
+		{"two writers", []string{"--set", "controller.leaderElection.enabled=false"}, "/controller/replicas"},
+		{"memory limit in bytes by accident", []string{"--set", "kubeletPlugin.resources.limits.memory=256"}, "/kubeletPlugin/resources/limits/memory"},
+		{"memory limit without a unit", []string{"--set-string", "kubeletPlugin.resources.limits.memory=256"}, "/kubeletPlugin/resources/limits/memory"},
+		{"controller memory without a unit", []string{"--set", "controller.resources.requests.memory=64"}, "/controller/resources/requests/memory"},
+		{"plugin log level verbose", []string{"--set", "kubeletPlugin.logLevel=verbose"}, "/kubeletPlugin/logLevel"},
+		{"controller log level verbose", []string{"--set", "controller.logLevel=verbose"}, "/controller/logLevel"},
+		{"bare target", []string{"--set", "kubeletPlugin.logLevel=info\\,topodra_driver"}, "/kubeletPlugin/logLevel"},
+		{"boolean label value", []string{"--set", "kubeletPlugin.nodeSelector.topodra\\.dev/gpu=true"}, "/kubeletPlugin/nodeSelector"},
+		// What the schema refuses, the templates refuse too.
+		{"no schema: port", []string{"--skip-schema-validation", "--set", "kubeletPlugin.httpPort=70000"}, "kubeletPlugin.httpPort must be a port number from 1 to 65535"},
+		{"no schema: driver root", []string{"--skip-schema-validation", "--set", "kubeletPlugin.driverRoot=/run/nvidia/driver/"}, "without a trailing or doubled slash"},
+		{"no schema: two writers", []string{"--skip-schema-validation", "--set", "controller.leaderElection.enabled=false"}, "enable leader election or run one replica"},
+	} {
+		out, err := helmTemplateOut(t, c.args...)
+		if err == nil {
+			t.Errorf("%s (%v): rendered, want a refusal naming %s", c.name, c.args, c.want)
+		} else if !strings.Contains(out, c.want) {
+			t.Errorf("%s (%v): %v\n%s\nwant it to name %s", c.name, c.args, err, out, c.want)
+		}
+	}
+	for _, args := range [][]string{
+		{"--set", "kubeletPlugin.logLevel=info\\,topodra_driver=debug\\,kube=WARN"},
+		{"--set", "kubeletPlugin.logLevel=off", "--set", "controller.logLevel=trace"},
+		{"--set", "kubeletPlugin.driverRoot=/"},
+		{"--set", "kubeletPlugin.driverRoot=/run/nvidia/driver"},
+		{"--set", "kubeletPlugin.httpPort=1", "--set", "controller.httpPort=65535"},
+		{"--set", "controller.replicas=1", "--set", "controller.leaderElection.enabled=false"},
+		{"--set", "controller.enabled=false", "--set", "controller.leaderElection.enabled=false"},
+		{"--set-string", "kubeletPlugin.resources.limits.memory=0.5Gi", "--set", "controller.resources.limits.memory=1G"},
+	} {
+		if out, err := helmTemplateOut(t, args...); err != nil {
+			t.Errorf("%v: refused: %v\n%s", args, err, out)
+		}
+	}
+}
+
+// TestChartNodeSelection: by default the plugin runs on a node with any one of the
+// labels NVIDIA's charts select GPU nodes by (NFD's PCI vendor, NFD's Tegra CPU
+// vendor, GPU feature discovery's gpu.present), and on no other node; a nodeSelector
+// or an affinity of the user's replaces that default instead of being ANDed with it.
+// Matching is the scheduler's and the DaemonSet controller's own code
+// (component-helpers nodeaffinity); the API server accepts each DaemonSet.
+func TestChartNodeSelection(t *testing.T) {
+	node := func(labels map[string]string) *v1.Node {
+		return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: labels}}
+	}
+	nfd := map[string]string{"feature.node.kubernetes.io/pci-10de.present": "true", "feature.node.kubernetes.io/cpu-model.vendor_id": "Intel"}
+	tegra := map[string]string{"feature.node.kubernetes.io/cpu-model.vendor_id": "NVIDIA"}
+	operator := map[string]string{"nvidia.com/gpu.present": "true"}
+	cpuOnly := map[string]string{"feature.node.kubernetes.io/cpu-model.vendor_id": "AMD", "nvidia.com/gpu.present": "false"}
+	own := map[string]string{"topodra.dev/gpu": "true"}
+	ownAndOperator := map[string]string{"topodra.dev/gpu": "true", "nvidia.com/gpu.present": "true"}
+	accel := map[string]string{"example.com/accelerator": "h100"}
+
+	affinityValues := filepath.Join(t.TempDir(), "affinity.yaml")
+	if err := os.WriteFile(affinityValues, []byte(`kubeletPlugin:
+  affinity:
+    nodeAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+        nodeSelectorTerms:
+          - matchExpressions:
+              - key: example.com/accelerator
+                operator: In
+                values: [h100, a100]
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name  string
+		args  []string
+		runs  []map[string]string
+		skips []map[string]string
+	}{
+		{"default", nil, []map[string]string{nfd, tegra, operator, ownAndOperator}, []map[string]string{cpuOnly, own, accel, {}}},
+		{"nodeSelector", []string{"--set-string", "kubeletPlugin.nodeSelector.topodra\\.dev/gpu=true"},
+			[]map[string]string{own, ownAndOperator}, []map[string]string{nfd, tegra, operator, accel}},
+		{"affinity", []string{"-f", affinityValues}, []map[string]string{accel}, []map[string]string{nfd, tegra, operator, own}},
+	}
+	e := manifestsOnlyEnv(t)
+	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	for _, c := range cases {
+		ds := decode[*appsv1.DaemonSet](t, manifestDoc(t, helmTemplate(t, t.TempDir(), c.args...), "DaemonSet"))
+		spec := ds.Spec.Template.Spec
+		if c.name == "nodeSelector" && spec.Affinity != nil {
+			t.Errorf("%s: the default affinity is still there, ANDed with the nodeSelector: %+v", c.name, spec.Affinity)
+		}
+		if c.name != "nodeSelector" && len(spec.NodeSelector) != 0 {
+			t.Errorf("%s: a nodeSelector %v is ANDed with the affinity", c.name, spec.NodeSelector)
+		}
+		required := nodeaffinity.GetRequiredNodeAffinity(&v1.Pod{Spec: spec})
+		for want, nodes := range map[bool][]map[string]string{true: c.runs, false: c.skips} {
+			for _, labels := range nodes {
+				got, err := required.Match(node(labels))
+				if err != nil || got != want {
+					t.Errorf("%s: node labelled %v: runs the plugin %t (%v), want %t", c.name, labels, got, err, want)
+				}
+			}
+		}
+		if _, err := e.admin.AppsV1().DaemonSets("topodra-system").Create(context.Background(), ds, dryRun); err != nil {
+			t.Errorf("%s: the API server refuses the DaemonSet: %v", c.name, err)
+		}
+	}
+}
+
+// TestChartOpaqueConfigPolicyFollowsDriverName: with another driverName the policy
+// judges the configs whose opaque.driver is that name, with the apiVersion the
+// plugin's decoder serves under every driver name (gpu.topodra.dev/v1alpha1: the group
+// names the schema, not the installation); configs for the default name are another
+// driver's now and are left alone.
+func TestChartOpaqueConfigPolicyFollowsDriverName(t *testing.T) {
+	const renamed = "gpu.example.com"
+	rendered := helmTemplate(t, t.TempDir(), "--set", "driverName="+renamed)
+	e := manifestsOnlyEnv(t) // the default policy, replaced by the renamed one below
+	e.kubectlApply(manifestDocs(t, rendered, func(kind string) bool {
+		return kind == "ValidatingAdmissionPolicy" || kind == "ValidatingAdmissionPolicyBinding" || kind == "DeviceClass"
+	}))
+	ctx := context.Background()
+	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	create := func(driver, params string) error {
+		_, err := e.admin.ResourceV1().ResourceClaims("default").Create(ctx, &resourceapi.ResourceClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "default"},
+			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+				Requests: []resourceapi.DeviceRequest{{Name: "gpus", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: renamed}}},
+				Config: []resourceapi.DeviceClaimConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{
+					Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: driver, Parameters: runtime.RawExtension{Raw: []byte(params)}}}}},
+			}},
+		}, dryRun)
+		return err
+	}
+	// Until the renamed policy is loaded, a config for the renamed driver is not judged.
+	waitPolicy(t, true, func() error {
+		return create(renamed, `{"apiVersion": "gpu.topodra.dev/v1alpha1", "kind": "GpuConfig", "numa": 1}`)
+	})
+
+	if err := create(renamed, `{"apiVersion": "gpu.topodra.dev/v1alpha1", "kind": "GpuConfig", "numa": {"requireAligned": true}}`); err != nil {
+		t.Errorf("a valid GpuConfig for %s is refused: %v", renamed, err)
+	}
+	err := create(renamed, `{"apiVersion": "`+renamed+`/v1alpha1", "kind": "GpuConfig"}`)
+	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "invalid GpuConfig for driver "+renamed) ||
+		!strings.Contains(err.Error(), "accepts apiVersion gpu.topodra.dev/v1alpha1") {
+		t.Errorf("apiVersion %s/v1alpha1: %v, want the policy's refusal naming gpu.topodra.dev/v1alpha1", renamed, err)
+	}
+	if err := create(driverName, `{"apiVersion": 7}`); err != nil {
+		t.Errorf("a config for %s, another driver now, is judged: %v", driverName, err)
+	}
+}
