@@ -5,7 +5,7 @@ CARGO ?= cargo
 SIM_PROFILE ?= dgx-h100
 PROFILES := tests/fake-nvml/profiles
 
-.PHONY: all setup build release demo test test-unit test-e2e e2e tools-cdi chart-check deps-check deps-audit lint fmt fmt-check clippy bench bench-prepare bench-scale bench-node bench-plots clean image image-check image-test
+.PHONY: all setup build release demo test test-unit test-e2e e2e tools-cdi chart-check deps-check deps-audit lint fmt fmt-check clippy bench bench-prepare bench-socket bench-scale bench-node bench-plots clean image image-check image-test
 
 all: build
 
@@ -109,14 +109,21 @@ clippy:
 ## bench-prepare: prepare/unprepare latency of the release plugin over its real sockets, as
 ## ratios to references measured in the same run; writes target/bench/prepare.json.
 ## See docs/benchmarks.md. TOPODRA_BENCH_ITERS / TOPODRA_BENCH_WARMUP override 1000 / 100.
-## bench: every benchmark: prepare latency over the real sockets, the scale run, and the
-## node path against the reference driver.
-bench: bench-prepare bench-scale bench-node
+## bench: every benchmark: prepare latency over the real sockets, what unfinished
+## messages on the DRA socket make the plugin hold, the scale run, and the node path
+## against the reference driver.
+bench: bench-prepare bench-socket bench-scale bench-node
 
 bench-prepare: setup
 	@echo "== cargo bench (release build: the first one takes several minutes on 2 cores)"
 	$(CARGO) build -p topodra-fake-nvml
 	$(CARGO) bench -p topodra-kubelet-plugin --bench prepare
+
+## bench-socket: the plugin's memory while local clients hold unfinished 4 MiB messages on
+## its DRA socket; writes target/bench/socket_memory.json (docs/benchmarks.md).
+bench-socket: setup
+	$(CARGO) build -p topodra-fake-nvml
+	$(CARGO) bench -p topodra-kubelet-plugin --bench socket_memory
 
 ## bench-scale: the talk's experiment on SCALE_NODES kwok nodes (default 100): the DRA
 ## stack against the legacy topology stack, each on its own control plane; results in
