@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -14,7 +13,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/utils/ptr"
 
 	"topodra.dev/tests/e2e/harness"
@@ -43,24 +41,7 @@ func TestControllerMalformedSlices(t *testing.T) {
 	binary(t, "TOPODRA_CONTROLLER_BIN", "topodra-controller")
 	e := manifestsOnlyEnv(t)
 	ctx := context.Background()
-	rest, err := e.c.RESTConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dyn, err := dynamic.NewForConfig(rest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	crd := helmTemplate(t, t.TempDir(), "--set", "nodeResourceTopology.installCRD=true", "--show-only", "templates/nrt-crd.yaml")
-	crdYAML, err := os.ReadFile(crd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.kubectlApply(string(crdYAML))
-	eventually(t, time.Minute, func() error {
-		_, err := dyn.Resource(nrtResource).List(ctx, metav1.ListOptions{Limit: 1})
-		return err
-	})
+	dyn := e.installNRTCRD()
 
 	for _, n := range []string{"hostile", "split-a", "split-b", "dup"} {
 		if _, err := e.admin.CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil {

@@ -95,6 +95,32 @@ func (p *proc) ready() error {
 
 var nrtResource = schema.GroupVersionResource{Group: "topology.node.k8s.io", Version: "v1alpha2", Resource: "noderesourcetopologies"}
 
+// installNRTCRD applies the NodeResourceTopology CRD as the chart installs it when
+// asked, waits until it is served, and returns a client for its objects.
+func (e *env) installNRTCRD() dynamic.Interface {
+	t := e.t
+	t.Helper()
+	rest, err := e.c.RESTConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(rest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crd := helmTemplate(t, t.TempDir(), "--set", "nodeResourceTopology.installCRD=true", "--show-only", "templates/nrt-crd.yaml")
+	crdYAML, err := os.ReadFile(crd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.kubectlApply(string(crdYAML))
+	eventually(t, time.Minute, func() error {
+		_, err := dyn.Resource(nrtResource).List(context.Background(), metav1.ListOptions{Limit: 1})
+		return err
+	})
+	return dyn
+}
+
 // nrtOf reads a node's NodeResourceTopology and decodes it with the NRT API's own Go
 // types.
 func (e *env) nrtOf(ctx context.Context, dyn dynamic.Interface, node string) (*nrtv1alpha2.NodeResourceTopology, error) {
@@ -224,26 +250,7 @@ func TestController(t *testing.T) {
 	kubectlTopodra := binary(t, "TOPODRA_KUBECTL_PLUGIN_BIN", "kubectl-topodra")
 	e := newEnv(t, envOptions{profile: "dgx-h100", apiServerArgs: auditArgs})
 	ctx := context.Background()
-	rest, err := e.c.RESTConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dyn, err := dynamic.NewForConfig(rest)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	// The NodeResourceTopology CRD as the chart installs it when asked.
-	crd := helmTemplate(t, t.TempDir(), "--set", "nodeResourceTopology.installCRD=true", "--show-only", "templates/nrt-crd.yaml")
-	crdYAML, err := os.ReadFile(crd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.kubectlApply(string(crdYAML))
-	eventually(t, time.Minute, func() error {
-		_, err := dyn.Resource(nrtResource).List(ctx, metav1.ListOptions{Limit: 1})
-		return err
-	})
+	dyn := e.installNRTCRD()
 
 	kubeconfig := filepath.Join(e.c.Dir, "kubeconfigs", "controller.kubeconfig")
 	if err := harness.ControllerIdentity(ctx, e.admin, e.c.Server, e.c.PKI.CAPEM(), kubeconfig, 2*time.Hour); err != nil {
