@@ -107,7 +107,7 @@ mod tests {
 
     /// The client the plugin hands the publisher is counted, so the publisher's
     /// requests show in `topodra_api_requests_total`: one GET, one WATCHLIST, the
-    /// applies, and in steady state only resumed watches.
+    /// creates, and in steady state only resumed watches.
     #[tokio::test(start_paused = true)]
     async fn the_publishers_requests_are_counted() {
         let mock = MockApi::new();
@@ -127,11 +127,12 @@ mod tests {
             .into_iter()
             .map(|v| serde_json::from_value(v).unwrap())
             .collect();
-        let applies = u64::try_from(slices.len()).unwrap();
+        // New slices are created (the API server names them), not applied.
+        let creates = u64::try_from(slices.len()).unwrap();
         let counts = BTreeMap::from([
             ((Verb::Get, "nodes".to_owned()), 1),
             ((Verb::WatchList, "resourceslices".to_owned()), 1),
-            ((Verb::Apply, "resourceslices".to_owned()), applies),
+            ((Verb::Create, "resourceslices".to_owned()), creates),
             ((Verb::Watch, "resourceslices".to_owned()), 2),
         ]);
         assert_eq!(counter.snapshot(), counts);
