@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use dra_kubeletplugin::backoff::Backoff;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use topodra_driver::checkpoint::ClaimRecord;
@@ -51,15 +52,15 @@ pub(crate) async fn node_event(
 /// as long as this pod runs on it (a recreated Node deletes the pod with it).
 static NODE_UID: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
 
-/// A few attempts, 0.5 s doubling to 4 s: when the API server does not answer for
-/// that long, the Event itself would not get through either. `None` then: the Event
-/// is still recorded (`kubectl get events` shows it), the next one asks again.
+/// A few attempts, with the publisher's backoff from 0.5 s to at most 4 s: when the
+/// API server does not answer for that long, the Event itself would not get through
+/// either. `None` then: the Event is still recorded (`kubectl get events` shows it),
+/// the next one asks again.
 async fn node_uid(client: &kube::Client, node: &str) -> Option<String> {
     const ATTEMPTS: u32 = 5;
     let nodes: kube::Api<Node> = kube::Api::all(client.clone());
     let read = || async {
-        let mut delay = Duration::from_millis(500);
-        let mut attempt = 1;
+        let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(4));
         loop {
             let error = match nodes.get(node).await {
                 Ok(n) => match n.metadata.uid {
@@ -68,13 +69,12 @@ async fn node_uid(client: &kube::Client, node: &str) -> Option<String> {
                 },
                 Err(e) => e.to_string(),
             };
-            if attempt == ATTEMPTS {
+            let delay = backoff.next_delay();
+            if backoff.attempts() == ATTEMPTS {
                 return Err(error);
             }
-            tracing::debug!(node, attempt, %error, "reading the Node's uid for an event failed");
+            tracing::debug!(node, attempt = backoff.attempts(), %error, "reading the Node's uid for an event failed");
             tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(4));
-            attempt += 1;
         }
     };
     match NODE_UID.get_or_try_init(read).await {

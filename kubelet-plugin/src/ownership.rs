@@ -116,7 +116,7 @@ pub(crate) fn probe_writable(dir: &Path) -> Result<(), OwnershipError> {
         .map_err(io_err("write", &probe));
     let _ = fs::remove_file(&probe);
     written?;
-    let checkpoint = dir.join("checkpoint.json");
+    let checkpoint = dir.join(topodra_driver::checkpoint::CHECKPOINT_FILE);
     match fs::File::open(&checkpoint) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err("read", &checkpoint)(e)),
         _ => Ok(()),

@@ -109,7 +109,6 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
                 tracing::info!(owner = ownership.name(), "owns the node state");
                 match ctx.start_preparer() {
                     Ok(preparer) => {
-                        metrics.set_read_only(false);
                         let until = async {
                             let who = ownership.handover_requested(timing).await;
                             tracing::info!(to = %who, "handing the node state over to another instance");
@@ -203,14 +202,13 @@ impl Setup<'_> {
         )
     }
 
-    /// Serves read-only: an Event on the Node, the metric, and a state machine
-    /// that writes nothing to the state directory.
+    /// Serves read-only: an Event on the Node, and a state machine that writes
+    /// nothing to the state directory.
     fn start_read_only(&self, reason: &str) -> Arc<Preparer> {
         tracing::error!(
             reason,
             "serving read-only: the node state directory is unusable; no claim can be prepared until it is fixed"
         );
-        self.metrics.set_read_only(true);
         let (client, node) = (self.client.clone(), self.args.node_name.clone());
         let note = format!(
             "the plugin cannot use its state directory {} ({reason}); it serves read-only: \
@@ -304,6 +302,7 @@ async fn serve(
     metrics
         .claims()
         .set_prepared_devices(preparer.prepared_devices());
+    metrics.set_read_only(preparer.read_only().is_some());
     // What stops after registration, with the plugin's DRA socket.
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let shutdown = || {

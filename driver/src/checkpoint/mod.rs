@@ -36,7 +36,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 pub use format::{CorruptReason, encode, parse};
-pub use store::{CheckpointError, DEFAULT_BOOT_ID_PATH, Quarantined, read_boot_id};
+pub use store::{
+    CHECKPOINT_FILE, CheckpointError, DEFAULT_BOOT_ID_PATH, Quarantined, read_boot_id,
+};
 
 pub(crate) use store::CheckpointStore;
 

@@ -10,7 +10,7 @@ use super::Checkpoint;
 use super::format::{CorruptReason, MAX_CHECKPOINT_BYTES, encode, parse};
 
 /// File name of the checkpoint inside the store's directory.
-pub(crate) const CHECKPOINT_FILE: &str = "checkpoint.json";
+pub const CHECKPOINT_FILE: &str = "checkpoint.json";
 
 /// Where Linux exposes the id of the running boot.
 pub const DEFAULT_BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";

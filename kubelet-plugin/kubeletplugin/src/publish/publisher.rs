@@ -276,12 +276,11 @@ async fn reconcile(
 /// publishing one would be a write loop.
 fn check_ours(slices: &[ResourceSlice], config: &PublisherConfig) -> Result<(), String> {
     for (i, s) in slices.iter().enumerate() {
-        let name = format!("#{i}");
         if s.spec.driver != config.driver_name
             || s.spec.node_name.as_deref() != Some(config.node_name.as_str())
         {
             return Err(format!(
-                "ResourceSlice {name} is for driver {:?} on node {:?}, not {:?} on {:?}",
+                "ResourceSlice #{i} is for driver {:?} on node {:?}, not {:?} on {:?}",
                 s.spec.driver, s.spec.node_name, config.driver_name, config.node_name
             ));
         }
