@@ -116,20 +116,7 @@ fn describe(a: &DeviceAttribute) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn int(i: i64) -> DeviceAttribute {
-        DeviceAttribute {
-            int: Some(i),
-            ..Default::default()
-        }
-    }
-
-    fn string(s: &str) -> DeviceAttribute {
-        DeviceAttribute {
-            string: Some(s.to_owned()),
-            ..Default::default()
-        }
-    }
+    use crate::slice::fixtures::{int, string};
 
     fn key(level: Level, a: DeviceAttribute) -> Result<Option<String>, InvalidValue> {
         group_key(level, Some(&a))

@@ -1,4 +1,7 @@
-//! Hand-built inventories, and a claim helper, for the library's tests.
+//! Hand-built inventories, attribute values and a claim helper, for the library's
+//! tests.
+
+use k8s_openapi::api::resource::v1::DeviceAttribute;
 
 use crate::cpuset::IdList;
 use crate::inventory::{
@@ -153,4 +156,28 @@ pub(crate) fn allocation_results_mut(
         .and_then(|a| a.devices.as_mut())
         .and_then(|d| d.results.as_mut())
         .expect("an allocated claim")
+}
+
+/// An int attribute, as a slice carries it.
+pub(crate) fn int(v: i64) -> DeviceAttribute {
+    DeviceAttribute {
+        int: Some(v),
+        ..Default::default()
+    }
+}
+
+/// A string attribute.
+pub(crate) fn string(v: &str) -> DeviceAttribute {
+    DeviceAttribute {
+        string: Some(v.to_owned()),
+        ..Default::default()
+    }
+}
+
+/// A version attribute.
+pub(crate) fn version(v: &str) -> DeviceAttribute {
+    DeviceAttribute {
+        version: Some(v.to_owned()),
+        ..Default::default()
+    }
 }

@@ -6,27 +6,7 @@ use k8s_openapi::api::resource::v1::DeviceAttribute;
 
 use super::*;
 use crate::slice::attributes::NUMA_NODE;
-
-fn int(i: i64) -> DeviceAttribute {
-    DeviceAttribute {
-        int: Some(i),
-        ..Default::default()
-    }
-}
-
-fn string(s: &str) -> DeviceAttribute {
-    DeviceAttribute {
-        string: Some(s.to_owned()),
-        ..Default::default()
-    }
-}
-
-fn version(s: &str) -> DeviceAttribute {
-    DeviceAttribute {
-        version: Some(s.to_owned()),
-        ..Default::default()
-    }
-}
+use crate::slice::fixtures::{int, string, version};
 
 /// Sets attribute `name` of device `i` of a slice.
 fn set(slice: &mut ResourceSlice, i: usize, name: &str, value: DeviceAttribute) {

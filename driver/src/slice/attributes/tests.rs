@@ -1,31 +1,10 @@
 use super::*;
-use crate::slice::fixtures::{addr, dgx_h100, snc};
+use crate::slice::fixtures::{addr, dgx_h100, int, snc, string, version};
 
 fn opts(format: NumaNodeFormat) -> SliceOptions {
     SliceOptions {
         numa_node_format: format,
         ..SliceOptions::new("node-a")
-    }
-}
-
-fn string(v: &str) -> DeviceAttribute {
-    DeviceAttribute {
-        string: Some(v.to_owned()),
-        ..Default::default()
-    }
-}
-
-fn int(v: i64) -> DeviceAttribute {
-    DeviceAttribute {
-        int: Some(v),
-        ..Default::default()
-    }
-}
-
-fn version(v: &str) -> DeviceAttribute {
-    DeviceAttribute {
-        version: Some(v.to_owned()),
-        ..Default::default()
     }
 }
 

@@ -1,5 +1,5 @@
 use super::*;
-use crate::slice::fixtures::dgx_h100;
+use crate::slice::fixtures::{dgx_h100, version};
 use crate::slice::{SliceOptions, build_slices};
 
 fn dgx_slice() -> ResourceSlice {
@@ -13,13 +13,6 @@ fn attr(slice: &mut ResourceSlice, device: usize, name: &str, a: DeviceAttribute
         .attributes
         .get_or_insert_default()
         .insert(name.to_owned(), a);
-}
-
-fn version(v: &str) -> DeviceAttribute {
-    DeviceAttribute {
-        version: Some(v.to_owned()),
-        ..Default::default()
-    }
 }
 
 #[test]
