@@ -135,7 +135,13 @@ pub struct CdiConfig {
     /// Where the driver lists MIG capability minors
     /// (`/proc/driver/nvidia/capabilities`).
     pub capabilities_dir: PathBuf,
+    /// The `nvidia-cdi-hook` binary the runtime runs for the spec's hooks, as a path
+    /// on the host (the runtime runs it, not this process).
+    pub hook_path: PathBuf,
 }
+
+/// Where the NVIDIA Container Toolkit installs `nvidia-cdi-hook` on a host.
+pub const DEFAULT_HOOK_PATH: &str = "/usr/bin/nvidia-cdi-hook";
 
 impl Default for CdiConfig {
     fn default() -> Self {
@@ -146,6 +152,7 @@ impl Default for CdiConfig {
             toolkit_spec: None,
             dev_root: PathBuf::from("/"),
             capabilities_dir: PathBuf::from(nodes::DEFAULT_CAPABILITIES_DIR),
+            hook_path: PathBuf::from(DEFAULT_HOOK_PATH),
         }
     }
 }
