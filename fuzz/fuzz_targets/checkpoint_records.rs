@@ -40,10 +40,10 @@ fuzz_target!(|data: &[u8]| {
         boot_id: "boot-1".into(),
         cdi_spec_dir: dir.path().join("cdi"),
     };
-    let files = NvidiaFiles {
-        source: NvidiaFilesSource::Discovered { root: "/".into() },
-        edits: ContainerEdits::default(),
-    };
+    let files = NvidiaFiles::fixed(
+        NvidiaFilesSource::Discovered { root: "/".into() },
+        ContainerEdits::default(),
+    );
     let (preparer, _report) = Preparer::start(
         &config,
         &inventory,

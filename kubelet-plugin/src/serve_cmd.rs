@@ -11,7 +11,7 @@ use dra_kubeletplugin::claims::{ApiClaims, ReadPolicy};
 use dra_kubeletplugin::dra::ClaimConcurrency;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use topodra_driver::cdi::{CdiConfig, NvidiaFiles};
+use topodra_driver::cdi::{CdiConfig, DriverFiles};
 use topodra_driver::checkpoint::read_boot_id;
 use topodra_driver::discovery::{self, DiscoveryConfig, NvmlPolicy, TopologyInput};
 use topodra_driver::health::{HealthPolicy, HealthState};
@@ -61,7 +61,16 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         ..CdiConfig::default()
     };
     let files =
-        NvidiaFiles::load(&cdi).context("finding the NVIDIA driver's files for CDI specs")?;
+        DriverFiles::load(&cdi).context("finding the NVIDIA driver's files for CDI specs")?;
+    if let Ok(now) = files.current() {
+        tracing::info!(
+            source = ?now.source,
+            driver_version = now.driver_version(),
+            files = now.file_count(),
+            hook = %cdi.hook_path.display(),
+            "driver files for CDI specs"
+        );
+    }
     let boot_id = read_boot_id(&args.cdi.boot_id_file).context("reading the boot id")?;
 
     let counter = RequestCounter::new();
@@ -177,7 +186,7 @@ struct Setup<'a> {
     args: &'a ServeArgs,
     inventory: &'a topodra_driver::Inventory,
     cdi: &'a CdiConfig,
-    files: &'a NvidiaFiles,
+    files: &'a DriverFiles,
     boot_id: &'a str,
     client: &'a kube::Client,
     metrics: &'a Arc<Metrics>,

@@ -8,9 +8,10 @@
 
 use std::collections::BTreeSet;
 
+use super::capabilities::DriverCapabilities;
 use super::nodes::{DeviceNodes, NodeInfo, dev_path};
 use super::nvidia_files::NvidiaFiles;
-use super::spec::{ContainerEdits, Device, DeviceNode, Spec};
+use super::spec::{ContainerEdits, Device, DeviceNode, Mount, Spec};
 use super::version::minimum_version;
 use super::{CdiError, CdiKind, cdi_device_name, check_claim_uid, validate};
 use crate::cpuset::IdList;
@@ -36,6 +37,14 @@ pub(crate) const ENV_CPUS: &str = "TOPODRA_CPUS";
 /// CUDA numbers devices fastest-first by default; bus order makes CUDA's device
 /// indices agree with NVML's and `nvidia-smi`'s inside the container.
 pub(crate) const ENV_CUDA_DEVICE_ORDER: &str = "CUDA_DEVICE_ORDER=PCI_BUS_ID";
+
+/// Always set: on nodes where `nvidia-container-runtime` is the default runtime,
+/// a CUDA image's `NVIDIA_VISIBLE_DEVICES=all` would make that runtime inject every
+/// GPU of the node besides the claim's. `void` turns its environment path off.
+pub(crate) const ENV_VISIBLE_DEVICES_VOID: &str = "NVIDIA_VISIBLE_DEVICES=void";
+/// The same for the runtime's `volume-mounts` device list strategy, which reads
+/// the device list from mounts under this directory.
+pub(crate) const VOID_DEVICE_LIST_MOUNT: &str = "/var/run/nvidia-container-devices/void";
 
 /// Cgroup access for device nodes: containers read and write them but have no reason
 /// to create nodes (`m`).
@@ -111,6 +120,9 @@ pub struct ClaimSpecRequest {
     pub env_hints: bool,
     /// The installation's spec kind (from its driver name).
     pub kind: CdiKind,
+    /// Which classes of driver files the containers get (all unless the claim's
+    /// config narrows them).
+    pub capabilities: DriverCapabilities,
 }
 
 impl ClaimSpecRequest {
@@ -177,27 +189,48 @@ pub fn claim_spec(
     for name in ["nvidiactl", "nvidia-uvm"] {
         device_nodes.push(device_node(name, required_node(nodes, name)?));
     }
-    // Only profilers use it; a node without it still runs CUDA.
-    match nodes.lookup("nvidia-uvm-tools")? {
-        Some(info) => device_nodes.push(device_node("nvidia-uvm-tools", info)),
-        None => tracing::debug!("no nvidia-uvm-tools device; leaving it out"),
+    // Only profilers use uvm-tools, and only display and Vulkan applications
+    // modeset (present when the nvidia-modeset module is loaded); CUDA runs
+    // without either.
+    for name in ["nvidia-uvm-tools", "nvidia-modeset"] {
+        match nodes.lookup(name)? {
+            Some(info) => device_nodes.push(device_node(name, info)),
+            None => tracing::debug!(node = name, "no such device; leaving it out"),
+        }
     }
+    let driver_edits = driver.edits(&req.capabilities);
 
     let own_env = if req.env_hints {
         env_hints(&req.gpus)
     } else {
         Vec::new()
     };
+    let mut own_env = own_env;
+    own_env.push(ENV_VISIBLE_DEVICES_VOID.to_owned());
     let own_keys: BTreeSet<&str> = own_env.iter().filter_map(|e| env_key(e)).collect();
     let mut env = own_env.clone();
     env.extend(
-        driver
-            .edits
+        driver_edits
             .env
             .iter()
             .filter(|e| env_key(e).is_none_or(|k| !own_keys.contains(k)))
             .cloned(),
     );
+    let mut mounts = driver_edits.mounts;
+    if !mounts
+        .iter()
+        .any(|m| m.container_path == VOID_DEVICE_LIST_MOUNT)
+    {
+        mounts.push(Mount {
+            host_path: "/dev/null".to_owned(),
+            container_path: VOID_DEVICE_LIST_MOUNT.to_owned(),
+            kind: Some("bind".to_owned()),
+            options: ["ro", "nosuid", "nodev", "bind"]
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+        });
+    }
 
     let mut spec = Spec {
         cdi_version: String::new(),
@@ -215,8 +248,8 @@ pub fn claim_spec(
         container_edits: ContainerEdits {
             env,
             device_nodes,
-            hooks: driver.edits.hooks.clone(),
-            mounts: driver.edits.mounts.clone(),
+            hooks: driver_edits.hooks,
+            mounts,
             ..Default::default()
         },
     };
@@ -237,8 +270,10 @@ fn required_node(nodes: &dyn DeviceNodes, name: &str) -> Result<NodeInfo, CdiErr
 }
 
 /// Type, major and minor are all stated, so the runtime does not need the node to
-/// exist on the host; `fileMode`, `uid` and `gid` are left to the runtime, which takes
-/// the mode from the host node and the owner from the container's user.
+/// exist on the host. Mode, uid and gid are the host node's where it exists: a
+/// runtime fills a missing mode from the host node only with a recent CDI library
+/// (containerd 1.7's gives 0666), and a user-namespaced pod needs the owner stated.
+/// A node known only from `/proc/devices` leaves them to the runtime.
 fn device_node(name: &str, info: NodeInfo) -> DeviceNode {
     DeviceNode {
         path: dev_path(name),
@@ -246,6 +281,9 @@ fn device_node(name: &str, info: NodeInfo) -> DeviceNode {
         major: Some(i64::from(info.major)),
         minor: Some(i64::from(info.minor)),
         permissions: Some(NODE_PERMISSIONS.to_owned()),
+        file_mode: info.owner.map(|o| o.mode),
+        uid: info.owner.map(|o| o.uid),
+        gid: info.owner.map(|o| o.gid),
         ..Default::default()
     }
 }

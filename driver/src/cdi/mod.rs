@@ -10,8 +10,12 @@
 //! - `version`: the lowest `cdiVersion` a spec's fields require; every generated
 //!   spec carries exactly that.
 //! - `nodes`: device numbers of `/dev/nvidia*`, behind the [`DeviceNodes`] trait.
-//! - `nvidia_files`: the driver's libraries and tools to bind-mount, discovered
-//!   under a driver root or adopted from an NVIDIA Container Toolkit spec.
+//! - `nvidia_files`: the driver's libraries, tools, firmware and sockets to
+//!   bind-mount, discovered under a driver root or adopted from an NVIDIA Container
+//!   Toolkit spec.
+//! - `hooks`: the `nvidia-cdi-hook` hooks that make them usable in any image.
+//! - `capabilities`: which classes of driver files (compute, video, ...) a claim gets.
+//! - `elf`: the soname of a driver library.
 //! - `claim`: the spec of one claim.
 //! - `writer`: atomic files in the spec directory.
 //! - `validate`: the rules runtimes apply when loading a spec.
@@ -41,7 +45,10 @@
 //! # let _ = cdi_ids; Ok(()) }
 //! ```
 
+pub(crate) mod capabilities;
 pub(crate) mod claim;
+pub(crate) mod elf;
+pub(crate) mod hooks;
 pub(crate) mod nodes;
 pub(crate) mod nvidia_files;
 pub(crate) mod spec;
@@ -52,11 +59,13 @@ pub(crate) mod writer;
 use std::io;
 use std::path::PathBuf;
 
+pub use capabilities::{DriverCapabilities, DriverCapability};
 pub use claim::{ClaimGpu, ClaimSpecRequest, claim_spec};
 pub use nodes::{
-    DEFAULT_CAPABILITIES_DIR, DeviceNodes, HostDeviceNodes, NodeInfo, NodeKind, TableDeviceNodes,
+    DEFAULT_CAPABILITIES_DIR, DeviceNodes, HostDeviceNodes, NodeInfo, NodeKind, NodeOwner,
+    TableDeviceNodes,
 };
-pub use nvidia_files::{NvidiaFiles, NvidiaFilesSource};
+pub use nvidia_files::{DriverFiles, NvidiaFiles, NvidiaFilesSource};
 pub use spec::{ContainerEdits, Device, DeviceNode, Hook, IntelRdt, Mount, NetDevice, Spec};
 pub use validate::Problems;
 pub use writer::{DEFAULT_SPEC_DIR, SpecWriter};

@@ -40,6 +40,21 @@ pub struct NodeInfo {
     pub kind: NodeKind,
     pub major: u32,
     pub minor: u32,
+    /// Permissions and owner of the host's node; `None` when the node does not exist
+    /// on the host and its numbers come from `/proc/devices`.
+    pub owner: Option<NodeOwner>,
+}
+
+/// The permission bits and owner of a host device node, which the container's
+/// node gets too: a driver installed with `NVreg_DeviceFileMode=0660` and a
+/// `video` group keeps that policy inside the container, and a runtime with an
+/// older CDI library does not fall back to 0666.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NodeOwner {
+    /// Permission bits only (`0o660`).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
 }
 
 impl NodeInfo {
@@ -48,6 +63,15 @@ impl NodeInfo {
             kind: NodeKind::Char,
             major,
             minor,
+            owner: None,
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) const fn owned(self, mode: u32, uid: u32, gid: u32) -> Self {
+        Self {
+            owner: Some(NodeOwner { mode, uid, gid }),
+            ..self
         }
     }
 }
@@ -158,6 +182,11 @@ impl HostDeviceNodes {
             kind,
             major: libc::major(rdev),
             minor: libc::minor(rdev),
+            owner: Some(NodeOwner {
+                mode: meta.mode() & 0o7777,
+                uid: meta.uid(),
+                gid: meta.gid(),
+            }),
         }))
     }
 
@@ -405,7 +434,7 @@ Block devices:
             return;
         }
         let info = HostDeviceNodes::new("/").lookup("null").unwrap().unwrap();
-        assert_eq!(info, NodeInfo::char(1, 3));
+        assert_eq!(info, NodeInfo::char(1, 3).owned(0o666, 0, 0));
     }
 
     #[test]

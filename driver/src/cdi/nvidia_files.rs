@@ -1,75 +1,41 @@
-//! The NVIDIA user-space driver files a GPU container needs: libraries and tools,
-//! bind-mounted read-only at the path they have on the host.
+//! The NVIDIA user-space driver files a GPU container needs (libraries, tools,
+//! firmware, IPC sockets), bind-mounted read-only at the path they have on the host,
+//! and the hooks that make them usable inside any image.
 //!
 //! They come from one of two places:
-//! - our own discovery under a driver root ([`NvidiaRoot`]): `/` for a driver
-//!   installed on the host, `/run/nvidia/driver` for the GPU Operator's driver
-//!   container;
+//! - our own discovery under a driver root ([`NvidiaRoot`], see `discover`): `/` for
+//!   a driver installed on the host, `/run/nvidia/driver` for the GPU Operator's
+//!   driver container. It finds what the NVIDIA Container Toolkit's `nvcdi` finds and
+//!   builds the same hooks, with our installed `nvidia-cdi-hook`;
 //! - a spec the NVIDIA Container Toolkit generated (`nvidia-ctk cdi generate`), whose
-//!   claim-wide mounts, hooks and env we adopt as they are, because the toolkit
-//!   knows more of the driver's files (Vulkan, EGL, firmware symlinks, ldcache hooks)
-//!   than this list does. Its device nodes are not adopted: ours carry the exact
-//!   majors and only the claim's GPUs.
+//!   claim-wide mounts, hooks and env we adopt as they are. Its device nodes are not
+//!   adopted: ours carry the exact majors and only the claim's GPUs.
+//!
+//! Either way the files can go stale: a driver upgrade replaces the versioned
+//! libraries, and the toolkit rewrites its spec. [`NvidiaFiles::is_current`] tells
+//! when to load again.
 
-use std::collections::{BTreeSet, VecDeque};
+mod discover;
+
+use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::fs;
 use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::Deserialize;
 
+use super::capabilities::DriverCapabilities;
+use super::hooks::{HookBinary, Link};
 use super::spec::{ContainerEdits, Hook, Mount};
 use super::{CdiConfig, CdiError};
+pub(crate) use discover::{DriverFile, FileKind};
 
-/// Library directories, searched in this order; a directory that resolves to one
-/// already searched (merged `/usr`: `/lib64 -> usr/lib64`) is skipped so no file is
-/// mounted twice.
-pub(crate) const LIB_DIRS: &[&str] = &[
-    "/usr/lib/x86_64-linux-gnu",
-    "/usr/lib/aarch64-linux-gnu",
-    "/usr/lib64",
-    "/usr/lib",
-    "/lib/x86_64-linux-gnu",
-    "/lib/aarch64-linux-gnu",
-    "/lib64",
-    "/lib",
-];
-
-/// Binary directories; the first that has a binary wins, as with `PATH`.
-pub(crate) const BIN_DIRS: &[&str] = &["/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin"];
-
-/// Compute libraries, by the name before the version suffix: every
-/// `<name>.<version>` file (`libcuda.so.1`, `libcuda.so.550.90.07`) is mounted.
-pub(crate) const LIBRARIES: &[&str] = &[
-    "libnvidia-ml.so",
-    "libcuda.so",
-    "libcudadebugger.so",
-    "libnvidia-ptxjitcompiler.so",
-    "libnvidia-nvvm.so",
-    "libnvidia-gpucomp.so",
-    "libnvidia-opencl.so",
-    "libnvidia-cfg.so",
-    "libnvidia-allocator.so",
-    "libnvidia-pkcs11.so",
-    "libnvidia-pkcs11-openssl3.so",
-];
-
-/// Without these no CUDA program or NVML tool works, so their absence means the
-/// driver root is wrong, not that the node lacks an optional feature.
-pub(crate) const REQUIRED_LIBRARIES: &[&str] = &["libnvidia-ml.so", "libcuda.so"];
-
-pub(crate) const BINARIES: &[&str] = &[
-    "nvidia-smi",
-    "nvidia-debugdump",
-    "nvidia-persistenced",
-    "nvidia-cuda-mps-control",
-    "nvidia-cuda-mps-server",
-];
-
-/// Options of every driver file mount: read-only, no set-uid, no device files.
-pub(crate) const MOUNT_OPTIONS: &[&str] = &["ro", "nosuid", "nodev", "rbind"];
-pub(crate) const MOUNT_TYPE: &str = "bind";
+/// The env var the toolkit's specs carry with the directories of `libcuda.so`
+/// (`:`-separated), which CUDA forward-compatibility setups read.
+const ENV_LIBCUDA_DIR: &str = "NVIDIA_CTK_LIBCUDA_DIR";
 
 /// Where the driver's files are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,12 +67,49 @@ pub enum NvidiaFilesSource {
     Toolkit { spec: PathBuf },
 }
 
-/// Claim-wide edits for the driver's user-space files: mounts, and, from a toolkit
-/// spec, its hooks and env.
+/// Claim-wide edits for the driver's user-space files.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NvidiaFiles {
     pub source: NvidiaFilesSource,
-    pub edits: ContainerEdits,
+    content: Content,
+    /// What was read, to tell when it changed.
+    witness: Option<Witness>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Content {
+    /// Our discovery, filtered per claim by its capabilities.
+    Discovered {
+        version: String,
+        files: Vec<DriverFile>,
+        hook: HookBinary,
+    },
+    /// Used as they are: a toolkit spec's edits, or fixed edits (tests).
+    Fixed(ContainerEdits),
+}
+
+/// Identity of the file a load depended on: the toolkit spec, or the versioned
+/// `libcuda` a discovery found. A change of any field (a rewrite, an upgrade that
+/// removed the file) means the load is stale.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Witness {
+    path: PathBuf,
+    stamp: Option<(u64, u64, i64, i64, u64)>,
+}
+
+impl Witness {
+    fn of(path: &Path) -> Self {
+        Self {
+            path: path.to_owned(),
+            stamp: stamp(path),
+        }
+    }
+}
+
+fn stamp(path: &Path) -> Option<(u64, u64, i64, i64, u64)> {
+    fs::metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.len()))
 }
 
 impl NvidiaFiles {
@@ -124,69 +127,149 @@ impl NvidiaFiles {
                 "toolkit CDI spec not present; discovering driver files ourselves"
             );
         }
-        Self::discover(&config.driver_root())
+        Self::discover(&config.driver_root(), &config.hook_path)
     }
 
-    /// Finds the driver's libraries and binaries under `root`.
-    pub(crate) fn discover(root: &NvidiaRoot) -> Result<Self, CdiError> {
-        let mut mounts = Vec::new();
-        let mut found_libs = BTreeSet::new();
-
-        let mut seen_dirs = BTreeSet::new();
-        for dir in LIB_DIRS {
-            let Some(resolved) = resolve_in(&root.local, Path::new(dir))? else {
-                continue;
-            };
-            if !seen_dirs.insert(resolved.clone()) {
-                continue;
-            }
-            let local_dir = reroot(&root.local, &resolved);
-            if !local_dir.is_dir() {
-                continue;
-            }
-            for name in sorted_names(&local_dir)? {
-                let Some(lib) = LIBRARIES.iter().find(|l| is_versioned(&name, l)) else {
-                    continue;
-                };
-                let container = Path::new(dir).join(&name);
-                if let Some(m) = file_mount(root, &container)? {
-                    found_libs.insert(*lib);
-                    mounts.push(m);
-                }
-            }
+    /// Whether a [`NvidiaFiles::load`] now would read the same thing: the toolkit
+    /// spec (or its absence) is unchanged, and the discovered driver's `libcuda`
+    /// is still the file it was. One or two `stat`s, cheap enough for every prepare.
+    pub fn is_current(&self, config: &CdiConfig) -> bool {
+        let toolkit_now = config.toolkit_spec.as_deref().filter(|p| p.exists());
+        match (&self.source, toolkit_now) {
+            (NvidiaFilesSource::Toolkit { spec }, Some(now)) if spec == now => {}
+            (NvidiaFilesSource::Discovered { .. }, None) => {}
+            _ => return false,
         }
+        self.witness
+            .as_ref()
+            .is_none_or(|w| stamp(&w.path) == w.stamp)
+    }
 
-        let missing: Vec<String> = REQUIRED_LIBRARIES
+    /// Edits used as they are for every claim, whatever its capabilities (tests and
+    /// fuzzing build claims without a driver root).
+    pub fn fixed(source: NvidiaFilesSource, edits: ContainerEdits) -> Self {
+        Self {
+            source,
+            content: Content::Fixed(edits),
+            witness: None,
+        }
+    }
+
+    /// The driver version, when our discovery found the files.
+    pub fn driver_version(&self) -> Option<&str> {
+        match &self.content {
+            Content::Discovered { version, .. } => Some(version),
+            Content::Fixed(_) => None,
+        }
+    }
+
+    /// How many files a container with every capability gets.
+    pub fn file_count(&self) -> usize {
+        match &self.content {
+            Content::Discovered { files, .. } => files.len(),
+            Content::Fixed(edits) => edits.mounts.len(),
+        }
+    }
+
+    /// Finds the driver's files under `root`; specs run `hook` for their hooks.
+    pub(crate) fn discover(root: &NvidiaRoot, hook: &Path) -> Result<Self, CdiError> {
+        let found = discover::discover(root)?;
+        let witness = found
+            .files
             .iter()
-            .filter(|l| !found_libs.contains(*l))
-            .map(|l| format!("{l}.*"))
-            .collect();
-        if !missing.is_empty() {
-            return Err(CdiError::NvidiaFilesMissing {
-                root: root.local.clone(),
-                missing,
+            .find(|f| {
+                matches!(f.kind, FileKind::Library { .. })
+                    && Path::new(&f.mount.container_path)
+                        .file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("libcuda.so."))
+            })
+            .or_else(|| {
+                found
+                    .files
+                    .iter()
+                    .find(|f| matches!(f.kind, FileKind::Library { .. }))
+            })
+            .map(|f| {
+                let rel = Path::new(&f.mount.host_path)
+                    .strip_prefix(&root.host)
+                    .map(Path::to_owned)
+                    .unwrap_or_default();
+                Witness::of(&reroot(&root.local, &Path::new("/").join(rel)))
             });
-        }
-
-        for bin in BINARIES {
-            for dir in BIN_DIRS {
-                let container = Path::new(dir).join(bin);
-                if let Some(m) = file_mount(root, &container)? {
-                    mounts.push(m);
-                    break;
-                }
-            }
-        }
-
         Ok(Self {
             source: NvidiaFilesSource::Discovered {
                 root: root.host.clone(),
             },
-            edits: ContainerEdits {
-                mounts,
-                ..Default::default()
+            content: Content::Discovered {
+                version: found.version,
+                files: found.files,
+                hook: HookBinary::new(hook),
             },
+            witness,
         })
+    }
+
+    /// The claim-wide edits for containers with `caps`: mounts, hooks, env.
+    pub fn edits(&self, caps: &DriverCapabilities) -> ContainerEdits {
+        let (version, files, hook) = match &self.content {
+            Content::Fixed(edits) => return edits.clone(),
+            Content::Discovered {
+                version,
+                files,
+                hook,
+            } => (version, files, hook),
+        };
+        let files: Vec<&DriverFile> = files.iter().filter(|f| caps.admits(f.class)).collect();
+
+        let mut links: Vec<Link> = Vec::new();
+        let mut lib_dirs: Vec<String> = Vec::new();
+        let mut libcuda_dirs: Vec<String> = Vec::new();
+        for f in &files {
+            let FileKind::Library { links: own } = &f.kind else {
+                continue;
+            };
+            for l in own {
+                if !links.iter().any(|have| have.link == l.link) {
+                    links.push(l.clone());
+                }
+            }
+            let dir = f.container_dir().to_owned();
+            let name = f
+                .mount
+                .container_path
+                .rsplit('/')
+                .next()
+                .unwrap_or_default();
+            if name.starts_with("libcuda.so.") && !libcuda_dirs.contains(&dir) {
+                libcuda_dirs.push(dir.clone());
+            }
+            if !lib_dirs.contains(&dir) {
+                lib_dirs.push(dir);
+            }
+        }
+        links.sort();
+
+        // The toolkit's order: links first (ldconfig then sees them), the compat
+        // libraries' directory before the cache is rebuilt, the cache, and last the
+        // switch that keeps the driver from creating nodes.
+        let mut hooks: Vec<Hook> = Vec::new();
+        hooks.extend(hook.create_symlinks(&links));
+        if !libcuda_dirs.is_empty() {
+            hooks.push(hook.enable_cuda_compat(version));
+        }
+        hooks.extend(hook.update_ldcache(&lib_dirs));
+        hooks.push(hook.disable_device_node_modification());
+
+        let mut env = Vec::new();
+        if !libcuda_dirs.is_empty() {
+            env.push(format!("{ENV_LIBCUDA_DIR}={}", libcuda_dirs.join(":")));
+        }
+        ContainerEdits {
+            env,
+            hooks,
+            mounts: files.iter().map(|f| f.mount.clone()).collect(),
+            ..Default::default()
+        }
     }
 
     /// Takes the top-level mounts, hooks and env of a toolkit-generated spec (JSON
@@ -204,6 +287,9 @@ impl NvidiaFiles {
                 source: Some(source),
             }
         };
+        // The witness is taken before the read, so a rewrite during it is seen as
+        // a change next time rather than lost.
+        let witness = Witness::of(path);
         let text = fs::read_to_string(path).map_err(|e| failed(e.to_string(), e.into()))?;
         let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
         let yaml =
@@ -228,13 +314,79 @@ impl NvidiaFiles {
             source: NvidiaFilesSource::Toolkit {
                 spec: path.to_owned(),
             },
-            edits: ContainerEdits {
+            content: Content::Fixed(ContainerEdits {
                 env: edits.env,
                 mounts: edits.mounts,
                 hooks: edits.hooks,
                 ..Default::default()
-            },
+            }),
+            witness: Some(witness),
         })
+    }
+}
+
+/// The driver's files as the next claim should get them: loaded again, before a
+/// spec is built, when [`NvidiaFiles::is_current`] says the load is stale (a driver
+/// upgrade, the toolkit rewriting its spec, a toolkit spec appearing or going).
+/// Clones share one current load.
+#[derive(Debug, Clone)]
+pub struct DriverFiles {
+    /// `None`: fixed files, never loaded again.
+    config: Option<CdiConfig>,
+    current: Arc<Mutex<Arc<NvidiaFiles>>>,
+}
+
+impl DriverFiles {
+    /// The first load; an error here is a start-up error.
+    pub fn load(config: &CdiConfig) -> Result<Self, CdiError> {
+        let files = NvidiaFiles::load(config)?;
+        Ok(Self {
+            config: Some(config.clone()),
+            current: Arc::new(Mutex::new(Arc::new(files))),
+        })
+    }
+
+    /// The files as they are now, loaded again first if they changed. A failed
+    /// load is returned rather than the stale files, which would name libraries
+    /// an upgrade removed; the next call tries again.
+    pub fn current(&self) -> Result<Arc<NvidiaFiles>, CdiError> {
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(config) = &self.config else {
+            return Ok(current.clone());
+        };
+        if current.is_current(config) {
+            return Ok(current.clone());
+        }
+        let before = (
+            current.source.clone(),
+            current.driver_version().map(str::to_owned),
+        );
+        match NvidiaFiles::load(config) {
+            Ok(files) => {
+                tracing::info!(
+                    was = ?before.0, was_version = ?before.1,
+                    now = ?files.source, now_version = ?files.driver_version(),
+                    files = files.file_count(),
+                    "the driver's files changed; loaded them again for new claims"
+                );
+                *current = Arc::new(files);
+                Ok(current.clone())
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the driver's files changed and cannot be loaded again");
+                Err(e)
+            }
+        }
+    }
+}
+
+impl From<NvidiaFiles> for DriverFiles {
+    /// Fixed files, used as they are for as long as the holder lives.
+    fn from(files: NvidiaFiles) -> Self {
+        Self {
+            config: None,
+            current: Arc::new(Mutex::new(Arc::new(files))),
+        }
     }
 }
 
@@ -263,61 +415,6 @@ struct ToolkitEdits {
 // break up the message.
 fn yaml_error(e: &serde_saphyr::Error) -> String {
     e.without_snippet().to_string()
-}
-
-/// `<name>.<suffix>` with a non-empty suffix: `libcuda.so.1` for `libcuda.so`, but
-/// not `libcuda.so` itself (a link-time name) nor `libcudadebugger.so.1`.
-fn is_versioned(file: &str, name: &str) -> bool {
-    file.strip_prefix(name)
-        .and_then(|rest| rest.strip_prefix('.'))
-        .is_some_and(|v| !v.is_empty())
-}
-
-/// A mount for the file a container should see at `container`, if it exists under
-/// the root as a regular file (through any symlinks).
-///
-/// The source is the resolved file, not the symlink: a symlink in a driver root
-/// that is not `/` may be absolute and would resolve against the host's own `/`.
-fn file_mount(root: &NvidiaRoot, container: &Path) -> Result<Option<Mount>, CdiError> {
-    let Some(resolved) = resolve_in(&root.local, container)? else {
-        return Ok(None);
-    };
-    let local = reroot(&root.local, &resolved);
-    match fs::metadata(&local) {
-        Ok(m) if m.is_file() => {}
-        Ok(_) => return Ok(None),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => {
-            return Err(CdiError::NvidiaRoot {
-                path: local,
-                source,
-            });
-        }
-    }
-    let host = reroot(&root.host, &resolved);
-    let (Some(host), Some(container)) = (host.to_str(), container.to_str()) else {
-        tracing::warn!(path = %container.display(), "skipping a driver file whose path is not UTF-8");
-        return Ok(None);
-    };
-    Ok(Some(Mount {
-        host_path: host.to_owned(),
-        container_path: container.to_owned(),
-        kind: Some(MOUNT_TYPE.to_owned()),
-        options: MOUNT_OPTIONS.iter().map(|s| (*s).to_owned()).collect(),
-    }))
-}
-
-fn sorted_names(dir: &Path) -> Result<Vec<String>, CdiError> {
-    let entries = fs::read_dir(dir).map_err(|source| CdiError::NvidiaRoot {
-        path: dir.to_owned(),
-        source,
-    })?;
-    let mut names: Vec<String> = entries
-        .filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().into_string().ok())
-        .collect();
-    names.sort();
-    Ok(names)
 }
 
 /// `abs` (a path inside the root) as a path on this machine under `root`.

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::resource::v1::DeviceAllocationConfiguration;
 
 use super::{ConfigError, decode};
+use crate::cdi::DriverCapabilities;
 
 /// What the driver does for one request, whatever API version it was written in.
 ///
@@ -16,6 +17,8 @@ pub(crate) struct EffectiveConfig {
     pub(crate) sharing: SharingPolicy,
     /// NUMA behaviour.
     pub(crate) numa: NumaPolicy,
+    /// Which classes of driver files the containers get.
+    pub(crate) capabilities: DriverCapabilities,
 }
 
 /// How the GPUs of a request are shared between the containers that use the claim.

@@ -66,6 +66,25 @@ where
     deserializer.deserialize_str(StringVisitor(PhantomData))
 }
 
+/// An optional list of unit-variant enums, each written as a plain string (or null,
+/// meaning absent).
+pub(super) fn string_enums<'de, D, T>(deserializer: D) -> Result<Option<Vec<T>>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct Item<T>(T);
+
+    impl<'de, T: Deserialize<'de>> Deserialize<'de> for Item<T> {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            string_enum(deserializer).map(Item)
+        }
+    }
+
+    Option::<Vec<Item<T>>>::deserialize(deserializer)
+        .map(|o| o.map(|items| items.into_iter().map(|Item(t)| t).collect()))
+}
+
 #[cfg(test)]
 mod tests {
     use serde::Deserialize;

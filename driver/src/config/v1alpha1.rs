@@ -15,6 +15,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::effective::{EffectiveConfig, NumaPolicy, SharingPolicy};
 use super::{ConfigError, MemoryQuantity, strict};
+use crate::cdi::{DriverCapabilities, DriverCapability};
 
 /// The version string of this module's types.
 #[cfg(test)]
@@ -46,6 +47,16 @@ pub struct GpuConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub numa: Option<Numa>,
+    /// Which classes of the driver's files the containers get (`compute`,
+    /// `utility`, `video`, `graphics`, `ngx`, as `NVIDIA_DRIVER_CAPABILITIES` names
+    /// them). Absent: all of them. The CDI spec is claim-wide, so a claim whose
+    /// requests list different classes gets their union.
+    #[serde(
+        default,
+        deserialize_with = "strict::string_enums",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub capabilities: Option<Vec<DriverCapability>>,
 }
 
 impl Default for GpuConfig {
@@ -55,6 +66,7 @@ impl Default for GpuConfig {
             kind: GPU_CONFIG_KIND.to_owned(),
             sharing: None,
             numa: None,
+            capabilities: None,
         }
     }
 }
@@ -272,6 +284,25 @@ impl<'de> Deserialize<'de> for DeviceName {
 impl GpuConfig {
     /// Checks what the field types cannot: relations between fields.
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(caps) = &self.capabilities {
+            let names: Vec<&str> = DriverCapability::ALL.iter().map(|c| c.as_str()).collect();
+            if caps.is_empty() {
+                return Err(ConfigError::invalid(
+                    "capabilities",
+                    format!(
+                        "must list at least one of {}; leave capabilities out for all of them",
+                        names.join(", ")
+                    ),
+                ));
+            }
+            let mut seen = std::collections::BTreeSet::new();
+            if let Some(twice) = caps.iter().find(|c| !seen.insert(**c)) {
+                return Err(ConfigError::invalid(
+                    "capabilities",
+                    format!("lists {twice} more than once"),
+                ));
+            }
+        }
         let Some(sharing) = &self.sharing else {
             return Ok(());
         };
@@ -325,12 +356,19 @@ impl GpuConfig {
             }
         };
         let numa = self.numa.clone().unwrap_or_default();
+        let capabilities = match &self.capabilities {
+            Some(caps) => DriverCapabilities::new(caps.iter().copied()).ok_or_else(|| {
+                ConfigError::invalid("capabilities", "must list at least one capability")
+            })?,
+            None => DriverCapabilities::all(),
+        };
         Ok(EffectiveConfig {
             sharing,
             numa: NumaPolicy {
                 export_hints: numa.export_hints,
                 require_aligned: numa.require_aligned,
             },
+            capabilities,
         })
     }
 }

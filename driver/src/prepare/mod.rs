@@ -34,7 +34,7 @@ pub use crash::{CrashHook, CrashPoint};
 pub use error::{ClaimError, StartError};
 pub use recovery::StartupReport;
 
-use crate::cdi::{self, ClaimGpu, ClaimSpecRequest, DeviceNodes, NvidiaFiles, SpecWriter};
+use crate::cdi::{self, ClaimGpu, ClaimSpecRequest, DeviceNodes, DriverFiles, SpecWriter};
 use crate::checkpoint::{
     self, Checkpoint, CheckpointError, CheckpointStore, ClaimRecord, ClaimRef, ClaimState,
     PreparedDevice,
@@ -63,7 +63,7 @@ pub struct Preparer {
     locks: locks::DeviceLocks,
     writer: SpecWriter,
     nodes: Box<dyn DeviceNodes + Send + Sync>,
-    files: NvidiaFiles,
+    files: DriverFiles,
     store: CheckpointStore,
     state: Mutex<Checkpoint>,
     /// `Some(new owner)` once the state is handed over. Every prepare and unprepare
@@ -94,7 +94,7 @@ impl Preparer {
         config: &PreparerConfig,
         inventory: &Inventory,
         nodes: Box<dyn DeviceNodes + Send + Sync>,
-        files: NvidiaFiles,
+        files: impl Into<DriverFiles>,
     ) -> Result<(Self, StartupReport), StartError> {
         let store = CheckpointStore::new(&config.state_dir);
         let writer = SpecWriter::new(
@@ -103,7 +103,15 @@ impl Preparer {
         );
         let (checkpoint, report) =
             recovery::recover(&store, &writer, &config.boot_id, &config.node_name)?;
-        let preparer = Self::assemble(config, inventory, nodes, files, store, writer, checkpoint);
+        let preparer = Self::assemble(
+            config,
+            inventory,
+            nodes,
+            files.into(),
+            store,
+            writer,
+            checkpoint,
+        );
         Ok((preparer, report))
     }
 
@@ -118,7 +126,7 @@ impl Preparer {
         config: &PreparerConfig,
         inventory: &Inventory,
         nodes: Box<dyn DeviceNodes + Send + Sync>,
-        files: NvidiaFiles,
+        files: impl Into<DriverFiles>,
         reason: String,
     ) -> Self {
         let store = CheckpointStore::new(&config.state_dir);
@@ -133,7 +141,15 @@ impl Preparer {
         checkpoint::after_reboot(&mut checkpoint, &config.boot_id);
         Self {
             read_only: Some(reason),
-            ..Self::assemble(config, inventory, nodes, files, store, writer, checkpoint)
+            ..Self::assemble(
+                config,
+                inventory,
+                nodes,
+                files.into(),
+                store,
+                writer,
+                checkpoint,
+            )
         }
     }
 
@@ -141,7 +157,7 @@ impl Preparer {
         config: &PreparerConfig,
         inventory: &Inventory,
         nodes: Box<dyn DeviceNodes + Send + Sync>,
-        files: NvidiaFiles,
+        files: DriverFiles,
         store: CheckpointStore,
         writer: SpecWriter,
         checkpoint: Checkpoint,
@@ -320,8 +336,10 @@ impl Preparer {
             gpus,
             env_hints: plan.env_hints,
             kind: self.writer.kind().clone(),
+            capabilities: plan.capabilities.clone(),
         };
-        let spec = cdi::claim_spec(&request, self.nodes.as_ref(), &self.files)?;
+        let files = self.files.current()?;
+        let spec = cdi::claim_spec(&request, self.nodes.as_ref(), &files)?;
         let spec_path = self.writer.path_for(&claim_ref.uid);
 
         self.update(|cp| {

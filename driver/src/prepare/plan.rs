@@ -1,6 +1,7 @@
 //! Checks a claim against this node and turns its allocation into a plan: which of
 //! our devices, for which requests, with which config. No side effects.
 
+use crate::cdi::DriverCapabilities;
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -24,6 +25,8 @@ pub(super) struct PlannedDevice {
 pub(super) struct Plan {
     pub(super) devices: Vec<PlannedDevice>,
     pub(super) env_hints: bool,
+    /// The union of the requests' driver capabilities: CDI edits are claim-wide.
+    pub(super) capabilities: DriverCapabilities,
 }
 
 pub(super) struct Context<'a> {
@@ -157,5 +160,10 @@ pub(super) fn plan(
     Ok(Plan {
         devices,
         env_hints: request_names.iter().all(|r| config_of(r).numa.export_hints),
+        capabilities: request_names
+            .iter()
+            .map(|r| config_of(r).capabilities.clone())
+            .reduce(|a, b| a.union(&b))
+            .unwrap_or_default(),
     })
 }

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 
 use super::*;
-use crate::cdi::{ContainerEdits, Mount, NvidiaFilesSource, TableDeviceNodes};
+use crate::cdi::{ContainerEdits, Mount, NvidiaFiles, NvidiaFilesSource, TableDeviceNodes};
 use crate::inventory::{Gpu, MigDevice, MigMode};
 
 const DRIVER: &str = "gpu.topodra.dev";
@@ -38,9 +38,9 @@ fn inventory(gpus: u32) -> Inventory {
 }
 
 fn nvidia_files() -> NvidiaFiles {
-    NvidiaFiles {
-        source: NvidiaFilesSource::Discovered { root: "/".into() },
-        edits: ContainerEdits {
+    NvidiaFiles::fixed(
+        NvidiaFilesSource::Discovered { root: "/".into() },
+        ContainerEdits {
             mounts: vec![Mount {
                 host_path: "/usr/lib/x86_64-linux-gnu/libcuda.so.550.90.07".into(),
                 container_path: "/usr/lib/x86_64-linux-gnu/libcuda.so.1".into(),
@@ -49,7 +49,7 @@ fn nvidia_files() -> NvidiaFiles {
             }],
             ..Default::default()
         },
-    }
+    )
 }
 
 struct Node {

@@ -1,4 +1,7 @@
+use std::path::Path;
+
 use super::*;
+use crate::cdi::DriverCapability;
 use crate::cdi::nodes::TableDeviceNodes;
 use crate::cdi::nvidia_files::{NvidiaFilesSource, NvidiaRoot, tests::fake_driver_root};
 use crate::cdi::spec::Mount;
@@ -26,22 +29,38 @@ fn request(gpus: Vec<ClaimGpu>) -> ClaimSpecRequest {
         gpus,
         env_hints: true,
         kind: CdiKind::default(),
+        capabilities: DriverCapabilities::all(),
+    }
+}
+
+fn driver_edits() -> ContainerEdits {
+    ContainerEdits {
+        mounts: vec![Mount {
+            host_path: "/usr/lib64/libcuda.so.1".into(),
+            container_path: "/usr/lib64/libcuda.so.1".into(),
+            kind: Some("bind".into()),
+            options: vec!["ro".into(), "nosuid".into(), "nodev".into(), "rbind".into()],
+        }],
+        ..Default::default()
     }
 }
 
 fn driver() -> NvidiaFiles {
-    NvidiaFiles {
-        source: NvidiaFilesSource::Discovered { root: "/".into() },
-        edits: ContainerEdits {
-            mounts: vec![Mount {
-                host_path: "/usr/lib64/libcuda.so.1".into(),
-                container_path: "/usr/lib64/libcuda.so.1".into(),
-                kind: Some("bind".into()),
-                options: vec!["ro".into(), "nosuid".into(), "nodev".into(), "rbind".into()],
-            }],
-            ..Default::default()
-        },
-    }
+    NvidiaFiles::fixed(
+        NvidiaFilesSource::Discovered { root: "/".into() },
+        driver_edits(),
+    )
+}
+
+/// The driver's mounts plus the device-list mount every spec carries.
+fn with_void_mount(mut mounts: Vec<Mount>) -> Vec<Mount> {
+    mounts.push(Mount {
+        host_path: "/dev/null".into(),
+        container_path: VOID_DEVICE_LIST_MOUNT.into(),
+        kind: Some("bind".into()),
+        options: vec!["ro".into(), "nosuid".into(), "nodev".into(), "bind".into()],
+    });
+    mounts
 }
 
 #[test]
@@ -86,9 +105,13 @@ fn two_gpu_claim() {
             "TOPODRA_NUMA_NODES=1",
             "TOPODRA_CPUS=28-41,84-97",
             "CUDA_DEVICE_ORDER=PCI_BUS_ID",
+            "NVIDIA_VISIBLE_DEVICES=void",
         ]
     );
-    assert_eq!(spec.container_edits.mounts, driver().edits.mounts);
+    assert_eq!(
+        spec.container_edits.mounts,
+        with_void_mount(driver_edits().mounts)
+    );
     assert_eq!(
         req.cdi_device_ids(),
         [
@@ -101,7 +124,11 @@ fn two_gpu_claim() {
 /// The whole file, as runtimes will read it.
 #[test]
 fn golden_json() {
-    let nodes = TableDeviceNodes::nvidia([0, 1], 509);
+    let mut nodes = TableDeviceNodes::nvidia([0, 1], 509);
+    // A host node as a driver installed with NVreg_DeviceFileMode=0660 and the
+    // video group (44) leaves it: its mode and owner are stated.
+    let gpu1 = nodes.0.get_mut("nvidia1").unwrap();
+    *gpu1 = gpu1.owned(0o660, 0, 44);
     let req = request(vec![gpu(0, 0, "0-13,56-69"), gpu(1, 0, "0-13,56-69")]);
     let spec = claim_spec(&req, &nodes, &driver()).unwrap();
     let got = serde_json::to_value(&spec).unwrap();
@@ -125,7 +152,8 @@ fn golden_json() {
           "name": format!("{UID}-gpu-1"),
           "annotations": {"topodra.dev/gpu-uuid": "GPU-00000001-aaaa-bbbb-cccc-dddddddddddd"},
           "containerEdits": {"deviceNodes": [
-            {"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1, "permissions": "rw"}
+            {"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1, "fileMode": 0o660,
+             "permissions": "rw", "uid": 0, "gid": 44}
           ]}
         }
       ],
@@ -134,7 +162,8 @@ fn golden_json() {
           "TOPODRA_VISIBLE_GPUS=GPU-00000000-aaaa-bbbb-cccc-dddddddddddd,GPU-00000001-aaaa-bbbb-cccc-dddddddddddd",
           "TOPODRA_NUMA_NODES=0",
           "TOPODRA_CPUS=0-13,56-69",
-          "CUDA_DEVICE_ORDER=PCI_BUS_ID"
+          "CUDA_DEVICE_ORDER=PCI_BUS_ID",
+          "NVIDIA_VISIBLE_DEVICES=void"
         ],
         "deviceNodes": [
           {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255, "permissions": "rw"},
@@ -147,6 +176,12 @@ fn golden_json() {
             "containerPath": "/usr/lib64/libcuda.so.1",
             "type": "bind",
             "options": ["ro", "nosuid", "nodev", "rbind"]
+          },
+          {
+            "hostPath": "/dev/null",
+            "containerPath": "/var/run/nvidia-container-devices/void",
+            "type": "bind",
+            "options": ["ro", "nosuid", "nodev", "bind"]
           }
         ]
       }
@@ -184,23 +219,48 @@ fn partial_topology_leaves_the_hint_out() {
     unknown.local_cpus = IdList::new();
     unknown.uuid = None;
     let spec = claim_spec(&request(vec![gpu(0, 0, "0-3"), unknown]), &nodes, &driver()).unwrap();
-    assert_eq!(spec.container_edits.env, ["CUDA_DEVICE_ORDER=PCI_BUS_ID"]);
+    assert_eq!(
+        spec.container_edits.env,
+        [
+            "CUDA_DEVICE_ORDER=PCI_BUS_ID",
+            "NVIDIA_VISIBLE_DEVICES=void"
+        ]
+    );
     assert!(spec.devices[1].annotations.is_empty());
 }
 
 #[test]
 fn hints_off_and_toolkit_env() {
     let nodes = TableDeviceNodes::nvidia([0], 509);
-    let mut drv = driver();
-    drv.edits.env = vec![
-        "NVIDIA_VISIBLE_DEVICES=void".into(),
+    let mut edits = driver_edits();
+    edits.env = vec![
+        "NVIDIA_VISIBLE_DEVICES=all".into(),
         "CUDA_DEVICE_ORDER=FASTEST_FIRST".into(),
+        "NVIDIA_CTK_LIBCUDA_DIR=/usr/lib64".into(),
     ];
+    let drv = NvidiaFiles::fixed(
+        NvidiaFilesSource::Toolkit {
+            spec: "/var/run/cdi/nvidia.yaml".into(),
+        },
+        edits,
+    );
     let mut req = request(vec![gpu(0, 0, "0-3")]);
     let spec = claim_spec(&req, &nodes, &drv).unwrap();
+    // Ours win: a toolkit spec cannot turn the claim into every GPU of the node.
     assert_eq!(
         spec.container_edits.env.last().unwrap(),
-        "NVIDIA_VISIBLE_DEVICES=void"
+        "NVIDIA_CTK_LIBCUDA_DIR=/usr/lib64"
+    );
+    assert!(
+        spec.container_edits
+            .env
+            .contains(&"NVIDIA_VISIBLE_DEVICES=void".to_owned())
+    );
+    assert!(
+        !spec
+            .container_edits
+            .env
+            .contains(&"NVIDIA_VISIBLE_DEVICES=all".to_owned())
     );
     assert!(
         !spec
@@ -211,7 +271,14 @@ fn hints_off_and_toolkit_env() {
 
     req.env_hints = false;
     let spec = claim_spec(&req, &nodes, &drv).unwrap();
-    assert_eq!(spec.container_edits.env, drv.edits.env);
+    assert_eq!(
+        spec.container_edits.env,
+        [
+            "NVIDIA_VISIBLE_DEVICES=void",
+            "CUDA_DEVICE_ORDER=FASTEST_FIRST",
+            "NVIDIA_CTK_LIBCUDA_DIR=/usr/lib64"
+        ]
+    );
 }
 
 #[test]
@@ -275,12 +342,44 @@ fn from_inventory_gpu() {
 #[test]
 fn with_discovered_driver_files() {
     let root = fake_driver_root();
-    let files = NvidiaFiles::discover(&NvidiaRoot::new(root.path())).unwrap();
+    let hook = Path::new("/var/lib/kubelet/plugins/gpu.topodra.dev/nvidia-cdi-hook");
+    let files = NvidiaFiles::discover(&NvidiaRoot::new(root.path()), hook).unwrap();
     let nodes = TableDeviceNodes::nvidia([0], 509);
     let spec = claim_spec(&request(vec![gpu(0, 0, "0-7")]), &nodes, &files).unwrap();
     assert_eq!(spec.cdi_version, Version::V0_6_0.to_string());
-    assert_eq!(spec.container_edits.mounts, files.edits.mounts);
+    let all = files.edits(&DriverCapabilities::all());
+    assert_eq!(spec.container_edits.mounts, with_void_mount(all.mounts));
+    assert_eq!(spec.container_edits.hooks, all.hooks);
+    assert!(
+        spec.container_edits
+            .hooks
+            .iter()
+            .all(|h| Path::new(&h.path) == hook)
+    );
     assert!(validate(&spec).is_ok());
+
+    // A compute-only claim keeps CUDA and the files of no class, not the tools.
+    let mut req = request(vec![gpu(0, 0, "0-7")]);
+    req.capabilities = DriverCapabilities::new([DriverCapability::Compute]).unwrap();
+    let spec = claim_spec(&req, &nodes, &files).unwrap();
+    let paths: Vec<&str> = spec
+        .container_edits
+        .mounts
+        .iter()
+        .map(|m| m.container_path.as_str())
+        .collect();
+    assert!(
+        paths.iter().any(|p| p.ends_with("libcuda.so.550.90.07")),
+        "{paths:?}"
+    );
+    assert!(
+        !paths.iter().any(|p| p.ends_with("nvidia-smi")),
+        "{paths:?}"
+    );
+    assert!(
+        !paths.iter().any(|p| p.contains("libnvidia-ml.so")),
+        "{paths:?}"
+    );
 }
 
 #[test]
