@@ -11,7 +11,7 @@ use dra_kubeletplugin::claims::{ApiClaims, ReadPolicy};
 use dra_kubeletplugin::dra::ClaimConcurrency;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use topodra_driver::cdi::{CdiConfig, DriverFiles};
+use topodra_driver::cdi::{CdiConfig, DriverFiles, HostNodeProblem, host_node_problems};
 use topodra_driver::checkpoint::read_boot_id;
 use topodra_driver::discovery::{self, DiscoveryConfig, NvmlPolicy, TopologyInput};
 use topodra_driver::health::{HealthPolicy, HealthState};
@@ -80,6 +80,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
     let client = topodra_ops::requests::counted_client(kube_config, &counter, USER_AGENT)
         .context("building the API client")?;
     let metrics = Arc::new(Metrics::new(&counter));
+    host_node_check(&cdi, &inventory, &client, &args.node_name);
     metrics.set_devices(devices);
 
     // The HTTP endpoint first, and until the process exits: a pod waiting for the
@@ -269,6 +270,39 @@ impl Setup<'_> {
         });
         Ok(Arc::new(preparer))
     }
+}
+
+/// Warns, in the log and on the Node, about host device nodes that containers would
+/// get wrong (see `topodra_driver::cdi::host_node_problems`); each with its fix.
+fn host_node_check(
+    cdi: &CdiConfig,
+    inventory: &topodra_driver::Inventory,
+    client: &kube::Client,
+    node: &str,
+) {
+    let mut names: Vec<String> = inventory
+        .gpus
+        .iter()
+        .filter_map(|g| g.minor)
+        .map(|m| format!("nvidia{m}"))
+        .collect();
+    names.extend(["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"].map(String::from));
+    let problems = host_node_problems(&cdi.device_nodes(), &cdi.dev_root, &names);
+    if problems.is_empty() {
+        return;
+    }
+    for p in &problems {
+        tracing::warn!(problem = %p.message(), "host device node");
+    }
+    let note = problems
+        .iter()
+        .map(HostNodeProblem::message)
+        .collect::<Vec<_>>()
+        .join("; ");
+    let (client, node) = (client.clone(), node.to_owned());
+    tokio::spawn(async move {
+        events::node_event(client, &node, "DeviceNodesIncomplete", "Start", note).await;
+    });
 }
 
 /// Starts the health monitor: NVML events and probes, under the flags' policy.

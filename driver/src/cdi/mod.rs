@@ -49,6 +49,7 @@ pub(crate) mod capabilities;
 pub(crate) mod claim;
 pub(crate) mod elf;
 pub(crate) mod hooks;
+pub(crate) mod host_check;
 pub(crate) mod nodes;
 pub(crate) mod nvidia_files;
 pub(crate) mod spec;
@@ -61,6 +62,7 @@ use std::path::PathBuf;
 
 pub use capabilities::{DriverCapabilities, DriverCapability};
 pub use claim::{ClaimGpu, ClaimSpecRequest, claim_spec};
+pub use host_check::{HostNodeProblem, host_node_problems};
 pub use nodes::{
     DEFAULT_CAPABILITIES_DIR, DeviceNodes, HostDeviceNodes, NodeInfo, NodeKind, NodeOwner,
     TableDeviceNodes,
@@ -204,7 +206,10 @@ pub enum CdiError {
     GpuWithoutMinor { device: String },
 
     #[error(
-        "device node {path} does not exist and its driver is not registered in /proc/devices; is the NVIDIA kernel module (or nvidia-uvm) loaded?"
+        "device node {path} does not exist and its driver is not registered in /proc/devices: \
+         the NVIDIA kernel module{} is not loaded. On the host, `nvidia-modprobe -u -c=0` loads \
+         nvidia and nvidia-uvm and creates their nodes (`modprobe nvidia-uvm` loads it only)",
+        if path.contains("uvm") { " nvidia-uvm" } else { "" }
     )]
     MissingDeviceNode { path: String },
 
