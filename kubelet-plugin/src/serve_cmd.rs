@@ -58,6 +58,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         toolkit_spec: args.cdi.toolkit_cdi_spec.clone(),
         dev_root: args.cdi.dev_root.clone(),
         capabilities_dir: args.cdi.nvidia_capabilities_dir.clone(),
+        sysfs_root: d.sysfs_root.clone(),
         ..CdiConfig::default()
     };
     let files =

@@ -159,6 +159,7 @@ pub(crate) fn binary_class(name: &str) -> Option<DriverCapability> {
         | "nvidia-imex"
         | "nvidia-imex-ctl" => Some(Utility),
         "nvidia-cuda-mps-control" | "nvidia-cuda-mps-server" => Some(Compute),
+        "nvidia-xconfig" => Some(Graphics),
         _ => None,
     }
 }

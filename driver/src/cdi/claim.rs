@@ -8,7 +8,8 @@
 
 use std::collections::BTreeSet;
 
-use super::capabilities::DriverCapabilities;
+use super::capabilities::{DriverCapabilities, DriverCapability};
+use super::hooks::Link;
 use super::nodes::{DeviceNodes, NodeInfo, dev_path};
 use super::nvidia_files::NvidiaFiles;
 use super::spec::{ContainerEdits, Device, DeviceNode, Mount, Spec};
@@ -69,6 +70,10 @@ pub struct ClaimGpu {
     /// The claim's requests this device serves (base names), kept in the spec so a
     /// checkpoint rebuilt from specs still answers the kubelet with them.
     pub requests: Vec<String>,
+    /// The GPU's PCI address in sysfs form, for its DRM nodes; `None` for a MIG
+    /// device, which gets none (as with the toolkit, unless it has graphics
+    /// engines, which data-center MIG profiles do not).
+    pub pci_bus_id: Option<String>,
 }
 
 impl ClaimGpu {
@@ -87,6 +92,7 @@ impl ClaimGpu {
             local_cpus: gpu.local_cpus.clone(),
             mig_nodes: Vec::new(),
             requests: Vec::new(),
+            pci_bus_id: Some(gpu.pci_bus_id.to_string()),
         })
     }
 
@@ -103,6 +109,7 @@ impl ClaimGpu {
             out.uuid = Some(mig.uuid.clone());
             out.mig_nodes =
                 nodes.mig_access_nodes(out.minor, mig.gpu_instance, mig.compute_instance)?;
+            out.pci_bus_id = None;
         }
         Ok(out)
     }
@@ -157,6 +164,7 @@ pub fn claim_spec(
         }
     }
 
+    let hook = driver.hook();
     let mut devices = Vec::with_capacity(req.gpus.len());
     for gpu in &req.gpus {
         let node_name = format!("nvidia{}", gpu.minor);
@@ -164,10 +172,30 @@ pub fn claim_spec(
         for name in std::iter::once(&node_name).chain(&gpu.mig_nodes) {
             device_nodes.push(device_node(name, required_node(nodes, name)?));
         }
+        let mut hooks = Vec::new();
+        let graphics = req.capabilities.contains(DriverCapability::Graphics);
+        if let Some(bus) = gpu.pci_bus_id.as_deref().filter(|_| graphics) {
+            let dri = nodes.dri_nodes(bus)?;
+            for name in &dri.nodes {
+                if let Some(info) = nodes.lookup(name)? {
+                    device_nodes.push(device_node(name, info));
+                }
+            }
+            let links: Vec<Link> = dri
+                .by_path
+                .iter()
+                .map(|(target, link)| Link {
+                    target: target.clone(),
+                    link: link.clone(),
+                })
+                .collect();
+            hooks.extend(hook.as_ref().and_then(|h| h.create_symlinks(&links)));
+        }
         let mut device = Device {
             name: cdi_device_name(&req.claim_uid, &gpu.device_name),
             container_edits: ContainerEdits {
                 device_nodes,
+                hooks,
                 ..Default::default()
             },
             ..Default::default()

@@ -21,6 +21,7 @@ pub(crate) const CREATE_SYMLINKS: &str = "create-symlinks";
 pub(crate) const ENABLE_CUDA_COMPAT: &str = "enable-cuda-compat";
 pub(crate) const UPDATE_LDCACHE: &str = "update-ldcache";
 pub(crate) const DISABLE_DEVICE_NODE_MODIFICATION: &str = "disable-device-node-modification";
+pub(crate) const UPDATE_APPLICATION_PROFILE: &str = "update-application-profile";
 
 /// The hook binary quiet unless asked: its debug log goes to the runtime's log.
 const HOOK_ENV: &str = "NVIDIA_CTK_DEBUG=false";
@@ -112,6 +113,15 @@ impl HookBinary {
     /// `/dev/nvidia*` nodes the claim did not get.
     pub(crate) fn disable_device_node_modification(&self) -> Hook {
         self.hook(DISABLE_DEVICE_NODE_MODIFICATION, [])
+    }
+}
+
+impl HookBinary {
+    /// Writes a driver application profile in the container that limits EGL and
+    /// Vulkan to the container's `/dev/nvidia<N>` GPUs (`EGLVisibleDGPUDevices`),
+    /// which otherwise enumerate the node's GPUs through the driver.
+    pub(crate) fn update_application_profile(&self) -> Hook {
+        self.hook(UPDATE_APPLICATION_PROFILE, [])
     }
 }
 

@@ -64,8 +64,8 @@ pub use capabilities::{DriverCapabilities, DriverCapability};
 pub use claim::{ClaimGpu, ClaimSpecRequest, claim_spec};
 pub use host_check::{HostNodeProblem, host_node_problems};
 pub use nodes::{
-    DEFAULT_CAPABILITIES_DIR, DeviceNodes, HostDeviceNodes, NodeInfo, NodeKind, NodeOwner,
-    TableDeviceNodes,
+    DEFAULT_CAPABILITIES_DIR, DeviceNodes, DriNodes, HostDeviceNodes, NodeInfo, NodeKind,
+    NodeOwner, TableDeviceNodes,
 };
 pub use nvidia_files::{DriverFiles, NvidiaFiles, NvidiaFilesSource};
 pub use spec::{ContainerEdits, Device, DeviceNode, Hook, IntelRdt, Mount, NetDevice, Spec};
@@ -146,6 +146,8 @@ pub struct CdiConfig {
     /// Where the driver lists MIG capability minors
     /// (`/proc/driver/nvidia/capabilities`).
     pub capabilities_dir: PathBuf,
+    /// sysfs as this process sees it, where the GPUs' DRM devices are listed.
+    pub sysfs_root: PathBuf,
     /// The `nvidia-cdi-hook` binary the runtime runs for the spec's hooks, as a path
     /// on the host (the runtime runs it, not this process).
     pub hook_path: PathBuf,
@@ -164,6 +166,7 @@ impl Default for CdiConfig {
             dev_root: PathBuf::from("/"),
             capabilities_dir: PathBuf::from(nodes::DEFAULT_CAPABILITIES_DIR),
             hook_path: PathBuf::from(DEFAULT_HOOK_PATH),
+            sysfs_root: PathBuf::from("/sys"),
         }
     }
 }
@@ -180,7 +183,9 @@ impl CdiConfig {
     }
 
     pub fn device_nodes(&self) -> HostDeviceNodes {
-        HostDeviceNodes::new(&self.dev_root).with_capabilities_dir(&self.capabilities_dir)
+        HostDeviceNodes::new(&self.dev_root)
+            .with_capabilities_dir(&self.capabilities_dir)
+            .with_sysfs_root(&self.sysfs_root)
     }
 }
 

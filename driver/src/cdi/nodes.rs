@@ -95,6 +95,25 @@ pub trait DeviceNodes {
         gpu_instance: u32,
         compute_instance: u32,
     ) -> Result<Vec<String>, CdiError>;
+
+    /// The GPU's DRM nodes (`dri/card1`, `dri/renderD128`) that exist under `/dev`,
+    /// as the kernel lists them in `/sys/bus/pci/devices/<bus id>/drm/` when
+    /// `nvidia-drm` is loaded, and the `/dev/dri/by-path` links to them. None where
+    /// the node has no DRM devices (the default).
+    fn dri_nodes(&self, pci_bus_id: &str) -> Result<DriNodes, CdiError> {
+        let _ = pci_bus_id;
+        Ok(DriNodes::default())
+    }
+}
+
+/// One GPU's DRM nodes, and the by-path links that name them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DriNodes {
+    /// Names under `/dev`: `dri/card1`, `dri/renderD128`.
+    pub nodes: Vec<String>,
+    /// (target as the host's link has it, link path): `("../card1",
+    /// "/dev/dri/by-path/pci-0000:18:00.0-card")`.
+    pub by_path: Vec<(String, String)>,
 }
 
 /// The `/dev` name of MIG capability node `minor`.
@@ -120,6 +139,7 @@ pub struct HostDeviceNodes {
     dev_root: PathBuf,
     proc_devices: PathBuf,
     capabilities_dir: PathBuf,
+    sysfs_root: PathBuf,
 }
 
 impl HostDeviceNodes {
@@ -129,7 +149,14 @@ impl HostDeviceNodes {
             dev_root: dev_root.into(),
             proc_devices: PathBuf::from("/proc/devices"),
             capabilities_dir: PathBuf::from(DEFAULT_CAPABILITIES_DIR),
+            sysfs_root: PathBuf::from("/sys"),
         }
+    }
+
+    /// Reads the GPUs' DRM devices from another sysfs than `/sys`.
+    pub(crate) fn with_sysfs_root(mut self, path: impl Into<PathBuf>) -> Self {
+        self.sysfs_root = path.into();
+        self
     }
 
     /// Reads MIG capability minors from another directory than
@@ -233,6 +260,56 @@ impl DeviceNodes for HostDeviceNodes {
             mig_cap_node(self.capability_minor(&format!("{ci}/access"))?),
         ])
     }
+
+    fn dri_nodes(&self, pci_bus_id: &str) -> Result<DriNodes, CdiError> {
+        let drm = self
+            .sysfs_root
+            .join("bus/pci/devices")
+            .join(pci_bus_id)
+            .join("drm");
+        let Ok(entries) = fs::read_dir(&drm) else {
+            return Ok(DriNodes::default());
+        };
+        let mut names: Vec<String> = entries
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| is_drm_node_name(n))
+            .collect();
+        names.sort();
+        let mut out = DriNodes::default();
+        for name in names {
+            let node = format!("dri/{name}");
+            // Only nodes the host has: a DRM minor has no fixed number to fall
+            // back to, and an entry in sysfs without a node is udev still at work.
+            match self.stat(&node) {
+                Ok(Some(_)) => out.nodes.push(node),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(error = %e, "skipping a DRM device"),
+            }
+        }
+        let dev = self.dev_root.join("dev");
+        for suffix in ["card", "render"] {
+            let link = format!("/dev/dri/by-path/pci-{pci_bus_id}-{suffix}");
+            let Ok(target) = fs::read_link(dev.join(link.trim_start_matches("/dev/"))) else {
+                continue;
+            };
+            let Some(target_name) = target.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            if out.nodes.iter().any(|n| n == &format!("dri/{target_name}")) {
+                out.by_path
+                    .push((target.to_string_lossy().into_owned(), link));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `card<N>` or `renderD<N>`: the DRM nodes a container uses (not `controlD<N>`,
+/// nor the connector entries sysfs lists beside them, `card1-DP-1`).
+fn is_drm_node_name(name: &str) -> bool {
+    let digits = |rest: &str| !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit());
+    name.strip_prefix("renderD").is_some_and(digits)
+        || name.strip_prefix("card").is_some_and(digits)
 }
 
 /// For a node the NVIDIA modules own: the `/proc/devices` names that may carry its

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::Deserialize;
 
-use super::capabilities::DriverCapabilities;
+use super::capabilities::{DriverCapabilities, DriverCapability};
 use super::hooks::{HookBinary, Link};
 use super::spec::{ContainerEdits, Hook, Mount};
 use super::{CdiConfig, CdiError};
@@ -155,6 +155,18 @@ impl NvidiaFiles {
         }
     }
 
+    /// The hook binary the claim-wide hooks run (a toolkit spec's own), for the
+    /// per-device hooks; `None` for a toolkit spec without hooks.
+    pub(crate) fn hook(&self) -> Option<HookBinary> {
+        match &self.content {
+            Content::Discovered { hook, .. } => Some(hook.clone()),
+            Content::Fixed(edits) => edits
+                .hooks
+                .first()
+                .map(|h| HookBinary::new(Path::new(&h.path))),
+        }
+    }
+
     /// The driver version, when our discovery found the files.
     pub fn driver_version(&self) -> Option<&str> {
         match &self.content {
@@ -259,6 +271,9 @@ impl NvidiaFiles {
         }
         hooks.extend(hook.update_ldcache(&lib_dirs));
         hooks.push(hook.disable_device_node_modification());
+        if caps.contains(DriverCapability::Graphics) {
+            hooks.push(hook.update_application_profile());
+        }
 
         let mut env = Vec::new();
         if !libcuda_dirs.is_empty() {

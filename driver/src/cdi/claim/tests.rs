@@ -1,11 +1,11 @@
 use std::path::Path;
 
 use super::*;
-use crate::cdi::DriverCapability;
 use crate::cdi::nodes::TableDeviceNodes;
 use crate::cdi::nvidia_files::{NvidiaFilesSource, NvidiaRoot, tests::fake_driver_root};
 use crate::cdi::spec::Mount;
 use crate::cdi::version::Version;
+use crate::cdi::{CdiConfig, DriverCapability};
 
 const UID: &str = "0b7c2f4e-3c1d-4a5e-9f60-1d2e3f4a5b6c";
 
@@ -18,6 +18,7 @@ fn gpu(minor: u32, numa: u32, cpus: &str) -> ClaimGpu {
         local_cpus: cpus.parse().unwrap(),
         mig_nodes: vec![],
         requests: vec![],
+        pci_bus_id: None,
     }
 }
 
@@ -397,4 +398,83 @@ fn each_device_records_its_requests() {
             .annotations
             .contains_key(ANNOTATION_REQUESTS)
     );
+}
+
+#[test]
+fn a_gpu_gets_its_drm_nodes_and_by_path_links_with_graphics() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = dir.path().join("dev");
+    std::fs::create_dir_all(dev.join("dri/by-path")).unwrap();
+    let mknod = |path: &str, major: &str, minor: &str| {
+        std::process::Command::new("mknod")
+            .arg(dev.join(path))
+            .args(["c", major, minor])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let made = mknod("nvidia0", "195", "0")
+        && mknod("nvidiactl", "195", "255")
+        && mknod("nvidia-uvm", "509", "0")
+        && mknod("dri/card1", "226", "1")
+        && mknod("dri/renderD128", "226", "128");
+    if !made {
+        eprintln!("skipping: mknod needs CAP_MKNOD");
+        return;
+    }
+    let bus = "0000:18:00.0";
+    std::os::unix::fs::symlink("../card1", dev.join(format!("dri/by-path/pci-{bus}-card")))
+        .unwrap();
+    std::os::unix::fs::symlink(
+        "../renderD128",
+        dev.join(format!("dri/by-path/pci-{bus}-render")),
+    )
+    .unwrap();
+    // Another GPU's link is not this one's.
+    std::os::unix::fs::symlink("../card2", dev.join("dri/by-path/pci-0000:2a:00.0-card")).unwrap();
+    // sysfs lists the DRM minors and connectors under the PCI device.
+    let drm = dir.path().join(format!("sys/bus/pci/devices/{bus}/drm"));
+    for entry in ["card1", "renderD128", "card1-DP-1"] {
+        std::fs::create_dir_all(drm.join(entry)).unwrap();
+    }
+    let config = CdiConfig {
+        dev_root: dir.path().to_owned(),
+        sysfs_root: dir.path().join("sys"),
+        ..CdiConfig::default()
+    };
+    let nodes = config.device_nodes();
+    let mut g = gpu(0, 0, "0-3");
+    g.pci_bus_id = Some(bus.into());
+    let hook = Path::new("/usr/bin/nvidia-cdi-hook");
+    let root = fake_driver_root();
+    let files = NvidiaFiles::discover(&NvidiaRoot::new(root.path()), hook).unwrap();
+
+    let spec = claim_spec(&request(vec![g.clone()]), &nodes, &files).unwrap();
+    let edits = &spec.devices[0].container_edits;
+    let paths: Vec<&str> = edits.device_nodes.iter().map(|n| n.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        ["/dev/nvidia0", "/dev/dri/card1", "/dev/dri/renderD128"]
+    );
+    let card = &edits.device_nodes[1];
+    assert_eq!((card.major, card.minor), (Some(226), Some(1)));
+    assert_eq!(edits.hooks.len(), 1);
+    assert_eq!(
+        edits.hooks[0].args,
+        [
+            "nvidia-cdi-hook",
+            "create-symlinks",
+            "--link",
+            "../card1::/dev/dri/by-path/pci-0000:18:00.0-card",
+            "--link",
+            "../renderD128::/dev/dri/by-path/pci-0000:18:00.0-render"
+        ]
+    );
+    assert!(validate(&spec).is_ok());
+
+    // Without graphics, no DRM nodes.
+    let mut req = request(vec![g]);
+    req.capabilities = DriverCapabilities::new([DriverCapability::Compute]).unwrap();
+    let spec = claim_spec(&req, &nodes, &files).unwrap();
+    assert_eq!(spec.devices[0].container_edits.device_nodes.len(), 1);
+    assert!(spec.devices[0].container_edits.hooks.is_empty());
 }

@@ -52,6 +52,7 @@ pub(crate) const BINARIES: &[&str] = &[
     "nvidia-cuda-mps-server",
     "nvidia-imex",
     "nvidia-imex-ctl",
+    "nvidia-xconfig",
 ];
 
 /// Without one of these no CUDA program or NVML tool works, and the driver version
@@ -76,6 +77,96 @@ const IPC_SOCKETS: &[&[&str]] = &[
     &["/tmp/nvidia-mps"],
 ];
 
+/// The driver's config files for graphics loaders (GLVND's EGL vendor list, EGL
+/// external platforms, Vulkan ICDs, OptiX, X11), and OpenCL's ICD: each at the
+/// standard place in the container, wherever the host has it, so that the image's
+/// loaders find it. Found in `/etc` and the XDG data directories, in that order.
+/// (The toolkit's graphics discovery; its X server module files are left out: no
+/// container runs the host's X server.)
+const CONFIG_FILES: &[(&str, &str, Option<DriverCapability>)] = &[
+    (
+        "glvnd/egl_vendor.d/10_nvidia.json",
+        "/usr/share",
+        Some(DriverCapability::Graphics),
+    ),
+    (
+        "egl/egl_external_platform.d/15_nvidia_gbm.json",
+        "/usr/share",
+        Some(DriverCapability::Graphics),
+    ),
+    (
+        "egl/egl_external_platform.d/10_nvidia_wayland.json",
+        "/usr/share",
+        Some(DriverCapability::Graphics),
+    ),
+    (
+        "egl/egl_external_platform.d/09_nvidia_wayland2.json",
+        "/usr/share",
+        Some(DriverCapability::Graphics),
+    ),
+    (
+        "egl/egl_external_platform.d/20_nvidia_xcb.json",
+        "/usr/share",
+        Some(DriverCapability::Graphics),
+    ),
+    (
+        "egl/egl_external_platform.d/20_nvidia_xlib.json",
+        "/usr/share",
+        Some(DriverCapability::Graphics),
+    ),
+    (
+        "nvidia/nvoptix.bin",
+        "/usr/share",
+        Some(DriverCapability::Graphics),
+    ),
+    (
+        "X11/xorg.conf.d/10-nvidia.conf",
+        "/usr/share",
+        Some(DriverCapability::Graphics),
+    ),
+    (
+        "X11/xorg.conf.d/nvidia-drm-outputclass.conf",
+        "/usr/share",
+        Some(DriverCapability::Graphics),
+    ),
+    (
+        "OpenCL/vendors/nvidia.icd",
+        "/etc",
+        Some(DriverCapability::Compute),
+    ),
+    (
+        "vulkan/icd.d/nvidia_icd.json",
+        "/etc",
+        Some(DriverCapability::Graphics),
+    ),
+    (
+        "vulkan/icd.d/nvidia_layers.json",
+        "/etc",
+        Some(DriverCapability::Graphics),
+    ),
+    (
+        "vulkan/implicit_layer.d/nvidia_layers.json",
+        "/etc",
+        Some(DriverCapability::Graphics),
+    ),
+    // RPM packages name the ICD by architecture.
+    (
+        "vulkan/icd.d/nvidia_icd.x86_64.json",
+        "/etc",
+        Some(DriverCapability::Graphics),
+    ),
+    (
+        "vulkan/icd.d/nvidia_icd.aarch64.json",
+        "/etc",
+        Some(DriverCapability::Graphics),
+    ),
+];
+
+/// Where config files are looked for: `/etc`, then the XDG data directories'
+/// defaults. Vulkan files are also looked for at the root itself (GKE's driver
+/// installer puts them in `<root>/vulkan`).
+const CONFIG_DIRS: &[&str] = &["/etc", "/usr/local/share", "/usr/share"];
+
 /// Read-only driver files: no set-uid, no device files, private propagation.
 pub(crate) const FILE_OPTIONS: &[&str] = &["ro", "nosuid", "nodev", "rbind", "rprivate"];
 /// IPC endpoints are written to, and nothing in them is run.
@@ -93,6 +184,8 @@ pub(crate) enum FileKind {
     Binary,
     Firmware,
     Ipc,
+    /// A loader's config file (EGL vendor, Vulkan ICD).
+    Config,
 }
 
 /// One driver file for the container.
@@ -178,6 +271,8 @@ pub(crate) fn discover(root: &NvidiaRoot) -> Result<Discovered, CdiError> {
         }
     }
 
+    files.extend(config_files(root)?);
+
     for bin in BINARIES {
         for dir in BIN_DIRS {
             let container = Path::new(dir).join(bin);
@@ -193,6 +288,33 @@ pub(crate) fn discover(root: &NvidiaRoot) -> Result<Discovered, CdiError> {
     }
 
     Ok(Discovered { version, files })
+}
+
+/// The driver's config files, each from the first directory that has it.
+fn config_files(root: &NvidiaRoot) -> Result<Vec<DriverFile>, CdiError> {
+    let mut out = Vec::new();
+    let mut sources = BTreeSet::new();
+    for (target, container_root, class) in CONFIG_FILES {
+        let vulkan = target.starts_with("vulkan/");
+        let dirs = CONFIG_DIRS.iter().copied().chain(vulkan.then_some("/"));
+        for dir in dirs {
+            let Some(mut mount) =
+                file_mount(root, &Path::new(dir).join(target), FILE_OPTIONS, Want::File)?
+            else {
+                continue;
+            };
+            if sources.insert(mount.host_path.clone()) {
+                mount.container_path = format!("{container_root}/{target}");
+                out.push(DriverFile {
+                    mount,
+                    kind: FileKind::Config,
+                    class: *class,
+                });
+            }
+            break;
+        }
+    }
+    Ok(out)
 }
 
 /// The library directories that exist under the root, once each.

@@ -83,6 +83,14 @@ pub(crate) fn fake_driver_root() -> tempfile::TempDir {
     fs::write(fw.join("gsp_ga10x.bin"), "").unwrap();
     fs::write(fw.join("gsp_tu10x.bin"), "").unwrap();
     fs::write(fw.join("README"), "").unwrap();
+    for config in [
+        "usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+        "usr/share/vulkan/icd.d/nvidia_icd.json",
+        "etc/OpenCL/vendors/nvidia.icd",
+    ] {
+        fs::create_dir_all(r.join(config).parent().unwrap()).unwrap();
+        fs::write(r.join(config), "{}").unwrap();
+    }
     fs::create_dir_all(r.join("tmp/nvidia-mps")).unwrap();
     fs::create_dir_all(r.join("run/nvidia-persistenced")).unwrap();
     std::os::unix::net::UnixListener::bind(r.join("run/nvidia-persistenced/socket")).unwrap();
@@ -142,6 +150,19 @@ fn discovers_the_driver_file_set_under_a_root() {
         ));
     }
     for (h, c) in [
+        // Loader configs go where the image's loaders look, wherever the host has them.
+        (
+            "/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+            "/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+        ),
+        (
+            "/usr/share/vulkan/icd.d/nvidia_icd.json",
+            "/etc/vulkan/icd.d/nvidia_icd.json",
+        ),
+        (
+            "/etc/OpenCL/vendors/nvidia.icd",
+            "/etc/OpenCL/vendors/nvidia.icd",
+        ),
         (
             "/run/nvidia-persistenced/socket",
             "/run/nvidia-persistenced/socket",
@@ -190,7 +211,8 @@ fn hooks_in_the_toolkit_order_with_links_where_the_host_has_them() {
             "create-symlinks",
             "enable-cuda-compat",
             "update-ldcache",
-            "disable-device-node-modification"
+            "disable-device-node-modification",
+            "update-application-profile"
         ]
     );
     assert!(
