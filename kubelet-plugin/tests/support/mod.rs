@@ -17,6 +17,7 @@ use topodra_fake_nvml::sim::{self, SimNode};
 use topodra_proto::dra::v1;
 
 pub mod cdi;
+pub mod oci;
 
 pub const DRIVER: &str = "gpu.topodra.dev";
 
