@@ -12,6 +12,7 @@
 //! copy of the library and profile: separate files are separate instances
 //! under the dynamic loader, so tests stay parallel and isolated.
 
+pub mod driver_root;
 pub mod ffi;
 pub mod hwloc_xml;
 pub mod profile;
@@ -32,7 +33,7 @@ fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn target_dir() -> PathBuf {
+pub(crate) fn target_dir() -> PathBuf {
     match std::env::var_os("CARGO_TARGET_DIR") {
         Some(d) if !d.is_empty() => {
             let d = PathBuf::from(d);
@@ -53,7 +54,7 @@ fn mtime(p: &Path) -> Option<SystemTime> {
 /// Newest modification time of the sources the library is built from.
 fn newest_source() -> Option<SystemTime> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut newest = mtime(&root.join("Cargo.toml"));
+    let mut newest = mtime(&root.join("Cargo.toml")).max(mtime(&root.join("build.rs")));
     let mut stack = vec![root.join("src")];
     while let Some(dir) = stack.pop() {
         let Ok(entries) = std::fs::read_dir(&dir) else {

@@ -1,0 +1,857 @@
+//! A fake NVIDIA driver root made of real files: ELF shared libraries with the
+//! driver's names and sonames, executables, GSP firmware, the persistenced socket
+//! and (when this process may create them) the device nodes.
+//!
+//! It is for anything that reads a driver root the way a container stack does:
+//! topodra's own file discovery, NVIDIA Container Toolkit's `nvidia-ctk cdi
+//! generate` (which reads sonames from the ELF dynamic section and dlopens the
+//! root's `libnvidia-ml.so.1`), or a container that dlopens `libcuda.so.1` and
+//! calls `cuInit`.
+//!
+//! [`DriverRoot::build`] lays out, under one directory:
+//!
+//! - in the [`Layout`]'s library directory, the version-suffixed libraries of an
+//!   R570 datacenter driver ([`LIBRARIES`]), each a stub compiled now with
+//!   `cc -shared -fPIC -Wl,-soname,<soname>`, plus the soname links and `.so`
+//!   links the installer makes. `libnvidia-ml.so.<version>` is a copy of this
+//!   crate's fake NVML (soname `libnvidia-ml.so.1`, see `build.rs`), so NVML
+//!   callers get the node's profile; `libcuda.so.<version>` answers `cuInit`,
+//!   `cuDriverGetVersion` and `cuDeviceGetCount` (see [`LIBCUDA_SOURCE`]);
+//! - in `usr/bin`, the driver's tools ([`BINARIES`]) as tiny static executables
+//!   that print one line;
+//! - `lib/firmware/nvidia/<version>/gsp_ga10x.bin` and `gsp_tu10x.bin`;
+//! - `run/nvidia-persistenced/socket` (and optionally the fabric manager's), a
+//!   real unix socket with nobody listening, as after the daemon exited;
+//! - `dev/nvidiactl`, `dev/nvidia<minor>`, `dev/nvidia-modeset`, `dev/nvidia-uvm`
+//!   and `dev/nvidia-uvm-tools` under the dev root, as character devices, when the
+//!   process has `CAP_MKNOD` (see [`DeviceNodes`]);
+//! - with [`Options::merged_usr`], the merged-`/usr` links of current Debian,
+//!   Ubuntu and RHEL (`lib -> usr/lib`, `bin -> usr/bin`, ...) and `var/run ->
+//!   ../run`.
+//!
+//! No `etc/ld.so.cache` is written. The toolkit's library lookup
+//! (`pkg/lookup/library.go` in nvidia-container-toolkit v1.20) tries a fixed list
+//! of directories first, `/usr/lib64` and `/usr/lib/x86_64-linux-gnu` among them,
+//! and falls back to the root's ldcache only for what that search misses; without a
+//! cache it logs "Failed to load ldcache" and goes on. Both layouts here are on that
+//! list, so a cache would change nothing the toolkit reports, and writing a real
+//! one needs `ldconfig -r`, which chroots (root only). topodra's discovery does not
+//! read the cache either.
+//!
+//! Compiled stubs are kept in `<target>/fake-driver-root/`, keyed by a hash of the
+//! compiler, its arguments and the source, so building a root costs file copies
+//! after the first time; where that directory cannot be written, each file is
+//! compiled in place.
+
+use std::ffi::{CString, OsString};
+use std::fmt::Write as _;
+use std::io::{self, Write as _};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A recent R570 datacenter driver release (July 2025), the version the fixture
+/// uses unless a profile names another.
+pub const R570_VERSION: &str = "570.172.08";
+/// The CUDA driver API version of R570 drivers, as `cuDriverGetVersion` reports
+/// it: CUDA 12.8 (`nvidia-smi` prints "CUDA Version: 12.8" on 570.x), encoded
+/// `1000 * major + 10 * minor` as the CUDA Driver API reference defines it.
+pub const R570_CUDA_VERSION: i32 = 12080;
+
+/// Major of `nvidia-uvm` that [`Options::default`] uses: the value the simulated
+/// node's `/proc/devices` registers ([`crate::sim::materialize`]); the kernel
+/// assigns it dynamically.
+pub const DEFAULT_UVM_MAJOR: u32 = 509;
+/// Fixed major of the NVIDIA character devices (`nvidia<N>`, `nvidiactl`,
+/// `nvidia-modeset`).
+pub const NVIDIA_MAJOR: u32 = 195;
+/// Minor of `/dev/nvidiactl`.
+pub const NVIDIACTL_MINOR: u32 = 255;
+/// Minor of `/dev/nvidia-modeset`.
+pub const NVIDIA_MODESET_MINOR: u32 = 254;
+
+/// Where a distribution puts the driver's 64-bit libraries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// Debian and Ubuntu: the multiarch directory `usr/lib/x86_64-linux-gnu`.
+    Debian,
+    /// RHEL, Rocky, Fedora, SUSE: `usr/lib64`.
+    Rhel,
+}
+
+impl Layout {
+    /// The library directory, relative to the root.
+    pub fn lib_dir(self) -> &'static str {
+        match self {
+            Layout::Debian => "usr/lib/x86_64-linux-gnu",
+            Layout::Rhel => "usr/lib64",
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::Debian => "debian",
+            Layout::Rhel => "rhel",
+        }
+    }
+}
+
+/// How a library's soname relates to its file name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Soname {
+    /// `<stem>.so.<n>`, a link to the file: `libcuda.so.1`.
+    Major(&'static str),
+    /// The file name itself, version included: the libraries only the driver's
+    /// own libraries load, by exact version (`libnvidia-glcore.so.<version>`).
+    FileName,
+}
+
+/// One library of the driver, as the installer puts it in the library directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LibrarySpec {
+    /// Path under the library directory without the version: `libcuda.so`,
+    /// `vdpau/libvdpau_nvidia.so`. The file is `<name>.<version>`, unless
+    /// [`LibrarySpec::fixed_name`] gives it.
+    pub name: &'static str,
+    pub soname: Soname,
+    /// Whether the installer also makes the link-time name `<name>` (`libcuda.so
+    /// -> libcuda.so.1`).
+    pub dev_link: bool,
+    /// A file name that does not carry the driver version.
+    pub fixed_name: Option<&'static str>,
+}
+
+const fn lib(name: &'static str, soname: Soname, dev_link: bool) -> LibrarySpec {
+    LibrarySpec {
+        name,
+        soname,
+        dev_link,
+        fixed_name: None,
+    }
+}
+
+/// The libraries of an R570 datacenter driver (x86_64, the `.run` installer or the
+/// distribution packages built from it) that a GPU container may use.
+///
+/// Names: the NVIDIA driver README, chapter "Installed Components" (R5xx), which
+/// lists each library as `<name>.so.<version>` and the GLVND vendor libraries by
+/// their sonames (`libEGL_nvidia.so.0`, `libGLX_nvidia.so.0`,
+/// `libGLESv2_nvidia.so.2`, `libGLESv1_CM_nvidia.so.1`); `libnvidia-gpucomp`: the
+/// driver team's announcement "New driver component: libnvidia-gpucomp" (NVIDIA
+/// developer forums, 2023), which says its soname carries the driver version, as
+/// for the other libraries loaded only by the driver's own (`glcore`, `eglcore`,
+/// `glsi`, `tls`, `rtcore`, `pkcs11`). Sonames `.so.1` of the compute libraries:
+/// the `libcuda.so.1` and `libnvidia-ml.so.1` the CUDA and NVML documentation
+/// tell programs to load, and installs such as the one in
+/// NVIDIA/nvidia-container-toolkit#1479 (`libnvidia-ml.so.1 ->
+/// libnvidia-ml.so.550.127.05`); `libnvidia-nvvm.so.4` follows NVVM's own major.
+/// `.so` links: a `.run` install lists `libcuda.so -> libcuda.so.1` and
+/// `libnvcuvid.so -> libnvcuvid.so.1` among its symlinks; the toolkit adds
+/// `libnvidia-opticalflow.so` in containers because the driver does not ship it
+/// (`internal/discover/symlinks.go`, "Fix missing symlink"), so it has none here.
+/// The other `.so` links follow the libraries programs link against with `-l`
+/// (NVML, NVENC, NVCUVID, NvFBC, `libnvidia-cfg`, NVVM, the PTX JIT) and are this
+/// fixture's assumption.
+///
+/// Not included, on purpose: `libnvidia-sandboxutils.so.1` (the toolkit would load
+/// and initialise it instead of NVML, and a stub cannot answer it), the X and
+/// Vulkan ICD files, and the libraries that do not carry the driver version
+/// besides `libnvidia-nvvm70.so.4`.
+pub const LIBRARIES: &[LibrarySpec] = &[
+    lib("libcuda.so", Soname::Major("1"), true),
+    lib("libcudadebugger.so", Soname::Major("1"), false),
+    lib("libnvidia-ml.so", Soname::Major("1"), true),
+    lib("libnvidia-ptxjitcompiler.so", Soname::Major("1"), true),
+    lib("libnvidia-nvvm.so", Soname::Major("4"), true),
+    // The legacy NVVM (NVVM 7.0 IR) R570 ships beside the current one; its file
+    // name has no driver version, so the toolkit looks for it by name
+    // (`libnvidia-nvvm70.so.*`, pkg/nvcdi/driver-nvml.go).
+    LibrarySpec {
+        name: "libnvidia-nvvm70.so",
+        soname: Soname::FileName,
+        dev_link: false,
+        fixed_name: Some("libnvidia-nvvm70.so.4"),
+    },
+    lib("libnvidia-gpucomp.so", Soname::FileName, false),
+    lib("libnvidia-opencl.so", Soname::Major("1"), false),
+    lib("libnvidia-cfg.so", Soname::Major("1"), true),
+    lib("libnvidia-allocator.so", Soname::Major("1"), false),
+    lib("libnvidia-pkcs11.so", Soname::FileName, false),
+    lib("libnvidia-pkcs11-openssl3.so", Soname::FileName, false),
+    lib("libnvidia-encode.so", Soname::Major("1"), true),
+    lib("libnvcuvid.so", Soname::Major("1"), true),
+    lib("libnvidia-opticalflow.so", Soname::Major("1"), false),
+    lib("libnvoptix.so", Soname::Major("1"), false),
+    lib("libnvidia-rtcore.so", Soname::FileName, false),
+    lib("libEGL_nvidia.so", Soname::Major("0"), false),
+    lib("libGLX_nvidia.so", Soname::Major("0"), false),
+    lib("libGLESv2_nvidia.so", Soname::Major("2"), false),
+    lib("libGLESv1_CM_nvidia.so", Soname::Major("1"), false),
+    lib("libnvidia-glcore.so", Soname::FileName, false),
+    lib("libnvidia-glsi.so", Soname::FileName, false),
+    lib("libnvidia-tls.so", Soname::FileName, false),
+    lib("libnvidia-eglcore.so", Soname::FileName, false),
+    lib("libnvidia-fbc.so", Soname::Major("1"), true),
+    lib("libnvidia-ngx.so", Soname::Major("1"), false),
+    lib("vdpau/libvdpau_nvidia.so", Soname::Major("1"), false),
+];
+
+/// The driver's tools in `usr/bin`, the ones the toolkit mounts
+/// (`newDriverBinariesDiscoverer` in pkg/nvcdi/driver-nvml.go). The IMEX daemon
+/// and its control tool ship with R550 and later datacenter drivers; see
+/// [`Options::imex_binaries`].
+pub const BINARIES: &[&str] = &[
+    "nvidia-smi",
+    "nvidia-debugdump",
+    "nvidia-persistenced",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+];
+pub const IMEX_BINARIES: &[&str] = &["nvidia-imex", "nvidia-imex-ctl"];
+
+/// GSP firmware files of R5xx drivers: `gsp_tu10x.bin` (Turing, Ampere GA100) and
+/// `gsp_ga10x.bin` (Ampere GA10x and later), installed under
+/// `/lib/firmware/nvidia/<version>/` (the README's "GSP Firmware" chapter). The
+/// toolkit mounts `nvidia/<version>/gsp*.bin` from the firmware search path.
+pub const GSP_FIRMWARE: &[&str] = &["gsp_ga10x.bin", "gsp_tu10x.bin"];
+
+/// The persistence daemon's socket (`nvidia-persistenced --help`: "/var/run/
+/// nvidia-persistenced/socket"; `/var/run` is a link to `/run`).
+pub const PERSISTENCED_SOCKET: &str = "run/nvidia-persistenced/socket";
+/// The fabric manager's socket, on NVSwitch systems.
+pub const FABRICMANAGER_SOCKET: &str = "run/nvidia-fabricmanager/socket";
+
+/// What to put in the root besides the libraries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// Minors of the GPUs: one `dev/nvidia<minor>` each, and the count
+    /// `cuDeviceGetCount` reports.
+    pub gpu_minors: Vec<u32>,
+    /// What `cuDriverGetVersion` reports.
+    pub cuda_driver_version: i32,
+    /// A built `libtopodra_fake_nvml.so` to install as the root's NVML; `None`:
+    /// [`crate::cdylib_path`].
+    pub nvml_lib: Option<PathBuf>,
+    /// Profile YAML written as `nvml-profile.yaml` beside the root's NVML, which
+    /// it reads when `TOPODRA_FAKE_NVML_PROFILE` is unset.
+    pub nvml_profile: Option<String>,
+    /// Where `dev/` goes; `None`: the driver root itself.
+    pub dev_root: Option<PathBuf>,
+    /// Create the device nodes (skipped, not failed, without `CAP_MKNOD`).
+    pub device_nodes: bool,
+    /// Permission bits of the device nodes: `0o666` is what the driver's
+    /// `NVreg_DeviceFileMode` defaults to (`crw-rw-rw-` in `ls -l /dev/nvidia*`).
+    pub device_mode: u32,
+    /// Major of `nvidia-uvm` and `nvidia-uvm-tools`.
+    pub uvm_major: u32,
+    /// Merged `/usr`: `bin`, `sbin`, `lib` and `lib64` are links into `usr/`.
+    pub merged_usr: bool,
+    pub persistenced_socket: bool,
+    pub fabricmanager_socket: bool,
+    /// Install `nvidia-imex` and `nvidia-imex-ctl` too.
+    pub imex_binaries: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            gpu_minors: vec![0, 1],
+            cuda_driver_version: R570_CUDA_VERSION,
+            nvml_lib: None,
+            nvml_profile: None,
+            dev_root: None,
+            device_nodes: true,
+            device_mode: 0o666,
+            uvm_major: DEFAULT_UVM_MAJOR,
+            merged_usr: true,
+            persistenced_socket: true,
+            fabricmanager_socket: false,
+            imex_binaries: true,
+        }
+    }
+}
+
+/// One installed library, with paths as a container sees them (absolute, inside
+/// the root).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Library {
+    /// The regular file: `/usr/lib64/libcuda.so.570.172.08`.
+    pub path: String,
+    /// Its `DT_SONAME`.
+    pub soname: String,
+    /// Symlinks made for it, each `(link, target)` with the target relative to the
+    /// link's directory, as the installer writes them.
+    pub links: Vec<(String, String)>,
+}
+
+/// One device node made under the dev root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceNode {
+    /// `/dev/nvidia0`.
+    pub path: String,
+    pub major: u32,
+    pub minor: u32,
+    pub mode: u32,
+}
+
+/// Whether the device nodes exist.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceNodes {
+    Created(Vec<DeviceNode>),
+    /// `mknod` was refused (no `CAP_MKNOD`): the reason, for a test's skip message.
+    Skipped {
+        reason: String,
+    },
+    /// [`Options::device_nodes`] was off.
+    NotRequested,
+}
+
+/// A built fake driver root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverRoot {
+    pub root: PathBuf,
+    /// The directory holding `dev/`.
+    pub dev_root: PathBuf,
+    pub layout: Layout,
+    pub version: String,
+    pub libraries: Vec<Library>,
+    /// `/usr/bin/nvidia-smi`, ...
+    pub binaries: Vec<String>,
+    /// `/lib/firmware/nvidia/<version>/gsp_ga10x.bin`, ...
+    pub firmware: Vec<String>,
+    /// `/run/nvidia-persistenced/socket`, ...
+    pub sockets: Vec<String>,
+    pub device_nodes: DeviceNodes,
+}
+
+impl DriverRoot {
+    /// Lays out a driver root of `layout` for driver `version` in `dir` (created if
+    /// missing; files already there are replaced).
+    ///
+    /// # Errors
+    /// I/O errors, and a compiler (`$CC`, else `cc`) that is missing or fails,
+    /// each naming the path or command.
+    pub fn build(dir: &Path, layout: Layout, version: &str, options: &Options) -> io::Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| at("creating", dir, e))?;
+        let root = dir.to_path_buf();
+        if options.merged_usr {
+            merged_usr_links(&root)?;
+        }
+        let lib_dir = root.join(layout.lib_dir());
+        mkdir(&lib_dir)?;
+
+        let mut libraries = Vec::with_capacity(LIBRARIES.len());
+        for spec in LIBRARIES {
+            libraries.push(install_library(&root, layout, version, spec, options)?);
+        }
+        if let Some(yaml) = &options.nvml_profile {
+            let p = lib_dir.join(crate::ffi::PROFILE_FILE_NAME);
+            std::fs::write(&p, yaml).map_err(|e| at("writing", &p, e))?;
+        }
+
+        let mut binaries = Vec::new();
+        let imex = if options.imex_binaries {
+            IMEX_BINARIES
+        } else {
+            &[]
+        };
+        for name in BINARIES.iter().chain(imex) {
+            let rel = format!("usr/bin/{name}");
+            install_binary(&root.join(&rel), name, version, options)?;
+            binaries.push(format!("/{rel}"));
+        }
+
+        let mut firmware = Vec::new();
+        // Through the `lib` link when /usr is merged, so the files are in usr/lib.
+        let fw_dir = root.join(format!("lib/firmware/nvidia/{version}"));
+        mkdir(&fw_dir)?;
+        for name in GSP_FIRMWARE {
+            let p = fw_dir.join(name);
+            std::fs::write(&p, firmware_bytes(name, version)).map_err(|e| at("writing", &p, e))?;
+            firmware.push(format!("/lib/firmware/nvidia/{version}/{name}"));
+        }
+
+        let mut sockets = Vec::new();
+        for (on, rel) in [
+            (options.persistenced_socket, PERSISTENCED_SOCKET),
+            (options.fabricmanager_socket, FABRICMANAGER_SOCKET),
+        ] {
+            if on {
+                make_socket(&root.join(rel))?;
+                sockets.push(format!("/{rel}"));
+            }
+        }
+
+        let dev_root = options.dev_root.clone().unwrap_or_else(|| root.clone());
+        let device_nodes = if options.device_nodes {
+            make_device_nodes(&dev_root, options)?
+        } else {
+            DeviceNodes::NotRequested
+        };
+
+        Ok(Self {
+            root,
+            dev_root,
+            layout,
+            version: version.to_owned(),
+            libraries,
+            binaries,
+            firmware,
+            sockets,
+            device_nodes,
+        })
+    }
+
+    /// The library directory on this machine.
+    pub fn lib_dir(&self) -> PathBuf {
+        self.root.join(self.layout.lib_dir())
+    }
+
+    /// `path` (absolute, as a container sees it) on this machine.
+    pub fn host_path(&self, path: &str) -> PathBuf {
+        self.root.join(path.trim_start_matches('/'))
+    }
+
+    /// The installed library whose file name starts with `name` (`libcuda.so`).
+    pub fn library(&self, name: &str) -> Option<&Library> {
+        self.libraries.iter().find(|l| {
+            Path::new(&l.path)
+                .file_name()
+                .and_then(|f| f.to_str())
+                .is_some_and(|f| f.starts_with(&format!("{name}.")))
+        })
+    }
+}
+
+fn at(op: &str, path: &Path, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("{op} {}: {e}", path.display()))
+}
+
+fn mkdir(p: &Path) -> io::Result<()> {
+    std::fs::create_dir_all(p).map_err(|e| at("creating", p, e))
+}
+
+/// Replaces whatever is at `link` with a symlink to `target`.
+fn relink(target: &str, link: &Path) -> io::Result<()> {
+    match std::fs::symlink_metadata(link) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(link),
+        Ok(_) => std::fs::remove_file(link),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+    .map_err(|e| at("replacing", link, e))?;
+    symlink(target, link).map_err(|e| at("linking", link, e))
+}
+
+/// The links of a merged `/usr` (Debian 12, Ubuntu 22.04 and RHEL 9 install
+/// this way): `bin`, `sbin`, `lib`, `lib64` point into `usr/`, and `var/run` at
+/// `../run` (FHS 3.0: "/var/run ... may be a symbolic link to /run").
+/// Debian's `lib64` holds only the dynamic loader's link, RHEL's is the library
+/// directory; both are merged into `usr/`.
+fn merged_usr_links(root: &Path) -> io::Result<()> {
+    for dir in ["usr/bin", "usr/sbin", "usr/lib", "usr/lib64", "run", "var"] {
+        mkdir(&root.join(dir))?;
+    }
+    for (link, target) in [
+        ("bin", "usr/bin"),
+        ("sbin", "usr/sbin"),
+        ("lib", "usr/lib"),
+        ("lib64", "usr/lib64"),
+        ("var/run", "../run"),
+    ] {
+        relink(target, &root.join(link))?;
+    }
+    Ok(())
+}
+
+fn install_library(
+    root: &Path,
+    layout: Layout,
+    version: &str,
+    spec: &LibrarySpec,
+    options: &Options,
+) -> io::Result<Library> {
+    let rel = Path::new(spec.name);
+    let dir_rel = Path::new(layout.lib_dir()).join(rel.parent().unwrap_or(Path::new("")));
+    let dir = root.join(&dir_rel);
+    mkdir(&dir)?;
+    let stem = rel
+        .file_name()
+        .and_then(|f| f.to_str())
+        .unwrap_or(spec.name);
+    let file = spec
+        .fixed_name
+        .map(str::to_owned)
+        .unwrap_or_else(|| format!("{stem}.{version}"));
+    let soname = match spec.soname {
+        Soname::Major(n) => format!("{stem}.{n}"),
+        Soname::FileName => file.clone(),
+    };
+    let dest = dir.join(&file);
+    if stem == "libnvidia-ml.so" {
+        let src = match &options.nvml_lib {
+            Some(p) => p.clone(),
+            None => crate::cdylib_path(),
+        };
+        std::fs::copy(&src, &dest)
+            .map_err(|e| at(&format!("copying {} to", src.display()), &dest, e))?;
+    } else {
+        let source = if stem == "libcuda.so" {
+            libcuda_source(options)
+        } else {
+            stub_source(stem)
+        };
+        let soname_arg = format!("-Wl,-soname,{soname}");
+        compile(&dest, &source, &["-shared", "-fPIC", &soname_arg])?;
+    }
+
+    let in_root = |name: &str| format!("/{}", dir_rel.join(name).display());
+    let mut links = Vec::new();
+    if soname != file {
+        relink(&file, &dir.join(&soname))?;
+        links.push((in_root(&soname), file.clone()));
+    }
+    if spec.dev_link {
+        relink(&soname, &dir.join(stem))?;
+        links.push((in_root(stem), soname.clone()));
+    }
+    Ok(Library {
+        path: in_root(&file),
+        soname,
+        links,
+    })
+}
+
+/// A library with one exported function, so it is a well-formed shared object
+/// with a dynamic symbol table.
+fn stub_source(stem: &str) -> String {
+    let ident: String = stem
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    format!(
+        "/* topodra fake driver root: stub of {stem}. */\n\
+         int topodra_fake_{ident}(void) {{ return 0; }}\n"
+    )
+}
+
+/// The C source of the fake `libcuda`, with the count and version filled in.
+///
+/// Three entry points, with the CUDA Driver API reference's semantics (cuda.h:
+/// `CUresult` 0 is `CUDA_SUCCESS`, 1 `CUDA_ERROR_INVALID_VALUE`, 3
+/// `CUDA_ERROR_NOT_INITIALIZED`):
+/// - `cuInit(Flags)`: "Currently, the Flags parameter must be 0", else
+///   INVALID_VALUE;
+/// - `cuDriverGetVersion(int *)`: the version; INVALID_VALUE "if the driverVersion
+///   argument is NULL". It works before `cuInit` (the runtime calls it to explain
+///   a failed init);
+/// - `cuDeviceGetCount(int *)`: the GPU count; NOT_INITIALIZED before `cuInit`
+///   ("If cuInit() has not been called, any function from the driver API will
+///   return CUDA_ERROR_NOT_INITIALIZED"), INVALID_VALUE for NULL.
+pub const LIBCUDA_SOURCE: &str = "/* topodra fake driver root: libcuda with three entry points. */
+static int initialized;
+int cuInit(unsigned int flags) {
+    if (flags != 0) return 1;
+    initialized = 1;
+    return 0;
+}
+int cuDriverGetVersion(int *version) {
+    if (!version) return 1;
+    *version = TOPODRA_CUDA_VERSION;
+    return 0;
+}
+int cuDeviceGetCount(int *count) {
+    if (!initialized) return 3;
+    if (!count) return 1;
+    *count = TOPODRA_GPU_COUNT;
+    return 0;
+}
+";
+
+fn libcuda_source(options: &Options) -> String {
+    format!(
+        "#define TOPODRA_CUDA_VERSION {}\n#define TOPODRA_GPU_COUNT {}\n{LIBCUDA_SOURCE}",
+        options.cuda_driver_version,
+        options.gpu_minors.len()
+    )
+}
+
+/// What each tool prints: `nvidia-smi` its banner line (driver and CUDA
+/// versions, as the real header shows them), the others their name.
+fn binary_message(name: &str, version: &str, options: &Options) -> String {
+    if name == "nvidia-smi" {
+        let cuda = options.cuda_driver_version;
+        format!(
+            "NVIDIA-SMI {version}  Driver Version: {version}  CUDA Version: {}.{}  \
+             (topodra fake driver root, {} GPUs)\n",
+            cuda / 1000,
+            (cuda % 1000) / 10,
+            options.gpu_minors.len()
+        )
+    } else {
+        format!("{name} {version} (topodra fake driver root)\n")
+    }
+}
+
+/// A static executable without libc that writes `message` to stdout and exits
+/// 0, so it runs in any container of the same architecture.
+fn tiny_program(message: &str) -> String {
+    let mut lit = String::new();
+    for b in message.bytes() {
+        let _ = write!(lit, "\\x{b:02x}");
+    }
+    format!(
+        r#"/* topodra fake driver root: prints one line. */
+static const char msg[] = "{lit}";
+#if defined(__x86_64__)
+static long sys3(long n, long a, long b, long c) {{
+    long r;
+    __asm__ volatile("syscall" : "=a"(r) : "a"(n), "D"(a), "S"(b), "d"(c) : "rcx", "r11", "memory");
+    return r;
+}}
+#define NR_WRITE 1
+#define NR_EXIT 60
+#elif defined(__aarch64__)
+static long sys3(long n, long a, long b, long c) {{
+    register long x8 __asm__("x8") = n;
+    register long x0 __asm__("x0") = a;
+    register long x1 __asm__("x1") = b;
+    register long x2 __asm__("x2") = c;
+    __asm__ volatile("svc #0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2) : "memory");
+    return x0;
+}}
+#define NR_WRITE 64
+#define NR_EXIT 93
+#else
+#error "no syscall stub for this architecture"
+#endif
+void _start(void) {{
+    sys3(NR_WRITE, 1, (long)msg, sizeof msg - 1);
+    sys3(NR_EXIT, 0, 0, 0);
+    for (;;) {{}}
+}}
+"#
+    )
+}
+
+fn install_binary(dest: &Path, name: &str, version: &str, options: &Options) -> io::Result<()> {
+    if let Some(dir) = dest.parent() {
+        mkdir(dir)?;
+    }
+    let message = binary_message(name, version, options);
+    if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
+        compile(
+            dest,
+            &tiny_program(&message),
+            &[
+                "-static",
+                "-nostdlib",
+                "-no-pie",
+                "-fno-stack-protector",
+                "-O1",
+            ],
+        )
+    } else {
+        // Elsewhere a shell script: it needs /bin/sh in the container.
+        let script = format!("#!/bin/sh\nprintf '%s' '{}'\n", message.replace('\'', ""));
+        std::fs::write(dest, script).map_err(|e| at("writing", dest, e))?;
+        std::fs::set_permissions(dest, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| at("chmod", dest, e))
+    }
+}
+
+/// Placeholder firmware contents. Real GSP images are ELF files of tens of MB
+/// that only the kernel module reads; nothing in a container opens them.
+fn firmware_bytes(name: &str, version: &str) -> Vec<u8> {
+    format!("topodra fake GSP firmware {name} for driver {version}\n").into_bytes()
+}
+
+/// A unix socket file at `path` with nobody listening, as a daemon's socket is
+/// after it exits. Bound for real where the path fits `sun_path`; a longer path
+/// (deep temp dirs) gets the same inode type from `mknod(S_IFSOCK)`, which needs
+/// no privilege.
+fn make_socket(path: &Path) -> io::Result<()> {
+    if let Some(dir) = path.parent() {
+        mkdir(dir)?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(at("replacing", path, e)),
+    }
+    // sun_path holds 108 bytes with the NUL.
+    if path.as_os_str().len() < 108 {
+        match std::os::unix::net::UnixListener::bind(path) {
+            Ok(listener) => {
+                drop(listener);
+                return Ok(());
+            }
+            Err(e) if e.kind() == io::ErrorKind::InvalidInput => {}
+            Err(e) => return Err(at("binding", path, e)),
+        }
+    }
+    mknod(path, libc::S_IFSOCK | 0o755, 0).map_err(|e| at("mknod", path, e))
+}
+
+fn mknod(path: &Path, mode: libc::mode_t, dev: libc::dev_t) -> io::Result<()> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: `c` is a valid NUL-terminated path that outlives the call.
+    let rc = unsafe { libc::mknod(c.as_ptr(), mode, dev) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The driver's device nodes, as the kernel module and `nvidia-modprobe` create
+/// them: `nvidiactl` 195:255, `nvidia<N>` 195:N, `nvidia-modeset` 195:254,
+/// `nvidia-uvm` and `nvidia-uvm-tools` minors 0 and 1 of the UVM major.
+fn make_device_nodes(dev_root: &Path, options: &Options) -> io::Result<DeviceNodes> {
+    let dev = dev_root.join("dev");
+    mkdir(&dev)?;
+    let mut want: Vec<(String, u32, u32)> =
+        vec![("nvidiactl".into(), NVIDIA_MAJOR, NVIDIACTL_MINOR)];
+    for m in &options.gpu_minors {
+        want.push((format!("nvidia{m}"), NVIDIA_MAJOR, *m));
+    }
+    want.push(("nvidia-modeset".into(), NVIDIA_MAJOR, NVIDIA_MODESET_MINOR));
+    want.push(("nvidia-uvm".into(), options.uvm_major, 0));
+    want.push(("nvidia-uvm-tools".into(), options.uvm_major, 1));
+
+    let mut made = Vec::with_capacity(want.len());
+    for (name, major, minor) in want {
+        let path = dev.join(&name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(at("replacing", &path, e)),
+        }
+        match mknod(
+            &path,
+            libc::S_IFCHR | options.device_mode,
+            libc::makedev(major, minor),
+        ) {
+            Ok(()) => {}
+            Err(e) if made.is_empty() && e.raw_os_error() == Some(libc::EPERM) => {
+                return Ok(DeviceNodes::Skipped {
+                    reason: format!(
+                        "mknod {} refused ({e}): creating device nodes needs CAP_MKNOD",
+                        path.display()
+                    ),
+                });
+            }
+            Err(e) => return Err(at("mknod", &path, e)),
+        }
+        // The umask may have taken bits off.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(options.device_mode))
+            .map_err(|e| at("chmod", &path, e))?;
+        made.push(DeviceNode {
+            path: format!("/dev/{name}"),
+            major,
+            minor,
+            mode: options.device_mode,
+        });
+    }
+    Ok(DeviceNodes::Created(made))
+}
+
+fn cc() -> OsString {
+    std::env::var_os("CC")
+        .filter(|c| !c.is_empty())
+        .unwrap_or_else(|| "cc".into())
+}
+
+/// FNV-1a, 64 bits: a cache key stable across Rust releases.
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for b in *part {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        // Separator, so ("ab", "c") and ("a", "bc") differ.
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// Compiles C `source` with `args` into `dest`, through the cache when it is
+/// writable.
+fn compile(dest: &Path, source: &str, args: &[&str]) -> io::Result<()> {
+    let compiler = cc();
+    let mut parts: Vec<&[u8]> = vec![compiler.as_bytes(), source.as_bytes()];
+    parts.extend(args.iter().map(|a| a.as_bytes()));
+    let key = fnv1a(&parts);
+    let cache = crate::target_dir().join("fake-driver-root");
+    let name = dest
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let cached = cache.join(format!("{key:016x}-{name}"));
+    if !cached.exists() && std::fs::create_dir_all(&cache).is_ok() {
+        let tmp = cache.join(format!(
+            ".{key:016x}.{}.{}.tmp",
+            std::process::id(),
+            TMP_SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        match run_cc(&compiler, &tmp, source, args) {
+            // Another process may have won the race; either file is the same.
+            Ok(()) => std::fs::rename(&tmp, &cached).map_err(|e| at("renaming", &tmp, e))?,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+        }
+    }
+    if cached.exists() {
+        let _ = std::fs::remove_file(dest);
+        std::fs::copy(&cached, dest).map_err(|e| at("copying to", dest, e))?;
+        return Ok(());
+    }
+    run_cc(&compiler, dest, source, args)
+}
+
+fn run_cc(compiler: &OsString, out: &Path, source: &str, args: &[&str]) -> io::Result<()> {
+    let describe = || {
+        format!(
+            "{} -x c - {} -o {}",
+            compiler.to_string_lossy(),
+            args.join(" "),
+            out.display()
+        )
+    };
+    let mut child = Command::new(compiler)
+        .args(["-x", "c", "-"])
+        .args(args)
+        .arg("-o")
+        .arg(out)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| io::Error::new(e.kind(), format!("running {}: {e}", describe())))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(source.as_bytes())?;
+    }
+    let output = child.wait_with_output()?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "{} failed ({}): {}",
+            describe(),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests;
