@@ -1,11 +1,12 @@
 //! A whole simulated GPU node on disk: the fake NVML with a profile, the profile's
-//! hwloc topology, a driver root with the library names the CDI code looks for, a
+//! hwloc topology, a driver root of real ELF files ([`crate::driver_root`]), a
 //! `/proc/devices` that registers the NVIDIA majors, and a copy of
 //! `/proc/driver/nvidia/capabilities` with the MIG access capabilities. The kubelet
 //! plugin runs against it unchanged, with the paths passed as its ordinary flags.
 
 use std::path::{Path, PathBuf};
 
+use crate::driver_root::{self, DriverRoot, Layout};
 use crate::profile::mig::{CONFIG_MINOR, MONITOR_MINOR};
 use crate::{Profile, hwloc_xml};
 
@@ -120,22 +121,31 @@ pub fn materialize(
     let hwloc = dir.join("topology.xml");
     std::fs::write(&hwloc, hwloc_xml::render(&profile))?;
 
-    // Empty files with the driver's library and binary names: enough for the CDI
-    // spec's mounts, which only need paths.
+    // A driver root of real ELF files (see `driver_root`): the R570 file list with
+    // the profile's driver version, its NVML this node's fake with the profile
+    // beside it, so whatever dlopens the root's `libnvidia-ml.so.1` (the NVIDIA
+    // Container Toolkit, a container) sees this machine. No device nodes: the
+    // plugin takes their numbers from `proc-devices`, and tests that need nodes
+    // make them in the dev root themselves.
     let driver_root = dir.join("driver-root");
-    let version = &profile.driver_version;
-    let libdir = driver_root.join("usr/lib/x86_64-linux-gnu");
-    let bindir = driver_root.join("usr/bin");
-    std::fs::create_dir_all(&libdir)?;
-    std::fs::create_dir_all(&bindir)?;
-    for lib in [
-        "libcuda.so",
-        "libnvidia-ml.so",
-        "libnvidia-ptxjitcompiler.so",
-    ] {
-        std::fs::write(libdir.join(format!("{lib}.{version}")), b"")?;
-    }
-    std::fs::write(bindir.join("nvidia-smi"), b"")?;
+    DriverRoot::build(
+        &driver_root,
+        Layout::Debian,
+        &profile.driver_version,
+        &driver_root::Options {
+            gpu_minors: profile
+                .gpus
+                .iter()
+                .filter(|g| !g.nvml_hidden)
+                .map(|g| g.minor)
+                .collect(),
+            cuda_driver_version: profile.cuda_driver_version,
+            nvml_lib: Some(nvml_lib_src.to_owned()),
+            nvml_profile: Some(profile_yaml.to_owned()),
+            device_nodes: false,
+            ..driver_root::Options::default()
+        },
+    )?;
 
     let dev_root = dir.join("dev-root");
     std::fs::create_dir_all(dev_root.join("dev"))?;

@@ -98,3 +98,27 @@ fn no_mig_devices_no_access_files() {
     assert!(files(&l40s.capabilities_dir).is_empty());
     assert!(l40s.capabilities_dir.is_dir());
 }
+
+#[test]
+fn driver_root_of_real_files() {
+    let (_dir, sim) = node("l40s-pcie");
+    let profile = read(&profiles_dir().join("l40s-pcie.yaml"));
+    let lib = sim.driver_root.join("usr/lib/x86_64-linux-gnu");
+    let version = "550.90.07";
+    for name in [
+        "libcuda.so.1",
+        "libnvidia-ml.so.1",
+        &format!("libnvidia-ptxjitcompiler.so.{version}"),
+    ] {
+        let bytes = std::fs::read(lib.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(&bytes[..4], b"\x7fELF", "{name} is an ELF file");
+    }
+    // The root's NVML answers with this node's profile.
+    assert_eq!(read(&lib.join("nvml-profile.yaml")), profile);
+    let smi = std::process::Command::new(sim.driver_root.join("usr/bin/nvidia-smi"))
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&smi.stdout).contains(version));
+    // No device nodes: tests make their own in the dev root.
+    assert!(files(&sim.dev_root).is_empty());
+}
