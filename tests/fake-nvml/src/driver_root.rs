@@ -73,7 +73,7 @@ pub const NVIDIACTL_MINOR: u32 = 255;
 pub const NVIDIA_MODESET_MINOR: u32 = 254;
 
 /// Where a distribution puts the driver's 64-bit libraries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Layout {
     /// Debian and Ubuntu: the multiarch directory `usr/lib/x86_64-linux-gnu`.
     Debian,
