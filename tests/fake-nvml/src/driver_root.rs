@@ -20,6 +20,9 @@
 //! - in `usr/bin`, the driver's tools ([`BINARIES`]) as tiny static executables
 //!   that print one line;
 //! - `lib/firmware/nvidia/<version>/gsp_ga10x.bin` and `gsp_tu10x.bin`;
+//! - with [`Options::graphics`], the EGL platform libraries, the loader
+//!   configuration files (EGL, Vulkan, OpenCL, X), `nvidia-xconfig`, the X driver
+//!   modules and the GBM backend link;
 //! - `run/nvidia-persistenced/socket` (and optionally the fabric manager's), a
 //!   real unix socket with nobody listening, as after the daemon exited;
 //! - `dev/nvidiactl`, `dev/nvidia<minor>`, `dev/nvidia-modeset`, `dev/nvidia-uvm`
@@ -223,6 +226,63 @@ pub const PERSISTENCED_SOCKET: &str = "run/nvidia-persistenced/socket";
 /// The fabric manager's socket, on NVSwitch systems.
 pub const FABRICMANAGER_SOCKET: &str = "run/nvidia-fabricmanager/socket";
 
+/// The EGL external platform libraries, versioned on their own (egl-wayland and
+/// egl-gbm are NVIDIA's open-source projects, shipped in the driver): the README's
+/// "Installed Components" lists them as `libnvidia-egl-wayland.so.1` and
+/// `libnvidia-egl-gbm.so.1`; the file versions are illustrative of R570.
+pub const GRAPHICS_LIBRARIES: &[LibrarySpec] = &[
+    LibrarySpec {
+        name: "libnvidia-egl-wayland.so",
+        soname: Soname::Major("1"),
+        dev_link: false,
+        fixed_name: Some("libnvidia-egl-wayland.so.1.1.17"),
+    },
+    LibrarySpec {
+        name: "libnvidia-egl-gbm.so",
+        soname: Soname::Major("1"),
+        dev_link: false,
+        fixed_name: Some("libnvidia-egl-gbm.so.1.1.2"),
+    },
+];
+
+/// The loader configuration files of the driver's graphics stack, at the paths
+/// the README's "Installed Components" gives them (GLVND's EGL vendor file, the EGL
+/// external platform files beside their libraries, the Vulkan ICD and layers, the
+/// OptiX cache, the X configuration snippet, the OpenCL ICD), with their contents:
+/// each JSON file names the library its loader opens, `nvidia.icd` the OpenCL
+/// library. Vulkan's `api_version` is illustrative.
+pub const GRAPHICS_CONFIGS: &[(&str, &str)] = &[
+    (
+        "usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+        "{\"file_format_version\": \"1.0.0\", \"ICD\": {\"library_path\": \"libEGL_nvidia.so.0\"}}\n",
+    ),
+    (
+        "usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json",
+        "{\"file_format_version\": \"1.0.0\", \"ICD\": {\"library_path\": \"libnvidia-egl-wayland.so.1\"}}\n",
+    ),
+    (
+        "usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json",
+        "{\"file_format_version\": \"1.0.0\", \"ICD\": {\"library_path\": \"libnvidia-egl-gbm.so.1\"}}\n",
+    ),
+    (
+        "usr/share/vulkan/icd.d/nvidia_icd.json",
+        "{\"file_format_version\": \"1.0.1\", \"ICD\": {\"library_path\": \"libGLX_nvidia.so.0\", \"api_version\": \"1.4.303\"}}\n",
+    ),
+    (
+        "usr/share/vulkan/implicit_layer.d/nvidia_layers.json",
+        "{\"file_format_version\": \"1.0.1\", \"layer\": {\"name\": \"VK_LAYER_NV_optimus\", \"type\": \"INSTANCE\", \"library_path\": \"libGLX_nvidia.so.0\"}}\n",
+    ),
+    (
+        "usr/share/nvidia/nvoptix.bin",
+        "topodra fake driver root: OptiX data\n",
+    ),
+    (
+        "usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf",
+        "Section \"OutputClass\"\n    Identifier \"nvidia\"\n    MatchDriver \"nvidia-drm\"\n    Driver \"nvidia\"\nEndSection\n",
+    ),
+    ("etc/OpenCL/vendors/nvidia.icd", "libnvidia-opencl.so.1\n"),
+];
+
 /// What to put in the root besides the libraries.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
@@ -252,6 +312,12 @@ pub struct Options {
     pub fabricmanager_socket: bool,
     /// Install `nvidia-imex` and `nvidia-imex-ctl` too.
     pub imex_binaries: bool,
+    /// The graphics stack's extra files: [`GRAPHICS_LIBRARIES`],
+    /// [`GRAPHICS_CONFIGS`], `nvidia-xconfig`, the X driver and GLX module under
+    /// `<libdir>/../xorg/modules` (`usr/lib/xorg` on Debian, `usr/lib64/xorg` on
+    /// RHEL), and the GBM backend link `gbm/nvidia-drm_gbm.so ->
+    /// ../libnvidia-allocator.so.1`.
+    pub graphics: bool,
 }
 
 impl Default for Options {
@@ -269,6 +335,7 @@ impl Default for Options {
             persistenced_socket: true,
             fabricmanager_socket: false,
             imex_binaries: true,
+            graphics: true,
         }
     }
 }
@@ -323,6 +390,9 @@ pub struct DriverRoot {
     pub firmware: Vec<String>,
     /// `/run/nvidia-persistenced/socket`, ...
     pub sockets: Vec<String>,
+    /// With [`Options::graphics`]: the config files, X modules and the GBM link,
+    /// `/usr/share/glvnd/egl_vendor.d/10_nvidia.json`, ...
+    pub graphics_files: Vec<String>,
     pub device_nodes: DeviceNodes,
 }
 
@@ -343,7 +413,12 @@ impl DriverRoot {
         mkdir(&lib_dir)?;
 
         let mut libraries = Vec::with_capacity(LIBRARIES.len());
-        for spec in LIBRARIES {
+        let graphics_libs = if options.graphics {
+            GRAPHICS_LIBRARIES
+        } else {
+            &[]
+        };
+        for spec in LIBRARIES.iter().chain(graphics_libs) {
             libraries.push(install_library(&root, layout, version, spec, options)?);
         }
         if let Some(yaml) = &options.nvml_profile {
@@ -357,7 +432,12 @@ impl DriverRoot {
         } else {
             &[]
         };
-        for name in BINARIES.iter().chain(imex) {
+        let xconfig: &[&str] = if options.graphics {
+            &["nvidia-xconfig"]
+        } else {
+            &[]
+        };
+        for name in BINARIES.iter().chain(imex).chain(xconfig) {
             let rel = format!("usr/bin/{name}");
             install_binary(&root.join(&rel), name, version, options)?;
             binaries.push(format!("/{rel}"));
@@ -384,6 +464,12 @@ impl DriverRoot {
             }
         }
 
+        let graphics_files = if options.graphics {
+            install_graphics(&root, layout, version)?
+        } else {
+            Vec::new()
+        };
+
         let dev_root = options.dev_root.clone().unwrap_or_else(|| root.clone());
         let device_nodes = if options.device_nodes {
             make_device_nodes(&dev_root, options)?
@@ -400,6 +486,7 @@ impl DriverRoot {
             binaries,
             firmware,
             sockets,
+            graphics_files,
             device_nodes,
         })
     }
@@ -522,6 +609,56 @@ fn install_library(
         soname,
         links,
     })
+}
+
+/// The graphics extras of [`Options::graphics`].
+fn install_graphics(root: &Path, layout: Layout, version: &str) -> io::Result<Vec<String>> {
+    let mut out = Vec::new();
+    for (rel, text) in GRAPHICS_CONFIGS {
+        let p = root.join(rel);
+        if let Some(dir) = p.parent() {
+            mkdir(dir)?;
+        }
+        std::fs::write(&p, text).map_err(|e| at("writing", &p, e))?;
+        out.push(format!("/{rel}"));
+    }
+    // The X driver and the GLX server module, where the distribution's X server
+    // looks for modules (README: /usr/lib/xorg/modules/drivers/nvidia_drv.so and
+    // .../extensions/libglxserver_nvidia.so.<version>; RHEL's X server uses
+    // /usr/lib64/xorg/modules).
+    let xorg = match layout {
+        Layout::Debian => "usr/lib/xorg/modules",
+        Layout::Rhel => "usr/lib64/xorg/modules",
+    };
+    let glx = format!("libglxserver_nvidia.so.{version}");
+    for (dir, file, soname) in [
+        ("drivers", "nvidia_drv.so", None),
+        ("extensions", glx.as_str(), Some(glx.as_str())),
+    ] {
+        let d = root.join(xorg).join(dir);
+        mkdir(&d)?;
+        let mut args = vec!["-shared", "-fPIC"];
+        let soname_arg = soname.map(|s| format!("-Wl,-soname,{s}"));
+        if let Some(a) = &soname_arg {
+            args.push(a);
+        }
+        compile(&d.join(file), &stub_source(file), &args)?;
+        out.push(format!("/{xorg}/{dir}/{file}"));
+    }
+    let ext = root.join(xorg).join("extensions");
+    relink(&glx, &ext.join("libglxserver_nvidia.so"))?;
+    out.push(format!("/{xorg}/extensions/libglxserver_nvidia.so"));
+    // GBM loads its NVIDIA backend from `<libdir>/gbm/<driver>_gbm.so`; the driver
+    // installs it as a link to libnvidia-allocator (README: "/usr/lib/gbm/
+    // nvidia-drm_gbm.so" with the allocator library).
+    let gbm = root.join(layout.lib_dir()).join("gbm");
+    mkdir(&gbm)?;
+    relink(
+        "../libnvidia-allocator.so.1",
+        &gbm.join("nvidia-drm_gbm.so"),
+    )?;
+    out.push(format!("/{}/gbm/nvidia-drm_gbm.so", layout.lib_dir()));
+    Ok(out)
 }
 
 /// A library with one exported function, so it is a well-formed shared object

@@ -32,7 +32,10 @@ fn build(layout: Layout, options: &Options) -> (tempfile::TempDir, DriverRoot) {
 fn libraries_carry_their_sonames_and_links() {
     for layout in [Layout::Debian, Layout::Rhel] {
         let (_dir, root) = build(layout, &Options::default());
-        assert_eq!(root.libraries.len(), LIBRARIES.len());
+        assert_eq!(
+            root.libraries.len(),
+            LIBRARIES.len() + GRAPHICS_LIBRARIES.len()
+        );
         for lib in &root.libraries {
             let file = root.host_path(&lib.path);
             let meta = std::fs::symlink_metadata(&file).unwrap();
@@ -176,7 +179,11 @@ fn libcuda_answers_init_version_and_count() {
 #[test]
 fn binaries_run_and_print() {
     let (_dir, root) = build(Layout::Debian, &Options::default());
-    assert_eq!(root.binaries.len(), BINARIES.len() + IMEX_BINARIES.len());
+    // With the graphics stack's nvidia-xconfig.
+    assert_eq!(
+        root.binaries.len(),
+        BINARIES.len() + IMEX_BINARIES.len() + 1
+    );
     for bin in &root.binaries {
         let path = root.host_path(bin);
         assert_ne!(
@@ -346,4 +353,58 @@ fn rebuilding_in_place_replaces_files() {
     DriverRoot::build(&path, Layout::Debian, R570_VERSION, &Options::default()).unwrap();
     let again = DriverRoot::build(&path, Layout::Debian, R570_VERSION, &Options::default());
     assert!(again.is_ok(), "{again:?}");
+}
+
+#[test]
+fn graphics_files_where_their_loaders_look() {
+    for (layout, xorg) in [
+        (Layout::Debian, "/usr/lib/xorg/modules"),
+        (Layout::Rhel, "/usr/lib64/xorg/modules"),
+    ] {
+        let (_dir, root) = build(layout, &Options::default());
+        for f in &root.graphics_files {
+            assert!(root.host_path(f).exists(), "{f}");
+        }
+        let icd =
+            std::fs::read_to_string(root.host_path("/etc/OpenCL/vendors/nvidia.icd")).unwrap();
+        assert_eq!(icd, "libnvidia-opencl.so.1\n");
+        let egl = root.host_path("/usr/share/glvnd/egl_vendor.d/10_nvidia.json");
+        assert!(
+            std::fs::read_to_string(egl)
+                .unwrap()
+                .contains("libEGL_nvidia.so.0")
+        );
+        let glx = root.host_path(&format!(
+            "{xorg}/extensions/libglxserver_nvidia.so.{R570_VERSION}"
+        ));
+        assert_eq!(
+            soname(&glx).as_deref(),
+            Some(format!("libglxserver_nvidia.so.{R570_VERSION}").as_str())
+        );
+        assert!(
+            root.host_path(&format!("{xorg}/drivers/nvidia_drv.so"))
+                .is_file()
+        );
+        let gbm = root.lib_dir().join("gbm/nvidia-drm_gbm.so");
+        assert_eq!(
+            std::fs::canonicalize(&gbm).unwrap(),
+            std::fs::canonicalize(
+                root.host_path(&root.library("libnvidia-allocator.so").unwrap().path)
+            )
+            .unwrap()
+        );
+        let wayland = root.library("libnvidia-egl-wayland.so").unwrap();
+        assert_eq!(wayland.soname, "libnvidia-egl-wayland.so.1");
+        assert!(root.host_path("/usr/bin/nvidia-xconfig").is_file());
+    }
+    let (_dir, bare) = build(
+        Layout::Debian,
+        &Options {
+            graphics: false,
+            ..Options::default()
+        },
+    );
+    assert!(bare.graphics_files.is_empty());
+    assert!(!bare.host_path("/usr/share/glvnd").exists());
+    assert!(bare.library("libnvidia-egl-gbm.so").is_none());
 }
