@@ -28,7 +28,9 @@
 //! device nodes (root): without either it skips, and under `TOPODRA_REQUIRE_TOOLS=1`
 //! fails. MIG devices are not compared: in nvml mode the toolkit reads MIG minors
 //! from the host's own `/proc/driver/nvidia-caps/mig-minors` (`nvcaps.NewMigCaps`,
-//! not under the driver root), which a test cannot provide.
+//! not under the driver root), which a test cannot provide. Nor are DRM nodes: the
+//! toolkit lists them from the host's `/sys/bus/pci/devices/<bus id>/drm`, so here
+//! both sides find none.
 //!
 //! Run it alone with `cargo test -p topodra-driver --test toolkit_parity -- --nocapture`.
 
@@ -539,6 +541,7 @@ fn our_spec(root: &DriverRoot, profile: &Profile, gpus: &[u32]) -> Value {
                 local_cpus: Default::default(),
                 mig_nodes: Vec::new(),
                 requests: vec!["gpus".into()],
+                pci_bus_id: Some(g.bus_id.to_string()),
             }
         })
         .collect();
