@@ -16,7 +16,8 @@
 //! container path (host path relative to the root, type, sorted options), hooks by
 //! name (lifecycle, path, env) and each hook argument on its own (`create-symlinks
 //! --link a::b`, `update-ldcache --folder d`), env by name, device nodes by path
-//! (host path relative to the dev root, type, numbers, mode, owner, permissions), and
+//! (host path relative to the dev root, type, numbers, mode; and apart, owner and
+//! permissions), and
 //! annotations by key. The layout's library directory reads `<libdir>` and the
 //! driver root `<driver-root>`, so the two layouts produce the same keys.
 //!
@@ -115,6 +116,9 @@ enum Kind {
     HookArg,
     Env,
     DeviceNode,
+    /// A device node's owner and cgroup permissions, apart from its identity and
+    /// mode, so that an intended difference there cannot hide one in the numbers.
+    DeviceNodeAccess,
     Annotation,
 }
 
@@ -126,6 +130,7 @@ impl fmt::Display for Kind {
             Kind::HookArg => "hook-arg",
             Kind::Env => "env",
             Kind::DeviceNode => "device-node",
+            Kind::DeviceNodeAccess => "device-node-access",
             Kind::Annotation => "annotation",
         })
     }
@@ -271,8 +276,15 @@ fn add_edits(out: &mut Normalized, edits: &Value, paths: &Paths) {
             Kind::DeviceNode,
             path.to_owned(),
             format!(
-                "host={host_rel} type={kind} major={major} minor={minor} fileMode={} uid={} gid={} permissions={}",
+                "host={host_rel} type={kind} major={major} minor={minor} fileMode={}",
                 num("fileMode").map_or("-".into(), |m| format!("{m:o}")),
+            ),
+        );
+        put(
+            Kind::DeviceNodeAccess,
+            path.to_owned(),
+            format!(
+                "uid={} gid={} permissions={}",
                 num("uid").map_or("-".into(), |u| u.to_string()),
                 num("gid").map_or("-".into(), |g| g.to_string()),
                 field(n, "permissions").unwrap_or("-"),

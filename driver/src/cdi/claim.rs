@@ -191,6 +191,12 @@ pub fn claim_spec(
                 .collect();
             hooks.extend(hook.as_ref().and_then(|h| h.create_symlinks(&links)));
         }
+        // A whole GPU can take the memory limits its pod's environment asks for.
+        if let (Some(h), Some(root), Some(uuid)) = (&hook, driver.host_root(), &gpu.uuid)
+            && gpu.mig_nodes.is_empty()
+        {
+            hooks.push(h.apply_cuda_memory_limits(&root.to_string_lossy(), uuid));
+        }
         let mut device = Device {
             name: cdi_device_name(&req.claim_uid, &gpu.device_name),
             container_edits: ContainerEdits {

@@ -16,12 +16,15 @@ use super::spec::Hook;
 
 /// The OCI lifecycle point: in the container's namespaces, after its mounts.
 pub(crate) const CREATE_CONTAINER: &str = "createContainer";
+/// In the runtime's namespaces, once the container's cgroup exists.
+pub(crate) const CREATE_RUNTIME: &str = "createRuntime";
 
 pub(crate) const CREATE_SYMLINKS: &str = "create-symlinks";
 pub(crate) const ENABLE_CUDA_COMPAT: &str = "enable-cuda-compat";
 pub(crate) const UPDATE_LDCACHE: &str = "update-ldcache";
 pub(crate) const DISABLE_DEVICE_NODE_MODIFICATION: &str = "disable-device-node-modification";
 pub(crate) const UPDATE_APPLICATION_PROFILE: &str = "update-application-profile";
+pub(crate) const APPLY_CUDA_MEMORY_LIMITS: &str = "apply-cuda-memory-limits";
 
 /// The hook binary quiet unless asked: its debug log goes to the runtime's log.
 const HOOK_ENV: &str = "NVIDIA_CTK_DEBUG=false";
@@ -117,6 +120,23 @@ impl HookBinary {
 }
 
 impl HookBinary {
+    /// Applies `NVIDIA_GPU_MEMORY_REQUEST` / `NVIDIA_GPU_MEMORY_LIMIT` (MiB) from the
+    /// container's environment to the GPU, for the container's cgroup, through the
+    /// driver's NVML under `driver_root` (a host path); a no-op when neither is set.
+    pub(crate) fn apply_cuda_memory_limits(&self, driver_root: &str, gpu_uuid: &str) -> Hook {
+        let mut hook = self.hook(
+            APPLY_CUDA_MEMORY_LIMITS,
+            [
+                "--driver-root".to_owned(),
+                driver_root.to_owned(),
+                "--gpu-id".to_owned(),
+                gpu_uuid.to_owned(),
+            ],
+        );
+        hook.hook_name = CREATE_RUNTIME.to_owned();
+        hook
+    }
+
     /// Writes a driver application profile in the container that limits EGL and
     /// Vulkan to the container's `/dev/nvidia<N>` GPUs (`EGLVisibleDGPUDevices`),
     /// which otherwise enumerate the node's GPUs through the driver.

@@ -38,6 +38,7 @@
 //!     gpus, // ClaimGpu::from_gpu(&inventory_gpu)? for each allocated device
 //!     env_hints: true,
 //!     kind,
+//!     capabilities: DriverCapabilities::all(), // or the claim's config's
 //! };
 //! let spec = claim_spec(&req, &nodes, &driver)?;
 //! writer.write(&req.claim_uid, &spec)?;

@@ -167,6 +167,14 @@ impl NvidiaFiles {
         }
     }
 
+    /// The driver root as the host sees it, when our discovery found the files.
+    pub(crate) fn host_root(&self) -> Option<&Path> {
+        match (&self.source, &self.content) {
+            (NvidiaFilesSource::Discovered { root }, Content::Discovered { .. }) => Some(root),
+            _ => None,
+        }
+    }
+
     /// The driver version, when our discovery found the files.
     pub fn driver_version(&self) -> Option<&str> {
         match &self.content {
@@ -237,13 +245,17 @@ impl NvidiaFiles {
         let mut lib_dirs: Vec<String> = Vec::new();
         let mut libcuda_dirs: Vec<String> = Vec::new();
         for f in &files {
-            let FileKind::Library { links: own } = &f.kind else {
-                continue;
+            let own = match &f.kind {
+                FileKind::Library { links } | FileKind::XorgModule { links } => links,
+                _ => continue,
             };
             for l in own {
                 if !links.iter().any(|have| have.link == l.link) {
                     links.push(l.clone());
                 }
+            }
+            if !matches!(f.kind, FileKind::Library { .. }) {
+                continue;
             }
             let dir = f.container_dir().to_owned();
             let name = f

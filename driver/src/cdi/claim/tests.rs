@@ -457,7 +457,19 @@ fn a_gpu_gets_its_drm_nodes_and_by_path_links_with_graphics() {
     );
     let card = &edits.device_nodes[1];
     assert_eq!((card.major, card.minor), (Some(226), Some(1)));
-    assert_eq!(edits.hooks.len(), 1);
+    // The by-path links, then the memory-limit hook every whole GPU gets.
+    assert_eq!(edits.hooks.len(), 2);
+    assert_eq!(edits.hooks[1].hook_name, "createRuntime");
+    assert_eq!(
+        edits.hooks[1].args[1..],
+        [
+            "apply-cuda-memory-limits",
+            "--driver-root",
+            &root.path().to_string_lossy(),
+            "--gpu-id",
+            "GPU-00000000-aaaa-bbbb-cccc-dddddddddddd"
+        ]
+    );
     assert_eq!(
         edits.hooks[0].args,
         [
@@ -476,5 +488,11 @@ fn a_gpu_gets_its_drm_nodes_and_by_path_links_with_graphics() {
     req.capabilities = DriverCapabilities::new([DriverCapability::Compute]).unwrap();
     let spec = claim_spec(&req, &nodes, &files).unwrap();
     assert_eq!(spec.devices[0].container_edits.device_nodes.len(), 1);
-    assert!(spec.devices[0].container_edits.hooks.is_empty());
+    let names: Vec<&str> = spec.devices[0]
+        .container_edits
+        .hooks
+        .iter()
+        .map(|h| h.args[1].as_str())
+        .collect();
+    assert_eq!(names, ["apply-cuda-memory-limits"]);
 }

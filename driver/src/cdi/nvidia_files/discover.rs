@@ -186,6 +186,11 @@ pub(crate) enum FileKind {
     Ipc,
     /// A loader's config file (EGL vendor, Vulkan ICD).
     Config,
+    /// A module the X server loads from its module path, not through the loader
+    /// cache, with the links it is looked up by.
+    XorgModule {
+        links: Vec<Link>,
+    },
 }
 
 /// One driver file for the container.
@@ -256,6 +261,17 @@ pub(crate) fn discover(root: &NvidiaRoot) -> Result<Discovered, CdiError> {
         }
     }
 
+    let driver_dirs: Vec<PathBuf> = files
+        .iter()
+        .map(|f: &DriverFile| PathBuf::from(f.container_dir()))
+        .fold(Vec::new(), |mut v, d| {
+            if !v.contains(&d) && !d.ends_with("vdpau") {
+                v.push(d);
+            }
+            v
+        });
+    files.extend(graphics_libraries(root, &dirs, &version, &mut seen)?);
+    files.extend(xorg_modules(root, &driver_dirs, &version)?);
     files.extend(firmware(root, &version)?);
 
     for candidates in IPC_SOCKETS {
@@ -311,6 +327,114 @@ fn config_files(root: &NvidiaRoot) -> Result<Vec<DriverFile>, CdiError> {
                     class: *class,
                 });
             }
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// The EGL platform libraries, which carry versions of their own
+/// (`libnvidia-egl-wayland.so.1.1.17`): the first of each in the library
+/// directories.
+const GRAPHICS_LIBRARIES: &[&str] = &[
+    "libnvidia-egl-gbm.so.",
+    "libnvidia-egl-wayland.so.",
+    "libnvidia-egl-wayland2.so.",
+    "libnvidia-egl-xcb.so.",
+    "libnvidia-egl-xlib.so.",
+];
+
+fn graphics_libraries(
+    root: &NvidiaRoot,
+    dirs: &[LibDir],
+    version: &str,
+    seen: &mut BTreeSet<String>,
+) -> Result<Vec<DriverFile>, CdiError> {
+    let mut out = Vec::new();
+    for prefix in GRAPHICS_LIBRARIES {
+        'dirs: for dir in dirs {
+            let local = reroot(&root.local, &dir.resolved);
+            for name in names_in(&local)? {
+                // `<prefix>*.*`, as the toolkit matches them: a version with a dot.
+                let versioned = name
+                    .strip_prefix(prefix)
+                    .is_some_and(|v| v.contains('.') && !v.starts_with('.') && v != version);
+                if !versioned {
+                    continue;
+                }
+                let container = dir.container.join(&name);
+                let Some(mount) = file_mount(root, &container, FILE_OPTIONS, Want::File)? else {
+                    continue;
+                };
+                if seen.insert(mount.container_path.clone()) {
+                    out.push(DriverFile {
+                        mount,
+                        kind: FileKind::Library { links: Vec::new() },
+                        class: Some(DriverCapability::Graphics),
+                    });
+                }
+                break 'dirs;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The X server's NVIDIA modules, for containers that run their own X server
+/// (virtual desktops): the first place each is found, next to the driver's
+/// libraries or in the X server's module directories.
+fn xorg_modules(
+    root: &NvidiaRoot,
+    driver_dirs: &[PathBuf],
+    version: &str,
+) -> Result<Vec<DriverFile>, CdiError> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    let module_dirs = |base: &Path| -> Vec<PathBuf> {
+        ["drivers", "extensions"]
+            .into_iter()
+            .flat_map(|kind| {
+                [
+                    base.join("modules").join(kind),
+                    base.join("modules/updates").join(kind),
+                ]
+            })
+            .collect()
+    };
+    for lib in driver_dirs {
+        dirs.push(lib.join("nvidia/xorg"));
+        dirs.extend(module_dirs(&lib.join("xorg")));
+    }
+    for base in [
+        "/usr/lib/xorg",
+        "/usr/lib64/xorg",
+        "/usr/X11R6/lib",
+        "/usr/X11R6/lib64",
+    ] {
+        dirs.extend(module_dirs(Path::new(base)));
+    }
+    let glx = format!("libglxserver_nvidia.so.{version}");
+    let mut out = Vec::new();
+    for name in ["nvidia_drv.so", glx.as_str()] {
+        for dir in &dirs {
+            let container = dir.join(name);
+            let Some(mount) = file_mount(root, &container, FILE_OPTIONS, Want::File)? else {
+                continue;
+            };
+            let mut links = Vec::new();
+            if name == glx {
+                links.push(Link {
+                    target: name.to_owned(),
+                    link: dir
+                        .join("libglxserver_nvidia.so")
+                        .to_string_lossy()
+                        .into_owned(),
+                });
+            }
+            out.push(DriverFile {
+                mount,
+                kind: FileKind::XorgModule { links },
+                class: Some(DriverCapability::Graphics),
+            });
             break;
         }
     }
@@ -378,8 +502,9 @@ pub(crate) fn is_driver_version(v: &str) -> bool {
 /// - `libcuda.so -> libcuda.so.1` (applications dlopen the unversioned name),
 ///   `libGLX_indirect.so.0` for GLVND, and the missing
 ///   `libnvidia-opticalflow.so`;
-/// - for a `*.so.<version>` file, `<soname> -> <file>` and `<name>.so -> <soname>`,
-///   each only where the host has that link too.
+/// - `<soname> -> <file>` and `<name>.so -> <soname>`, each only where the host
+///   has that link too;
+/// - GBM's `gbm/nvidia-drm_gbm.so` and Vulkan's `libnvidia-vulkan-producer.so`.
 fn library_links(local_dir: &Path, container_dir: &Path, name: &str, version: &str) -> Vec<Link> {
     let at = |link: &str| container_dir.join(link).to_string_lossy().into_owned();
     let mut links = Vec::new();
@@ -399,9 +524,17 @@ fn library_links(local_dir: &Path, container_dir: &Path, name: &str, version: &s
             target: "libnvidia-opticalflow.so.1".into(),
             link: at("libnvidia-opticalflow.so"),
         });
-    }
-    if !name.ends_with(&format!(".so.{version}")) {
-        return links;
+    } else if versioned("libnvidia-allocator.so") {
+        // GBM looks its backends up by name in gbm/.
+        links.push(Link {
+            target: "../libnvidia-allocator.so.1".into(),
+            link: at("gbm/nvidia-drm_gbm.so"),
+        });
+    } else if versioned("libnvidia-vulkan-producer.so") {
+        links.push(Link {
+            target: name.into(),
+            link: at("libnvidia-vulkan-producer.so"),
+        });
     }
     let soname = match elf::soname(&local_dir.join(name)) {
         Ok(s) => s,
