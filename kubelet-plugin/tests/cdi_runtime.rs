@@ -113,17 +113,58 @@ fn check_edits(result: &Value, node: &NodeDirs, profile: &Profile, minors: &[u64
     assert!(destinations.contains("/usr/bin/nvidia-smi"), "{result:#}");
     for m in mounts {
         let dest = m["destination"].as_str().unwrap();
-        assert_eq!(
-            m["source"].as_str().unwrap(),
-            format!("{driver_root}{dest}"),
-            "{m}"
-        );
+        let source = m["source"].as_str().unwrap();
         let options = strings(&m["options"]);
+        if dest == "/var/run/nvidia-container-devices/void" {
+            // The device list of nvidia-container-runtime's volume-mounts strategy,
+            // emptied so that runtime adds no GPU of its own.
+            assert_eq!(source, "/dev/null", "{m}");
+            assert!(options.iter().any(|o| o == "ro"), "{m}");
+            continue;
+        }
+        // Everything else from the driver root, where it resolved: a loader config
+        // is at the place the image's loader looks, not where the host keeps it.
+        assert!(source.starts_with(&driver_root), "{m}");
+        let ipc = dest.ends_with("/socket") || dest == "/tmp/nvidia-mps";
+        if ipc {
+            // IPC endpoints are written to, and nothing in them runs.
+            assert!(
+                options.iter().any(|o| o == "noexec") && !options.iter().any(|o| o == "ro"),
+                "{m}"
+            );
+        } else {
+            assert!(options.iter().any(|o| o == "ro"), "{m}");
+        }
+        assert!(options.iter().any(|o| o.ends_with("bind")), "{m}");
+    }
+
+    // The hooks the runtime runs, all through the one nvidia-cdi-hook the plugin
+    // named, and the environment that keeps nvidia-container-runtime out of it.
+    let hooks = result["hooks"]["createContainer"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let names: Vec<&str> = hooks
+        .iter()
+        .filter_map(|h| h["args"].get(1).and_then(Value::as_str))
+        .collect();
+    for want in [
+        "create-symlinks",
+        "enable-cuda-compat",
+        "update-ldcache",
+        "disable-device-node-modification",
+    ] {
         assert!(
-            options.iter().any(|o| o == "ro") && options.iter().any(|o| o.ends_with("bind")),
-            "{m}"
+            names.contains(&want),
+            "{want} missing from {names:?}: {result:#}"
         );
     }
+    let hook_paths: BTreeSet<&str> = hooks.iter().filter_map(|h| h["path"].as_str()).collect();
+    assert_eq!(hook_paths.len(), 1, "{hook_paths:?}");
+    assert!(
+        strings(&result["process"]["env"]).contains(&"NVIDIA_VISIBLE_DEVICES=void".to_owned()),
+        "{result:#}"
+    );
 
     // The topology hints: the claim's GPUs by UUID in allocation order, its NUMA node.
     let env = strings(&result["process"]["env"]);
@@ -212,7 +253,28 @@ async fn runtimes_resolve_and_inject_the_specs_of_prepared_claims() {
     check_edits(&result, &node, &profile, &[5], "1");
     let result = inject(&bin, &node, &four);
     check_edits(&result, &node, &profile, &[0, 1, 2, 3], "0");
-    assert_eq!(result["hooks"], Value::Null, "no toolkit spec, no hooks");
+    // One memory-limit hook per whole GPU of the claim, at createRuntime, each
+    // naming its GPU.
+    let gpu_ids: BTreeSet<String> = result["hooks"]["createRuntime"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|h| h["args"][1] == "apply-cuda-memory-limits")
+        .filter_map(|h| h["args"][5].as_str().map(str::to_owned))
+        .collect();
+    let want_ids: BTreeSet<String> = [0, 1, 2, 3]
+        .iter()
+        .map(|m| {
+            profile
+                .gpus
+                .iter()
+                .find(|g| g.minor == *m)
+                .unwrap()
+                .uuid
+                .clone()
+        })
+        .collect();
+    assert_eq!(gpu_ids, want_ids, "{result:#}");
 
     // Unprepared: the runtime can no longer resolve the claim's ids, and names them;
     // the other claim is untouched.
