@@ -10,10 +10,12 @@
 # other change rebuilds in place.  Progress goes to stderr; stdout carries only what
 # was asked for, so callers can do `eval "$(tests/tools/build.sh --env)"`.
 #
-# Usage: tests/tools/build.sh [options] [tool...]      (tools: kube etcd kwok helm;
-#                                                       default: all of them)
+# Usage: tests/tools/build.sh [options] [tool...]      (tools: kube etcd kwok helm
+#                                                       nvidia-ctk; default: all of them)
 #   Built only when named: topo-sched (the scale benchmark's legacy baseline:
 #   scheduler-plugins' kube-scheduler as `topology-aware-scheduler`).
+#   nvidia-ctk (nvidia-cdi-hook and nvidia-ctk of NVIDIA's container toolkit) is the
+#   one cgo build; its licence files go to <tool>-<version>/share/, beside bin/.
 #   --print-path   print the bin dirs as a PATH fragment (dir:dir:...)
 #   --env          print `export TOPODRA_TOOLS_BIN=...` and `export PATH=...`
 #   --check        build nothing; exit 1 (listing what is missing) unless all built
@@ -26,7 +28,7 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache_root="${TOPODRA_TOOLS_CACHE:-${HOME:-/root}/.cache/topodra/tools}"
-all_tools=(kube etcd kwok helm)
+all_tools=(kube etcd kwok helm nvidia-ctk)
 # Known tools that the default list (and so `make test`) leaves out.
 named_only_tools=(topo-sched)
 # Bump when the recipe below changes in a way go.mod/go.sum do not show.
@@ -64,6 +66,7 @@ main_module() {
 	etcd) echo go.etcd.io/etcd/server/v3 ;;
 	kwok) echo sigs.k8s.io/kwok ;;
 	helm) echo helm.sh/helm/v3 ;;
+	nvidia-ctk) echo github.com/NVIDIA/nvidia-container-toolkit ;;
 	topo-sched) echo sigs.k8s.io/scheduler-plugins ;;
 	esac
 }
@@ -74,6 +77,8 @@ packages() {
 	etcd) echo . ;;
 	kwok) echo sigs.k8s.io/kwok/cmd/kwok ./kwok-stages ;;
 	helm) echo helm.sh/helm/v3/cmd/helm ;;
+	nvidia-ctk) echo github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook \
+		github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk ;;
 	topo-sched) echo sigs.k8s.io/scheduler-plugins/cmd/scheduler ;;
 	esac
 }
@@ -89,7 +94,27 @@ binaries() {
 	etcd) echo etcd ;;
 	kwok) echo kwok kwok-stages ;;
 	helm) echo helm ;;
+	nvidia-ctk) echo nvidia-cdi-hook nvidia-ctk ;;
 	topo-sched) echo topology-aware-scheduler ;;
+	esac
+}
+# Files of the main module's source copied into <tool>-<version>/share/: the licence
+# texts that whoever redistributes the binaries (the plugin image) ships with them.
+share_files() {
+	case "$1" in
+	nvidia-ctk) echo LICENSE THIRD_PARTY_NOTICES.md ;;
+	esac
+}
+
+# cgo_env TOOL: the cgo settings of its build, one NAME=VALUE a line. Every tool is a
+# static CGO_ENABLED=0 build except NVIDIA's, which needs cgo for go-nvml (it
+# dlopens libnvidia-ml at run time, so nothing NVIDIA links in at build time).
+# -Wno-deprecated-declarations: go-nvml's generated bindings call deprecated NVML
+# entry points, one warning each otherwise.
+cgo_env() {
+	case "$1" in
+	nvidia-ctk) printf '%s\n' CGO_ENABLED=1 "CGO_CFLAGS=-O2 -Wno-deprecated-declarations" ;;
+	*) echo CGO_ENABLED=0 ;;
 	esac
 }
 
@@ -128,6 +153,15 @@ ldflags() {
 	etcd) flags+=" -X go.etcd.io/etcd/api/v3/version.GitSHA=$version" ;;
 	kwok) flags+=" -X sigs.k8s.io/kwok/pkg/consts.Version=${version#v}" ;;
 	helm) flags+=" -X helm.sh/helm/v3/internal/version.version=$version -X helm.sh/helm/v3/internal/version.gitTreeState=clean" ;;
+	nvidia-ctk)
+		# As the toolkit's Makefile builds its commands: CLI_VERSION (versions.mk's
+		# LIB_VERSION, no leading v) into internal/info.version, and its extldflags
+		# (lazy binding: go-nvml leaves the NVML symbols unresolved until it has
+		# dlopened the library). gitCommit stays empty, as in the Makefile outside
+		# a git checkout: the module proxy does not say which commit a tag is.
+		flags+=" '-extldflags=-Wl,--export-dynamic -Wl,--unresolved-symbols=ignore-in-object-files -Wl,-z,lazy'"
+		flags+=" -X github.com/NVIDIA/nvidia-container-toolkit/internal/info.version=${version#v}"
+		;;
 	topo-sched)
 		# cmd/scheduler is k8s.io/kubernetes' kube-scheduler with plugins added.
 		# Stamped like scheduler-plugins' Makefile does (gitVersion=v0.33.5 only),
@@ -155,6 +189,12 @@ recipe_hash() {
 	{
 		echo "recipe=$recipe_rev go=$(go env GOVERSION) goos=$(go env GOOS) goarch=$(go env GOARCH)"
 		echo "ldflags=$(ldflags "$tool" "$(module_version "$tool")")"
+		# Only where they differ from the defaults, so that the stamps of the other
+		# tools stay what they were. A cgo build also depends on the C compiler.
+		if [[ "$(cgo_env "$tool")" != CGO_ENABLED=0 ]]; then
+			echo "cgo=$(cgo_env "$tool" | tr '\n' ' ')cc=$("$(go env CC)" --version 2>/dev/null | head -n1)"
+		fi
+		[[ -z "$(share_files "$tool")" ]] || echo "share=$(share_files "$tool")"
 		(cd "$here/$tool" && cat go.mod go.sum && find . -name '*.go' -type f | LC_ALL=C sort | xargs -r cat)
 	} | sha256sum | cut -d' ' -f1
 }
@@ -167,6 +207,7 @@ is_built() {
 	[[ -f "$dir/stamp" ]] || return 1
 	[[ "$(cat "$dir/stamp")" == "$(recipe_hash "$tool")" ]] || return 1
 	for b in $(binaries "$tool"); do [[ -x "$dir/bin/$b" ]] || return 1; done
+	for b in $(share_files "$tool"); do [[ -f "$dir/share/$b" ]] || return 1; done
 }
 
 build_one() {
@@ -195,6 +236,7 @@ build_one() {
 	case "$tool" in
 	kube) hint=" (cold: about 15-30 minutes on 2 cores)" ;;
 	topo-sched) hint=" (cold: about 10-20 minutes on 2 cores)" ;;
+	nvidia-ctk) hint=" (cold: about 1-2 minutes on 2 cores)" ;;
 	esac
 	log "$tool $version: building $(binaries "$tool")$hint"
 	start=$SECONDS
@@ -205,8 +247,10 @@ build_one() {
 	local rc=0
 	(
 		cd "$here/$tool"
+		local cgo=()
+		mapfile -t cgo < <(cgo_env "$tool")
 		# shellcheck disable=SC2046
-		CGO_ENABLED=0 GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=readonly" \
+		env "${cgo[@]}" GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=readonly" \
 			go build -trimpath -ldflags="$(ldflags "$tool" "$version" "$(module_time "$tool")")" -o "$tmp/" $(packages "$tool")
 	) || rc=$?
 	local r
@@ -214,17 +258,30 @@ build_one() {
 		((rc == 0)) || break
 		mv "$tmp/${r%%:*}" "$tmp/${r#*:}" || rc=$?
 	done
+	local share="" src
+	if ((rc == 0)) && [[ -n "$(share_files "$tool")" ]]; then
+		share="$(mktemp -d "$dir/.share.XXXXXX")"
+		src="$(cd "$here/$tool" && GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' "$(main_module "$tool")")" || rc=$?
+		for r in $(share_files "$tool"); do
+			((rc == 0)) || break
+			cp "$src/$r" "$share/$r" && chmod 644 "$share/$r" || rc=$?
+		done
+	fi
 	kill "$beat" 2>/dev/null || true
 	wait "$beat" 2>/dev/null || true
 	if ((rc != 0)); then
-		rm -rf "$tmp"
+		rm -rf "$tmp" ${share:+"$share"}
 		log "$tool $version: build FAILED after $((SECONDS - start))s"
 		exec {lockfd}>&-
 		return "$rc"
 	fi
 	chmod 755 "$tmp"
-	rm -rf "$dir/bin"
+	rm -rf "$dir/bin" "$dir/share"
 	mv "$tmp" "$dir/bin"
+	if [[ -n "$share" ]]; then
+		chmod 755 "$share"
+		mv "$share" "$dir/share"
+	fi
 	recipe_hash "$tool" >"$dir/stamp"
 	exec {lockfd}>&-
 	log "$tool $version: built in $((SECONDS - start))s -> $dir/bin"
