@@ -112,6 +112,23 @@ pub(crate) struct CdiFlags {
     /// File holding the kernel's boot id.
     #[arg(long, env = "TOPODRA_BOOT_ID_FILE", default_value = topodra_driver::checkpoint::DEFAULT_BOOT_ID_PATH)]
     pub(crate) boot_id_file: PathBuf,
+
+    /// NVIDIA's `nvidia-cdi-hook` (the image's own copy), installed at start as
+    /// `<kubelet-plugins-dir>/<driver>/nvidia-cdi-hook`, the path the CDI specs'
+    /// hooks name; rewritten only when its bytes differ.
+    #[arg(
+        long,
+        env = "TOPODRA_CDI_HOOK_SOURCE",
+        default_value = topodra_driver::cdi::DEFAULT_HOOK_PATH,
+        conflicts_with = "cdi_hook_host_path"
+    )]
+    pub(crate) cdi_hook_source: PathBuf,
+
+    /// Name this `nvidia-cdi-hook`, already on the host (the NVIDIA Container
+    /// Toolkit's), in the CDI specs instead, and install nothing. The path must be
+    /// the same inside this container as on the host.
+    #[arg(long, env = "TOPODRA_CDI_HOOK_HOST_PATH")]
+    pub(crate) cdi_hook_host_path: Option<PathBuf>,
 }
 
 /// How the node's GPUs and topology are found and published; `discover` and `serve`
@@ -297,12 +314,30 @@ impl ServeArgs {
         )
     }
 
+    /// The plugin's own directory under the kubelet's plugins directory: the DRA
+    /// socket, the installed `nvidia-cdi-hook` and, by default, the checkpoint.
+    pub(crate) fn plugin_dir(&self) -> PathBuf {
+        self.kubelet
+            .kubelet_plugins_dir
+            .join(&self.discovery.driver_name)
+    }
+
     pub(crate) fn state_dir(&self) -> PathBuf {
-        self.kubelet.state_dir.clone().unwrap_or_else(|| {
-            self.kubelet
-                .kubelet_plugins_dir
-                .join(&self.discovery.driver_name)
-        })
+        self.kubelet
+            .state_dir
+            .clone()
+            .unwrap_or_else(|| self.plugin_dir())
+    }
+
+    /// Where the hook the CDI specs name comes from.
+    pub(crate) fn cdi_hook_setup(&self) -> crate::cdi_hook::HookSetup {
+        match &self.cdi.cdi_hook_host_path {
+            Some(path) => crate::cdi_hook::HookSetup::Host { path: path.clone() },
+            None => crate::cdi_hook::HookSetup::Install {
+                source: self.cdi.cdi_hook_source.clone(),
+                plugin_dir: self.plugin_dir(),
+            },
+        }
     }
 
     /// The name this instance gives itself in takeover requests and the lock file.
@@ -371,6 +406,48 @@ mod tests {
         ] {
             assert!(http_addr(&[flag]).is_err(), "{flag}");
         }
+    }
+
+    #[test]
+    fn the_hook_is_installed_into_the_plugin_dir_unless_the_host_has_one() {
+        use crate::cdi_hook::HookSetup;
+        let setup = |flags: &[&str]| {
+            let argv = ["serve", "--node-name=node-a"].iter().chain(flags);
+            Cli::try_parse_from(argv).map(|c| c.serve.cdi_hook_setup())
+        };
+        assert_eq!(
+            setup(&[]).unwrap(),
+            HookSetup::Install {
+                source: "/usr/bin/nvidia-cdi-hook".into(),
+                plugin_dir: "/var/lib/kubelet/plugins/gpu.topodra.dev".into(),
+            }
+        );
+        assert_eq!(
+            setup(&[
+                "--cdi-hook-source=/opt/hook",
+                "--kubelet-plugins-dir=/k/plugins",
+                "--driver-name=gpu.example.com",
+                "--state-dir=/elsewhere",
+            ])
+            .unwrap(),
+            HookSetup::Install {
+                source: "/opt/hook".into(),
+                plugin_dir: "/k/plugins/gpu.example.com".into(),
+            }
+        );
+        assert_eq!(
+            setup(&["--cdi-hook-host-path=/usr/local/bin/nvidia-cdi-hook"]).unwrap(),
+            HookSetup::Host {
+                path: "/usr/local/bin/nvidia-cdi-hook".into()
+            }
+        );
+        // Installing one hook and naming another cannot both be meant.
+        let err = setup(&[
+            "--cdi-hook-source=/opt/hook",
+            "--cdi-hook-host-path=/usr/bin/nvidia-cdi-hook",
+        ])
+        .unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict);
     }
 
     /// The Helm chart and the e2e tests pass these; grouping the flags must not
@@ -445,6 +522,8 @@ mod tests {
             ),
             ("max-concurrent-claims", "TOPODRA_MAX_CONCURRENT_CLAIMS"),
             ("boot-id-file", "TOPODRA_BOOT_ID_FILE"),
+            ("cdi-hook-source", "TOPODRA_CDI_HOOK_SOURCE"),
+            ("cdi-hook-host-path", "TOPODRA_CDI_HOOK_HOST_PATH"),
             ("ignored-xids", "TOPODRA_IGNORED_XIDS"),
             (
                 "health-quiet-period-seconds",

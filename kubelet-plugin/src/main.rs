@@ -5,6 +5,7 @@
 //! health, metrics.
 
 mod args;
+mod cdi_hook;
 mod crash;
 mod discover_cmd;
 mod events;

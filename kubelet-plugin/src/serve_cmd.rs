@@ -19,6 +19,7 @@ use topodra_driver::prepare::{Preparer, PreparerConfig};
 use topodra_ops::requests::RequestCounter;
 
 pub(crate) use crate::args::ServeArgs;
+use crate::cdi_hook;
 use crate::events;
 use crate::health::monitor::{HealthMonitor, MonitorConfig};
 use crate::health::nvml::NvmlOpener;
@@ -51,6 +52,23 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
     let devices = inventory.allocatable().len();
     tracing::info!(gpus = inventory.gpus.len(), devices, "discovered");
 
+    // Before any spec can name it: the nvidia-cdi-hook the runtime runs for the
+    // specs' hooks, installed from the image into the plugin's host directory (or
+    // the host's own), checked to run. Without one the plugin does not start.
+    let setup = args.cdi_hook_setup();
+    let hook = tokio::task::spawn_blocking(move || cdi_hook::prepare(&setup))
+        .await
+        .context("installing nvidia-cdi-hook")??;
+    tracing::info!(
+        path = %hook.path.display(),
+        version = %hook.version,
+        sha256 = %hook.sha256,
+        action = ?hook.action,
+        "nvidia-cdi-hook ready; the CDI specs' hooks name this path"
+    );
+
+    // Every field is set today; the default stays for the fields CdiConfig gains.
+    #[allow(clippy::needless_update)]
     let cdi = CdiConfig {
         spec_dir: args.cdi.cdi_dir.clone(),
         driver_root: args.cdi.driver_root.clone(),
@@ -59,6 +77,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         dev_root: args.cdi.dev_root.clone(),
         capabilities_dir: args.cdi.nvidia_capabilities_dir.clone(),
         sysfs_root: d.sysfs_root.clone(),
+        hook_path: hook.path,
         ..CdiConfig::default()
     };
     let files =
