@@ -13,6 +13,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
+use topodra_fake_nvml::cdi_hook::{self, HookKind};
 use topodra_fake_nvml::sim::{self, SimNode};
 use topodra_proto::dra::v1;
 
@@ -26,6 +27,9 @@ pub struct NodeDirs {
     pub root: tempfile::TempDir,
     pub sim: SimNode,
     pub name: String,
+    /// Whether the plugin gets NVIDIA's nvidia-cdi-hook (TOPODRA_NVIDIA_CDI_HOOK) or
+    /// the stand-in script that only answers `--version`.
+    pub hook: HookKind,
 }
 
 impl NodeDirs {
@@ -33,10 +37,12 @@ impl NodeDirs {
         let root = tempfile::tempdir().unwrap();
         let lib = topodra_fake_nvml::cdylib_path();
         let sim = sim::materialize(&root.path().join("sim"), profile_yaml, &lib).unwrap();
+        let (hook_path, hook) = cdi_hook::real_or_stand_in(&root.path().join("hook")).unwrap();
         Self {
             root,
-            sim,
+            sim: sim.with_cdi_hook(hook_path),
             name: name.to_owned(),
+            hook,
         }
     }
 
@@ -61,6 +67,17 @@ impl NodeDirs {
 
     pub fn cdi_dir(&self) -> PathBuf {
         self.path("cdi")
+    }
+
+    /// Where the plugin installs the nvidia-cdi-hook: its directory under the
+    /// kubelet's plugins directory.
+    pub fn installed_hook(&self) -> PathBuf {
+        self.path("plugins").join(DRIVER).join("nvidia-cdi-hook")
+    }
+
+    /// The hook the plugin was given to install.
+    pub fn hook_source(&self) -> &Path {
+        self.sim.cdi_hook_source.as_deref().unwrap()
     }
 
     pub fn cdi_specs(&self) -> Vec<String> {

@@ -12,6 +12,7 @@
 //! copy of the library and profile: separate files are separate instances
 //! under the dynamic loader, so tests stay parallel and isolated.
 
+pub mod cdi_hook;
 pub mod driver_root;
 pub mod ffi;
 pub mod hwloc_xml;

@@ -87,20 +87,35 @@ pub struct SimNode {
     pub proc_devices: PathBuf,
     /// Mirror of `/proc/driver/nvidia/capabilities`.
     pub capabilities_dir: PathBuf,
+    /// The `nvidia-cdi-hook` the plugin installs (`--cdi-hook-source`): NVIDIA's
+    /// or a stand-in, see [`crate::cdi_hook`]. `None` passes no flag, and the
+    /// plugin looks for the image's `/usr/bin/nvidia-cdi-hook`.
+    pub cdi_hook_source: Option<PathBuf>,
 }
 
 impl SimNode {
     /// The plugin flags that point at this node.
     pub fn plugin_args(&self) -> Vec<String> {
         let p = |p: &Path| p.display().to_string();
-        vec![
+        let mut args = vec![
             format!("--nvml-lib={}", p(&self.nvml_lib)),
             format!("--hwloc-xml={}", p(&self.hwloc_xml)),
             format!("--driver-root={}", p(&self.driver_root)),
             format!("--dev-root={}", p(&self.dev_root)),
             format!("--proc-devices={}", p(&self.proc_devices)),
             format!("--nvidia-capabilities-dir={}", p(&self.capabilities_dir)),
-        ]
+        ];
+        if let Some(hook) = &self.cdi_hook_source {
+            args.push(format!("--cdi-hook-source={}", p(hook)));
+        }
+        args
+    }
+
+    /// This node with `hook` as the plugin's `--cdi-hook-source`.
+    #[must_use]
+    pub fn with_cdi_hook(mut self, hook: impl Into<PathBuf>) -> Self {
+        self.cdi_hook_source = Some(hook.into());
+        self
     }
 }
 
@@ -160,5 +175,6 @@ pub fn materialize(
         dev_root,
         proc_devices,
         capabilities_dir,
+        cdi_hook_source: None,
     })
 }

@@ -1,21 +1,37 @@
-//! `topodra-sim-node <profile> <dir>`: lays out a simulated GPU node and prints the
-//! `topodra-kubelet-plugin` flags that point at it, one per line.
+//! `topodra-sim-node [--cdi-hook PATH] <profile> <dir>`: lays out a simulated GPU node
+//! and prints the `topodra-kubelet-plugin` flags that point at it, one per line.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use topodra_fake_nvml::{CDYLIB_NAME, profiles_dir, sim};
+use clap::Parser;
+use topodra_fake_nvml::{CDYLIB_NAME, cdi_hook, profiles_dir, sim};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "topodra-sim-node",
+    about = "Lay out a simulated GPU node and print the plugin flags that point at it"
+)]
+struct Args {
+    /// A built-in profile name (tests/fake-nvml/profiles) or a profile YAML path.
+    profile: String,
+
+    /// Directory to lay the node out in.
+    dir: PathBuf,
+
+    /// NVIDIA's nvidia-cdi-hook, printed as the plugin's --cdi-hook-source. Without
+    /// it, a stand-in script that only answers --version is written into DIR (and a
+    /// note printed on stderr): enough to start the plugin, not to run a hook.
+    #[arg(long, env = cdi_hook::REAL_HOOK_ENV)]
+    cdi_hook: Option<PathBuf>,
+}
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let [profile, dir] = args.as_slice() else {
-        eprintln!("usage: topodra-sim-node <profile name or YAML path> <dir>");
-        return ExitCode::from(2);
-    };
-    let path = if profile.ends_with(".yaml") {
-        PathBuf::from(profile)
+    let args = Args::parse();
+    let path = if args.profile.ends_with(".yaml") {
+        PathBuf::from(&args.profile)
     } else {
-        profiles_dir().join(format!("{profile}.yaml"))
+        profiles_dir().join(format!("{}.yaml", args.profile))
     };
     let yaml = match std::fs::read_to_string(&path) {
         Ok(y) => y,
@@ -32,16 +48,37 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match sim::materialize(&PathBuf::from(dir), &yaml, &lib) {
-        Ok(node) => {
-            for arg in node.plugin_args() {
-                println!("{arg}");
-            }
-            ExitCode::SUCCESS
-        }
+    let node = match sim::materialize(&args.dir, &yaml, &lib) {
+        Ok(node) => node,
         Err(e) => {
-            eprintln!("laying out the simulated node in {dir}: {e}");
-            ExitCode::FAILURE
+            eprintln!(
+                "laying out the simulated node in {}: {e}",
+                args.dir.display()
+            );
+            return ExitCode::FAILURE;
         }
+    };
+    let hook = match args.cdi_hook.filter(|p| !p.as_os_str().is_empty()) {
+        // The plugin may run in another directory.
+        Some(hook) => std::path::absolute(&hook).unwrap_or(hook),
+        None => match cdi_hook::write_stand_in(&args.dir) {
+            Ok(hook) => {
+                eprintln!(
+                    "topodra-sim-node: no nvidia-cdi-hook given (--cdi-hook or {}); the plugin \
+                     gets the stand-in {}, which only answers --version",
+                    cdi_hook::REAL_HOOK_ENV,
+                    hook.display()
+                );
+                hook
+            }
+            Err(e) => {
+                eprintln!("writing the stand-in nvidia-cdi-hook: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    for arg in node.with_cdi_hook(hook).plugin_args() {
+        println!("{arg}");
     }
+    ExitCode::SUCCESS
 }
