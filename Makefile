@@ -41,10 +41,15 @@ demo: setup
 ## test: everything CI runs: formatting, lints, unit and integration tests.
 test: setup fmt-check clippy chart-check deps-check test-unit test-e2e e2e image-test image-check
 
+## NVIDIA's nvidia-cdi-hook and nvidia-ctk (tests/tools/build.sh nvidia-ctk, a cgo build
+## into the tools cache): the hook the plugin installs, and the toolkit's spec generator.
+CTK_ENV = ctk="$$(bash tests/tools/build.sh --print-path nvidia-ctk)" && \
+	export TOPODRA_NVIDIA_CDI_HOOK="$$ctk/nvidia-cdi-hook" TOPODRA_NVIDIA_CTK="$$ctk/nvidia-ctk"
+
 test-unit: tools-cdi
 	@echo "== cargo test (first build compiles the dependency tree: a few minutes on 2 cores)"
 	$(CARGO) build -p topodra-fake-nvml
-	TOPODRA_CDI_CHECK=$$(bash tests/cdi-check/build.sh) TOPODRA_REQUIRE_TOOLS=1 $(CARGO) test --workspace --no-fail-fast \
+	$(CTK_ENV) && TOPODRA_CDI_CHECK=$$(bash tests/cdi-check/build.sh) TOPODRA_REQUIRE_TOOLS=1 $(CARGO) test --workspace --no-fail-fast \
 		--features topodra-kubelet-plugin/crash-points
 
 ## test-e2e: a real control plane built from its Go modules (tools cached outside the
@@ -65,10 +70,10 @@ IMAGE_ROOTFS := target/image/rootfs/kubelet-plugin
 e2e: image
 	$(CARGO) build -p topodra-fake-nvml -p topodra-kubelet-plugin -p topodra-controller
 	$(CARGO) build -p dra-kubeletplugin --example minimal
-	@bash tests/tools/build.sh kube etcd helm
+	@bash tests/tools/build.sh kube etcd helm nvidia-ctk
 	rm -rf $(IMAGE_ROOTFS)
 	target/image/bin/topodra-image unpack -ref topodra-kubelet-plugin:$(VERSION) -dest $(IMAGE_ROOTFS)
-	eval "$$(bash tests/tools/build.sh --env kube etcd helm)" && cd tests/e2e && \
+	eval "$$(bash tests/tools/build.sh --env kube etcd helm)" && $(CTK_ENV) && cd tests/e2e && \
 		TOPODRA_IMAGE_ROOTFS=$(CURDIR)/$(IMAGE_ROOTFS) TOPODRA_REQUIRE_TOOLS=1 CGO_ENABLED=0 \
 		go test -trimpath -count=1 -timeout 30m -v -run '$(E2E_RUN)' ./...
 

@@ -41,8 +41,12 @@ trap cleanup EXIT INT TERM
 
 step "building (first run: the Rust workspace, then Kubernetes from its Go modules, 15-30 min on 2 cores)"
 cargo build -q -p topodra-fake-nvml -p topodra-kubelet-plugin
-bash tests/tools/build.sh kube etcd >&2
+bash tests/tools/build.sh kube etcd nvidia-ctk >&2
 eval "$(bash tests/tools/build.sh --env kube etcd)"
+# NVIDIA's nvidia-cdi-hook (built from the pinned toolkit module): the plugin installs
+# it into its directory under the node's kubelet plugins directory, as it installs the
+# image's copy on a real node, and the claims' CDI specs name it.
+hook=$(bash tests/tools/build.sh --print-path nvidia-ctk)/nvidia-cdi-hook
 gobin=${TOPODRA_TOOLS_CACHE:-$HOME/.cache/topodra/tools}/demo-bin
 mkdir -p "$gobin"
 (cd tests/cluster && CGO_ENABLED=0 go build -trimpath -o "$gobin/topodra-cluster" ./cmd/topodra-cluster)
@@ -77,7 +81,7 @@ for _ in $(seq 300); do [[ -s $nodedir/plugin.kubeconfig ]] && break; sleep 0.2;
 [[ -s $nodedir/plugin.kubeconfig ]] || { echo "the harness did not come up; see $dir/harness.log" >&2; tail -20 "$dir/harness.log" >&2; exit 1; }
 
 step "the plugin on a simulated $profile ($(sed -n 's/^description: *//p' tests/fake-nvml/profiles/$profile.yaml | tr -d '"'))"
-mapfile -t sim_flags < <(target/debug/topodra-sim-node "$profile" "$nodedir/sim")
+mapfile -t sim_flags < <(target/debug/topodra-sim-node --cdi-hook "$hook" "$profile" "$nodedir/sim")
 echo "1234-demo-boot" >"$nodedir/boot_id"
 KUBECONFIG=$nodedir/plugin.kubeconfig target/debug/topodra-kubelet-plugin serve \
     --node-name "$node" --kubelet-registry-dir "$nodedir/registry" --kubelet-plugins-dir "$nodedir/plugins" \
