@@ -41,6 +41,8 @@ type buildInput struct {
 	debs     map[string]*debPackage
 	// binaries are the release binaries by file name.
 	binaries map[string][]byte
+	// bundled are other projects' binaries by file name (bundled.go).
+	bundled map[string]*bundledInput
 }
 
 // builtImage is one assembled image and what went into it.
@@ -168,6 +170,14 @@ func assemble(in *buildInput, defs []imageDef) ([]builtImage, error) {
 			parts = append(parts, part{l, "libraries: " + pkgList(used)})
 			pkgs = append(pkgs, used...)
 		}
+		if len(def.bundled) > 0 {
+			l, content, err := bundledLayer(in, def)
+			if err != nil {
+				return nil, err
+			}
+			tree.merge(l)
+			parts = append(parts, part{l, "bundled: " + content})
+		}
 		app := newLayerFS()
 		for _, b := range def.binaries {
 			data, ok := in.binaries[b]
@@ -182,7 +192,12 @@ func assemble(in *buildInput, defs []imageDef) ([]builtImage, error) {
 		parts = append(parts, part{app, "topodra " + in.version + ": /usr/bin/" + strings.Join(def.binaries, ", /usr/bin/")})
 
 		var libs []runtimeLib
-		for _, b := range def.binaries {
+		var programs []string
+		programs = append(programs, def.binaries...)
+		for _, b := range def.bundled {
+			programs = append(programs, b.name)
+		}
+		for _, b := range programs {
 			found, err := checkELF(tree, "usr/bin/"+b, in.platform)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", def.name, err)
@@ -383,6 +398,7 @@ type imageRecord struct {
 	Layers           []layerRecord   `json:"layers"`
 	Packages         []packageRecord `json:"packages"`
 	Binaries         []binaryRecord  `json:"binaries"`
+	Bundled          []bundledRecord `json:"bundled,omitempty"`
 	RuntimeLibraries []runtimeLib    `json:"runtime_libraries"`
 }
 
@@ -517,6 +533,7 @@ func writeOutputs(out string, in *buildInput, built []builtImage) (*buildRecord,
 			sum := sha256.Sum256(in.binaries[bin])
 			ir.Binaries = append(ir.Binaries, binaryRecord{Path: "/usr/bin/" + bin, SHA256: hex.EncodeToString(sum[:])})
 		}
+		ir.Bundled = in.bundledRecords(b.def)
 		rec.Images = append(rec.Images, ir)
 		fmt.Fprintf(&digests, "%s@%s\n", b.reference, digest)
 	}
@@ -611,8 +628,9 @@ func cmdBuild(args []string) error {
 	fs := flag.NewFlagSet("build", flag.ContinueOnError)
 	out := fs.String("out", "", "output directory (target/image)")
 	binDir := fs.String("bin", "", "directory of the release binaries (target/release)")
-	var debFiles, only multiFlag
+	var debFiles, only, tools multiFlag
 	fs.Var(&debFiles, "deb", "a .deb of a package the images need (repeat; see `packages`)")
+	fs.Var(&tools, "tool", "NAME=DIR: the tests/tools/build.sh cache entry of a tool whose programs the images carry (repeat; see `tools`)")
 	fs.Var(&only, "image", "build only this image (repeat; default: all)")
 	version := fs.String("version", "", "version: the crate and chart appVersion")
 	revision := fs.String("revision", "", "source revision (commit, -dirty when the tree had changes)")
@@ -657,6 +675,18 @@ func cmdBuild(args []string) error {
 		platform: pf,
 		debs:     map[string]*debPackage{},
 		binaries: map[string][]byte{},
+	}
+	toolDirs := map[string]string{}
+	for _, t := range tools {
+		name, dir, ok := strings.Cut(t, "=")
+		if !ok || name == "" || dir == "" {
+			return fmt.Errorf("-tool %q: want NAME=DIR", t)
+		}
+		toolDirs[name] = dir
+	}
+	var err error
+	if in.bundled, err = loadBundled(defs, toolDirs); err != nil {
+		return err
 	}
 	for _, f := range debFiles {
 		p, err := loadDeb(f)

@@ -6,7 +6,9 @@
 #   2. the Debian packages of images.go (apt's candidate versions, or the installed
 #      ones where newer), downloaded with `apt-get download` into a cache outside the
 #      repository (${TOPODRA_TOOLS_CACHE:-~/.cache/topodra/tools}/debs/<arch>);
-#   3. deploy/image (topodra-image build) assembles the layers and writes, under
+#   3. the other projects' programs the images carry (NVIDIA's nvidia-cdi-hook), built
+#      from their pinned Go modules by tests/tools/build.sh into the same cache;
+#   4. deploy/image (topodra-image build) assembles the layers and writes, under
 #      target/image/:
 #        oci/                                  OCI layout, ref names <image>:<version>
 #        <image>-<version>.docker.tar          for `docker load` / `ctr images import`
@@ -14,8 +16,8 @@
 #        build.json, digests.txt               what went in, and the digests
 #      and prints each image's digest.
 #
-# The same binaries, .debs, version, revision and SOURCE_DATE_EPOCH (default: the
-# commit time) give the same digests.
+# The same binaries (topodra's and the bundled ones), .debs, version, revision and
+# SOURCE_DATE_EPOCH (default: the commit time) give the same digests.
 #
 #   deploy/image/build.sh           build
 #   deploy/image/build.sh --check   build, then assemble again into target/image/check
@@ -134,8 +136,16 @@ else
 	done
 fi
 
+# Bundled programs: each tool's cache entry (bin/ and share/), built if it is not yet.
+tool_args=()
+for t in $("$tool" tools); do
+	log "bundled programs: tests/tools/build.sh $t"
+	bin_dir="$(bash tests/tools/build.sh --print-path "$t")"
+	tool_args+=(-tool "$t=$(dirname "$bin_dir")")
+done
+
 assemble() {
-	local dest="$1" args=()
+	local dest="$1" args=("${tool_args[@]}")
 	for d in "${debs[@]}"; do args+=(-deb "$d"); done
 	"$tool" build -out "$dest" -bin target/release -arch "$arch" \
 		-version "$version" -revision "$revision" -epoch "$epoch" "${args[@]}"

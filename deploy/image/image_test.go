@@ -138,6 +138,15 @@ func fixtureInput(t *testing.T) *buildInput {
 			"topodra-controller":     []byte("controller"),
 			"kubectl-topodra":        []byte("kubectl plugin"),
 		},
+		bundled: map[string]*bundledInput{
+			"nvidia-cdi-hook": {
+				data:      []byte("hook"),
+				docs:      map[string][]byte{"LICENSE": []byte("Apache License 2.0"), "THIRD_PARTY_NOTICES.md": []byte("notices")},
+				version:   "v1.20.2",
+				goVersion: "go1.26.8",
+				deps:      []string{"github.com/NVIDIA/go-nvml@v0.13.4-1", "golang.org/x/sys@v0.49.0"},
+			},
+		},
 	}
 }
 
@@ -301,6 +310,8 @@ func TestImageContent(t *testing.T) {
 		"usr/lib/os-release", "etc/os-release", "etc/debian_version", "etc/passwd", "etc/group",
 		"var/lib/dpkg/status.d/libc6", "var/lib/dpkg/status.d/libhwloc15", "tmp", "lib", "lib64",
 		"usr/lib/x86_64-linux-gnu/libhwloc.so.15", "usr/bin/topodra-kubelet-plugin",
+		"usr/bin/nvidia-cdi-hook", "usr/share/doc/nvidia-container-toolkit/LICENSE",
+		"usr/share/doc/nvidia-container-toolkit/THIRD_PARTY_NOTICES.md",
 	} {
 		if all[p] == nil {
 			t.Errorf("no /%s in the plugin image", p)
@@ -328,6 +339,16 @@ func TestImageContent(t *testing.T) {
 	if h := all["var/lib/dpkg/status.d/libc6"]; h == nil || h.Mode != 0o644 {
 		t.Errorf("status entry: %+v", h)
 	}
+	// The hook in a layer of its own, below topodra's, with its licence files.
+	if h := all["usr/bin/nvidia-cdi-hook"]; h == nil || h.Mode != 0o755 {
+		t.Errorf("/usr/bin/nvidia-cdi-hook: %+v", h)
+	}
+	if len(plugin.layers) != 4 || !strings.HasPrefix(plugin.layers[2].Content, "bundled: nvidia-container-toolkit v1.20.2 (Apache-2.0): /usr/bin/nvidia-cdi-hook, ") {
+		t.Errorf("plugin layers: %+v", plugin.layers)
+	}
+	if len(controller.layers) != 2 {
+		t.Errorf("controller layers: %+v", controller.layers)
+	}
 }
 
 func TestDockerTarballAndLayout(t *testing.T) {
@@ -352,7 +373,7 @@ func TestDockerTarballAndLayout(t *testing.T) {
 		}
 	}
 	if len(manifest) != 1 || !slices.Equal(manifest[0].RepoTags, []string{"ghcr.io/topodra/topodra-kubelet-plugin:0.1.0"}) ||
-		len(manifest[0].Layers) != 3 {
+		len(manifest[0].Layers) != 4 {
 		t.Errorf("docker manifest.json: %+v", manifest)
 	}
 
@@ -423,6 +444,7 @@ func TestUnpack(t *testing.T) {
 		"usr/lib/x86_64-linux-gnu/libhwloc.so.15":  "hwloc",
 		"etc/os-release":                           "ID=debian\nVERSION_ID=\"12\"\n",
 		"usr/lib/x86_64-linux-gnu/libc.so.6.alias": "alias target",
+		"usr/bin/nvidia-cdi-hook":                  "hook",
 	} {
 		if want == "" {
 			continue
@@ -436,9 +458,11 @@ func TestUnpack(t *testing.T) {
 		link != "/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" {
 		t.Errorf("ld.so link: %q, %v", link, err)
 	}
-	fi, err := os.Stat(filepath.Join(dest, "usr/bin/topodra-kubelet-plugin"))
-	if err != nil || fi.Mode().Perm() != 0o755 {
-		t.Errorf("binary: %v, %v", fi.Mode(), err)
+	for _, b := range []string{"usr/bin/topodra-kubelet-plugin", "usr/bin/nvidia-cdi-hook"} {
+		fi, err := os.Stat(filepath.Join(dest, b))
+		if err != nil || fi.Mode().Perm() != 0o755 {
+			t.Errorf("/%s: %v, %v", b, fi.Mode(), err)
+		}
 	}
 	if fi, err := os.Stat(filepath.Join(dest, "tmp")); err != nil || fi.Mode()&os.ModeSticky == 0 {
 		t.Errorf("/tmp: %v, %v", fi.Mode(), err)
@@ -577,6 +601,10 @@ func TestRuntimeCratesAndSBOM(t *testing.T) {
 		`"referenceLocator":"pkg:cargo/serde@1.0.0"`,
 		`"referenceLocator":"pkg:deb/debian/libc6@2.36-9+deb12u99?arch=amd64\u0026distro=debian-12"`,
 		`"checksumValue":"` + strings.TrimPrefix(rec.Images[0].Digest, "sha256:") + `"`,
+		`"name":"github.com/NVIDIA/nvidia-container-toolkit","versionInfo":"v1.20.2","downloadLocation":"git+https://github.com/NVIDIA/nvidia-container-toolkit@v1.20.2"`,
+		`"licenseDeclared":"Apache-2.0","copyrightText":"NOASSERTION","supplier":"Organization: NVIDIA Corporation"`,
+		`"referenceLocator":"pkg:golang/github.com/NVIDIA/nvidia-container-toolkit@v1.20.2"`,
+		`"referenceLocator":"pkg:golang/github.com/NVIDIA/go-nvml@v0.13.4-1"`,
 	} {
 		if !strings.Contains(string(js), want) {
 			t.Errorf("SBOM lacks %s", want)
@@ -618,5 +646,62 @@ func tarEntries(t *testing.T, r io.Reader) iter.Seq2[*tar.Header, io.Reader] {
 				return
 			}
 		}
+	}
+}
+
+// The version of a bundled binary comes from its own Go build information: this
+// test binary stands in for one, with go-containerregistry as the module.
+func TestBundledVersionFromBuildInfo(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	version, goVersion, deps, err := goModules(data, "github.com/google/go-containerregistry")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if version != "v0.22.1" || !strings.HasPrefix(goVersion, "go1.") {
+		t.Errorf("version %q, Go %q", version, goVersion)
+	}
+	if !slices.ContainsFunc(deps, func(d string) bool { return strings.HasPrefix(d, "github.com/klauspost/compress@v") }) ||
+		slices.ContainsFunc(deps, func(d string) bool { return strings.HasPrefix(d, "github.com/google/go-containerregistry@") }) {
+		t.Errorf("deps %v", deps)
+	}
+	if _, _, _, err := goModules(data, "github.com/NVIDIA/nvidia-container-toolkit"); err == nil ||
+		!strings.Contains(err.Error(), "not built from github.com/NVIDIA/nvidia-container-toolkit") {
+		t.Errorf("another module: %v", err)
+	}
+	if _, _, _, err := goModules([]byte("#!/bin/sh\n"), "x"); err == nil {
+		t.Error("a script has build information")
+	}
+
+	// From a tools cache entry: bin/ and share/, and a clear error without one.
+	dir := t.TempDir()
+	for _, d := range []string{"bin", "share"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bin", "nvidia-cdi-hook"), data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	plugin, _ := findImage("topodra-kubelet-plugin")
+	if _, err := loadBundled([]imageDef{plugin}, map[string]string{}); err == nil || !strings.Contains(err.Error(), "-tool nvidia-ctk=DIR") {
+		t.Errorf("without -tool: %v", err)
+	}
+	if _, err := loadBundled([]imageDef{plugin}, map[string]string{"nvidia-ctk": dir}); err == nil ||
+		!strings.Contains(err.Error(), "not built from github.com/NVIDIA/nvidia-container-toolkit") {
+		t.Errorf("the wrong binary: %v", err)
+	}
+	controller, _ := findImage("topodra-controller")
+	if got, err := loadBundled([]imageDef{controller}, nil); err != nil || len(got) != 0 {
+		t.Errorf("controller: %v, %v", got, err)
+	}
+	if !slices.Equal(bundledTools(), []string{"nvidia-ctk"}) {
+		t.Errorf("bundled tools %v", bundledTools())
 	}
 }

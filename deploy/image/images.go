@@ -16,7 +16,8 @@ type pkgRule struct {
 
 // imageDef is one image. Every image has the base layer (glibc, libgcc, the
 // os-release and user database), then a layer of its own libraries if it has any,
-// then its binaries in /usr/bin.
+// then a layer of the other projects' programs it carries if it has any, then its
+// binaries in /usr/bin.
 type imageDef struct {
 	name        string
 	title       string
@@ -26,8 +27,25 @@ type imageDef struct {
 	binaries []string
 	// packages are the libraries the binaries need beyond the base layer.
 	packages []pkgRule
+	// bundled are other projects' programs the image carries (bundled.go).
+	bundled []bundledBinary
 	// user is the image config's User: root where the component needs it.
 	user string
+}
+
+// nvidiaCDIHook is NVIDIA's nvidia-cdi-hook: every claim's CDI spec names it in its
+// hooks, and the plugin installs this copy on the host at start (docs/operations.md).
+// A cgo build (go-nvml), linked against glibc only, which the base layer has.
+var nvidiaCDIHook = bundledBinary{
+	name:     "nvidia-cdi-hook",
+	tool:     "nvidia-ctk",
+	module:   "github.com/NVIDIA/nvidia-container-toolkit",
+	project:  "nvidia-container-toolkit",
+	license:  "Apache-2.0",
+	supplier: "Organization: NVIDIA Corporation",
+	homepage: "https://github.com/NVIDIA/nvidia-container-toolkit",
+	// The toolkit's licence, and the licences of the Go modules in its binaries.
+	docs: []string{"LICENSE", "THIRD_PARTY_NOTICES.md"},
 }
 
 // The package names are Debian 12's (bookworm): the release binaries are linked on
@@ -53,6 +71,7 @@ var images = []imageDef{
 		// hwlocality links libhwloc dynamically (pkg-config), and libhwloc links
 		// libudev. NVML is not here: it comes from the node's driver at run time.
 		packages: []pkgRule{{name: "libhwloc15"}, {name: "libudev1"}},
+		bundled:  []bundledBinary{nvidiaCDIHook},
 		// Root: it opens the /dev/nvidia* devices and writes sockets, CDI specs and
 		// its checkpoint in root-owned host directories (the chart runs it
 		// privileged).
@@ -119,6 +138,32 @@ func cmdPackages(args []string) error {
 	}
 	for _, n := range names {
 		fmt.Println(n)
+	}
+	return nil
+}
+
+// bundledTools lists the tests/tools/build.sh tools whose builds the images carry
+// (build.sh passes each one's cache entry with -tool), without repeats.
+func bundledTools() []string {
+	var tools []string
+	for _, im := range images {
+		for _, b := range im.bundled {
+			if !slices.Contains(tools, b.tool) {
+				tools = append(tools, b.tool)
+			}
+		}
+	}
+	return tools
+}
+
+// cmdTools prints the tests/tools/build.sh tools the images carry programs of.
+func cmdTools(args []string) error {
+	fs := flag.NewFlagSet("tools", flag.ContinueOnError)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	for _, t := range bundledTools() {
+		fmt.Println(t)
 	}
 	return nil
 }

@@ -6,7 +6,9 @@
 //
 //	topodra-image packages [-image NAME]
 //	    the Debian packages the images are assembled from, one per line
-//	topodra-image build -out DIR -bin DIR -deb FILE... -version V -revision R -epoch N
+//	topodra-image tools
+//	    the tests/tools/build.sh tools whose programs the images carry, one per line
+//	topodra-image build -out DIR -bin DIR -deb FILE... -tool NAME=DIR... -version V -revision R -epoch N
 //	    write DIR/oci, DIR/<image>-<version>.docker.tar, DIR/topodra-images-<version>.oci.tar
 //	    and DIR/build.json; print each image's reference and digest
 //	topodra-image unpack [-layout DIR] -ref NAME -dest DIR
@@ -29,6 +31,8 @@ func main() {
 	switch os.Args[1] {
 	case "packages":
 		err = cmdPackages(os.Args[2:])
+	case "tools":
+		err = cmdTools(os.Args[2:])
 	case "build":
 		err = cmdBuild(os.Args[2:])
 	case "unpack":
@@ -54,6 +58,7 @@ func usage() {
 
 commands:
   packages   the Debian packages the images need (-image NAME for one image)
+  tools      the tests/tools/build.sh tools whose programs the images carry
   build      assemble the images (see deploy/image/build.sh)
   unpack     write an image's root filesystem into a directory
   sbom       write the SPDX SBOM of a build
