@@ -174,7 +174,55 @@ func TestChartHostMounts(t *testing.T) {
 		}
 	}
 	manifests := filepath.Join(repoRoot(t), "deploy", "manifests", "topodra.yaml")
-	check(decode[*appsv1.DaemonSet](t, manifestDoc(t, manifests, "DaemonSet")), "/usr", "/driver-root/usr")
+	def := decode[*appsv1.DaemonSet](t, manifestDoc(t, manifests, "DaemonSet"))
+	check(def, "/usr", "/driver-root/usr")
 	rendered := helmTemplate(t, t.TempDir(), "--set", "kubeletPlugin.driverRoot=/run/nvidia/driver")
 	check(decode[*appsv1.DaemonSet](t, manifestDoc(t, rendered, "DaemonSet")), "/run/nvidia/driver", "/driver-root")
+
+	// The nvidia-cdi-hook: by default installed from the image into the plugins
+	// directory (already writable), nothing more mounted; with cdiHook.hostPath the
+	// host toolkit's hook, read-only at its own path, and a missing file fails the pod.
+	hookEnv := func(ds *appsv1.DaemonSet) (string, bool) {
+		for _, e := range ds.Spec.Template.Spec.Containers[0].Env {
+			if e.Name == "TOPODRA_CDI_HOOK_HOST_PATH" || e.Name == "TOPODRA_CDI_HOOK_SOURCE" {
+				return e.Name + "=" + e.Value, true
+			}
+		}
+		return "", false
+	}
+	if env, ok := hookEnv(def); ok {
+		t.Errorf("default DaemonSet sets %s", env)
+	}
+	for _, v := range def.Spec.Template.Spec.Volumes {
+		if v.Name == "cdi-hook" {
+			t.Error("default DaemonSet mounts a host nvidia-cdi-hook")
+		}
+	}
+	const host = "/usr/local/nvidia/toolkit/nvidia-cdi-hook"
+	ds := decode[*appsv1.DaemonSet](t, manifestDoc(t, helmTemplate(t, t.TempDir(), "--set", "kubeletPlugin.cdiHook.hostPath="+host), "DaemonSet"))
+	check(ds, "/usr", "/driver-root/usr")
+	if env, _ := hookEnv(ds); env != "TOPODRA_CDI_HOOK_HOST_PATH="+host {
+		t.Errorf("with cdiHook.hostPath the plugin gets %q", env)
+	}
+	var vol *v1.Volume
+	for i, v := range ds.Spec.Template.Spec.Volumes {
+		if v.Name == "cdi-hook" {
+			vol = &ds.Spec.Template.Spec.Volumes[i]
+		}
+	}
+	if vol == nil || vol.HostPath == nil || vol.HostPath.Path != host || vol.HostPath.Type == nil || *vol.HostPath.Type != v1.HostPathFile {
+		t.Fatalf("cdi-hook volume %+v, want hostPath %s of type File", vol, host)
+	}
+	found := false
+	for _, m := range ds.Spec.Template.Spec.Containers[0].VolumeMounts {
+		if m.Name == "cdi-hook" {
+			found = true
+			if m.MountPath != host || !m.ReadOnly {
+				t.Errorf("cdi-hook mounted at %s (read-only %v), want %s read-only", m.MountPath, m.ReadOnly, host)
+			}
+		}
+	}
+	if !found {
+		t.Error("the cdi-hook volume is not mounted")
+	}
 }

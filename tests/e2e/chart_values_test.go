@@ -62,6 +62,9 @@ func TestChartRefusesValuesThatCannotWork(t *testing.T) {
 		{"no schema: port", []string{"--skip-schema-validation", "--set", "kubeletPlugin.httpPort=70000"}, "kubeletPlugin.httpPort must be a port number from 1 to 65535"},
 		{"no schema: driver root", []string{"--skip-schema-validation", "--set", "kubeletPlugin.driverRoot=/run/nvidia/driver/"}, "without a trailing or doubled slash"},
 		{"no schema: two writers", []string{"--skip-schema-validation", "--set", "controller.leaderElection.enabled=false"}, "enable leader election or run one replica"},
+		{"relative hook path", []string{"--set", "kubeletPlugin.cdiHook.hostPath=usr/bin/nvidia-cdi-hook"}, "/kubeletPlugin/cdiHook/hostPath"},
+		{"hook path with a trailing slash", []string{"--set", "kubeletPlugin.cdiHook.hostPath=/usr/bin/"}, "/kubeletPlugin/cdiHook/hostPath"},
+		{"no schema: hook path", []string{"--skip-schema-validation", "--set", "kubeletPlugin.cdiHook.hostPath=/usr//bin/nvidia-cdi-hook"}, "kubeletPlugin.cdiHook.hostPath must be an absolute path"},
 	} {
 		out, err := helmTemplateOut(t, c.args...)
 		if err == nil {
@@ -79,6 +82,8 @@ func TestChartRefusesValuesThatCannotWork(t *testing.T) {
 		{"--set", "controller.replicas=1", "--set", "controller.leaderElection.enabled=false"},
 		{"--set", "controller.enabled=false", "--set", "controller.leaderElection.enabled=false"},
 		{"--set-string", "kubeletPlugin.resources.limits.memory=0.5Gi", "--set", "controller.resources.limits.memory=1G"},
+		{"--set", "kubeletPlugin.cdiHook.hostPath=/usr/bin/nvidia-cdi-hook"},
+		{"--set", "kubeletPlugin.cdiHook.hostPath="},
 	} {
 		if out, err := helmTemplateOut(t, args...); err != nil {
 			t.Errorf("%v: refused: %v\n%s", args, err, out)

@@ -199,6 +199,11 @@ Checks of values that would otherwise fail at run time on every node.
 {{- if not (regexMatch "^(/|(/[^/]+)+)$" (toString .Values.kubeletPlugin.driverRoot)) }}
 {{- fail (printf "kubeletPlugin.driverRoot must be \"/\" or an absolute path without a trailing or doubled slash (the CDI specs name host paths under it), not %q" (toString .Values.kubeletPlugin.driverRoot)) }}
 {{- end }}
+{{- with (default dict .Values.kubeletPlugin.cdiHook).hostPath }}
+{{- if not (regexMatch "^(/[^/]+)+$" (toString .)) }}
+{{- fail (printf "kubeletPlugin.cdiHook.hostPath must be an absolute path of a file on the host, without a trailing or doubled slash (e.g. /usr/bin/nvidia-cdi-hook), not %q" (toString .)) }}
+{{- end }}
+{{- end }}
 {{- range $key, $port := dict "kubeletPlugin.httpPort" .Values.kubeletPlugin.httpPort "controller.httpPort" .Values.controller.httpPort }}
 {{- if or (lt (int64 $port) 1) (gt (int64 $port) 65535) (ne (float64 $port) (float64 (int64 $port))) }}
 {{- fail (printf "%s must be a port number from 1 to 65535, not %v" $key $port) }}
