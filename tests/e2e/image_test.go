@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -57,7 +59,7 @@ type chartDeployment struct {
 	runs   int
 }
 
-func newChartDeployment(t *testing.T, e *env, rootfs string) *chartDeployment {
+func newChartDeployment(t *testing.T, e *env, rootfs string, extra ...map[string]any) *chartDeployment {
 	t.Helper()
 	helm := helmBinary(t)
 	// The simulated node's files as an operator would point the chart at a node
@@ -99,6 +101,12 @@ func newChartDeployment(t *testing.T, e *env, rootfs string) *chartDeployment {
 			"extraVolumes":      []any{map[string]any{"name": "sim", "hostPath": map[string]any{"path": sim, "type": "Directory"}}},
 			"extraVolumeMounts": []any{map[string]any{"name": "sim", "mountPath": "/sim", "readOnly": true}},
 		},
+	}
+	plugin := values["kubeletPlugin"].(map[string]any)
+	for _, x := range extra {
+		for k, v := range x {
+			plugin[k] = v
+		}
 	}
 	b, err := yaml.Marshal(values)
 	if err != nil {
@@ -212,6 +220,15 @@ func TestImageRunsTheChartsDaemonSet(t *testing.T) {
 	d.waitServing(e.plugin, fmt.Sprintf("%012d", d.runs), 2*time.Minute)
 	e.waitDevices(8, time.Minute)
 
+	// The image's nvidia-cdi-hook, installed on the (simulated) host in the plugin's
+	// directory under the kubelet's: a regular executable file, byte for byte the
+	// image's /usr/bin/nvidia-cdi-hook.
+	installed := filepath.Join(e.kubeletRoot, "plugins", driverName, "nvidia-cdi-hook")
+	checkInstalledHook(t, installed, filepath.Join(rootfs, "usr", "bin", "nvidia-cdi-hook"))
+	if !logHas(e.plugin, "nvidia-cdi-hook ready") || !logHas(e.plugin, installed) {
+		t.Errorf("the plugin did not log the installed hook %s; log:\n%s", installed, tailFile(e.plugin.log, 30))
+	}
+
 	const ns = "image"
 	e.createNamespace(ns)
 	e.kubectlApply(twoGPUTemplate(ns))
@@ -223,6 +240,8 @@ func TestImageRunsTheChartsDaemonSet(t *testing.T) {
 		t.Fatalf("the CDI spec of the claim prepared in the image: %v", err)
 	}
 	t.Logf("claim %s prepared from the image: %v, CDI spec %s", claim.Name, devs, filepath.Base(spec))
+	// The spec's hooks run the installed copy: the host path, not the image's.
+	checkSpecHooks(t, spec, installed, true)
 	if err := e.admin.CoreV1().Pods(ns).Delete(context.Background(), "two", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -233,6 +252,111 @@ func TestImageRunsTheChartsDaemonSet(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// checkInstalledHook checks that the plugin installed the hook at path as a regular,
+// executable file with the bytes of want (the image's copy).
+func checkInstalledHook(t *testing.T, path, want string) {
+	t.Helper()
+	st, err := os.Lstat(path)
+	if err != nil {
+		t.Fatalf("the installed nvidia-cdi-hook: %v", err)
+	}
+	if !st.Mode().IsRegular() || st.Mode().Perm() != 0o755 {
+		t.Errorf("%s: mode %v, want a regular file with mode 0755", path, st.Mode())
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	image, err := os.ReadFile(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, image) {
+		t.Errorf("%s (%d bytes) is not %s (%d bytes)", path, len(got), want, len(image))
+	}
+}
+
+// checkSpecHooks checks that every hook of the CDI spec (its containerEdits and its
+// devices') runs the hook at path, and with atLeastOne that there is a hook.
+func checkSpecHooks(t *testing.T, spec, path string, atLeastOne bool) {
+	t.Helper()
+	raw, err := os.ReadFile(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type edits struct {
+		Hooks []struct {
+			HookName string `json:"hookName"`
+			Path     string `json:"path"`
+			Args     []string
+		} `json:"hooks"`
+	}
+	var doc struct {
+		ContainerEdits edits `json:"containerEdits"`
+		Devices        []struct {
+			ContainerEdits edits `json:"containerEdits"`
+		} `json:"devices"`
+	}
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatalf("%s: %v", spec, err)
+	}
+	all := []edits{doc.ContainerEdits}
+	for _, d := range doc.Devices {
+		all = append(all, d.ContainerEdits)
+	}
+	n := 0
+	for _, e := range all {
+		for _, h := range e.Hooks {
+			n++
+			if h.Path != path {
+				t.Errorf("%s: hook %s %v runs %s, want %s", filepath.Base(spec), h.HookName, h.Args, h.Path, path)
+			}
+		}
+	}
+	if atLeastOne && n == 0 {
+		t.Errorf("%s has no hooks; want update-ldcache and the others, each running %s", filepath.Base(spec), path)
+	}
+}
+
+// TestImageUsesTheHostsHook: with kubeletPlugin.cdiHook.hostPath the chart mounts the
+// host toolkit's hook read-only at the same path, the plugin from the image names it
+// and installs nothing. The "host toolkit" here is a copy of the image's own hook in
+// the simulated host's directory.
+func TestImageUsesTheHostsHook(t *testing.T) {
+	rootfs := imageRootfs(t)
+	e := newEnv(t, envOptions{profile: "dgx-h100", fromChart: true})
+	host := filepath.Join(e.dir, "host-toolkit", "usr", "bin", "nvidia-cdi-hook")
+	image, err := os.ReadFile(filepath.Join(rootfs, "usr", "bin", "nvidia-cdi-hook"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Dir(host), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(host, image, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := newChartDeployment(t, e, rootfs, map[string]any{"cdiHook": map[string]any{"hostPath": host}})
+	d.run("install", "topodra", filepath.Join(repoRoot(t), "deploy", "helm", "topodra"), "--values", d.values, "--wait=false", "--create-namespace")
+	e.plugin = d.startPod("plugin-host-hook")
+	d.waitServing(e.plugin, fmt.Sprintf("%012d", d.runs), 2*time.Minute)
+	if !logHas(e.plugin, "action=HostHook") || !logHas(e.plugin, host) {
+		t.Errorf("the plugin did not log the host's hook %s; log:\n%s", host, tailFile(e.plugin.log, 30))
+	}
+	installed := filepath.Join(e.kubeletRoot, "plugins", driverName, "nvidia-cdi-hook")
+	if _, err := os.Lstat(installed); err == nil {
+		t.Errorf("%s installed although the chart names the host's hook", installed)
+	}
+
+	const ns = "hosthook"
+	e.createNamespace(ns)
+	e.kubectlApply(twoGPUTemplate(ns))
+	e.createPod(ns, "two", "two-gpus")
+	pod := e.waitPodRunning(ns, "two", 2*time.Minute)
+	claim, _ := e.allocation(pod)
+	checkSpecHooks(t, filepath.Join(e.dir, "cdi", "k8s.gpu.topodra.dev-claim_"+string(claim.UID)+".json"), host, false)
 }
 
 // twoGPUTemplate is a claim template for two GPUs on one NUMA node.
