@@ -3,11 +3,13 @@
 # and Go: the system hwloc library (hwlocality links against it; its `vendored`
 # feature would download at build time), libudev (hwloc's static link line names it),
 # the lstopo tools the fixture checks use, and runc with a static busybox, which
-# kubelet-plugin/tests/oci_runtime.rs runs a workload container with. Idempotent and
-# quiet when all is there.
+# kubelet-plugin/tests/oci_runtime.rs runs a workload container with, and the C
+# compiler and glibc headers of the one cgo build (NVIDIA's nvidia-cdi-hook and
+# nvidia-ctk, tests/tools/build.sh nvidia-ctk; Rust's linker needs them too).
+# Idempotent and quiet when all is there.
 set -euo pipefail
 
-packages=(libhwloc-dev hwloc-nox libudev-dev pkg-config runc busybox-static)
+packages=(libhwloc-dev hwloc-nox libudev-dev pkg-config runc busybox-static gcc libc6-dev)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
