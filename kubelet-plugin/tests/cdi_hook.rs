@@ -221,6 +221,8 @@ fn the_real_hook_is_the_pinned_toolkit_release_with_the_hooks_specs_use() {
         "create-symlinks",
         "enable-cuda-compat",
         "disable-device-node-modification",
+        "update-application-profile",
+        "apply-cuda-memory-limits",
     ] {
         assert!(
             help.contains(sub),
