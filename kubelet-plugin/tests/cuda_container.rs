@@ -119,9 +119,12 @@ fn cuda_tools() -> Option<CudaTools> {
     })
 }
 
-/// `cc` over `source`, with `args`; the output at `out`.
+/// `cc` over `source`, with `args`; the output at `out`. The source goes in a
+/// directory of its own: beside a library in the image it would be one more file
+/// the hooks' globs see.
 fn cc(source: &str, out: &Path, args: &[&str]) {
-    let src = out.with_extension("c");
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("source.c");
     std::fs::write(&src, source).unwrap();
     let status = Command::new("cc")
         .args(args)
@@ -334,6 +337,7 @@ async fn cuda_finds_its_driver_across_distribution_layouts() {
         &version,
         &driver_root::Options {
             gpu_minors: profile.gpus.iter().map(|g| g.minor).collect(),
+            cuda_driver_version: profile.cuda_driver_version,
             device_nodes: false,
             ..driver_root::Options::default()
         },
