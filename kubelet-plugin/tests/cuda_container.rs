@@ -28,10 +28,6 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::ffi::CString;
-use std::io;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -191,22 +187,6 @@ fn make_image(dir: &Path, tools: &CudaTools, compat: bool) -> PathBuf {
     bundle
 }
 
-fn mknod(path: &Path, major: u64, minor: u64, mode: u32) {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    let c_path = CString::new(path.as_os_str().as_bytes()).unwrap();
-    let rdev = libc::makedev(major as u32, minor as u32);
-    // SAFETY: c_path is a valid NUL-terminated path that outlives the call.
-    let rc = unsafe { libc::mknod(c_path.as_ptr(), libc::S_IFCHR | mode, rdev) };
-    assert_eq!(
-        rc,
-        0,
-        "mknod {}: {}",
-        path.display(),
-        io::Error::last_os_error()
-    );
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
-}
-
 /// The MIG capability minors the sim's capability files name, for GPU `minor`'s
 /// instances.
 fn capability_minors(node: &NodeDirs) -> Vec<u64> {
@@ -283,25 +263,7 @@ fn run_claim(tools: &CudaTools, node: &NodeDirs, bundle: &Path, ids: &[String]) 
     spec["root"]["readonly"] = json!(false);
     spec["process"]["env"] =
         json!(["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]);
-    let base = bundle.join("base.json");
-    std::fs::write(&base, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
-    let config = bundle.join("config.json");
-    let mut args = vec![
-        "--oci-spec".to_owned(),
-        base.display().to_string(),
-        "--oci-spec-out".to_owned(),
-        config.display().to_string(),
-    ];
-    args.extend(ids.iter().cloned());
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut cmd = cdi_check_command(&tools.oci.cdi_check, node, &args);
-    with_dev(&mut cmd, &node.sim.dev_root.join("dev"));
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "cdi-check: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let config = inject_into_bundle(&tools.oci.cdi_check, node, bundle, &spec, ids);
     let out = runtime.run(bundle);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);

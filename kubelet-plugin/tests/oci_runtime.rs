@@ -21,10 +21,6 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ffi::CString;
-use std::io;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -63,20 +59,7 @@ fn make_host_nodes(node: &NodeDirs, profile: &Profile) -> Vec<(String, u64, u64)
     nodes.push(("nvidia-uvm-tools".into(), uvm, 1));
     let dev = node.sim.dev_root.join("dev");
     for (name, major, minor) in &nodes {
-        let path = dev.join(name);
-        let c_path = CString::new(path.as_os_str().as_bytes()).unwrap();
-        let rdev = libc::makedev(*major as u32, *minor as u32);
-        // SAFETY: c_path is a valid NUL-terminated path that outlives the call.
-        let rc = unsafe { libc::mknod(c_path.as_ptr(), libc::S_IFCHR | HOST_NODE_MODE, rdev) };
-        assert_eq!(
-            rc,
-            0,
-            "mknod {}: {}",
-            path.display(),
-            io::Error::last_os_error()
-        );
-        // The umask may have taken bits off.
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(HOST_NODE_MODE)).unwrap();
+        mknod(&dev.join(name), *major, *minor, HOST_NODE_MODE);
     }
     nodes
 }
@@ -196,27 +179,7 @@ async fn a_runtime_runs_a_workload_with_exactly_its_claims_devices_and_hints() {
     spec["linux"]["devices"] = json!([{
         "path": denied, "type": "c", "major": NVIDIA_MAJOR, "minor": 0, "fileMode": 0o666,
     }]);
-    let base = dir.path().join("base.json");
-    std::fs::write(&base, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
-
-    let config = bundle.join("config.json");
-    let mut args = vec![
-        "--oci-spec".to_owned(),
-        base.display().to_string(),
-        "--oci-spec-out".to_owned(),
-        config.display().to_string(),
-    ];
-    args.extend(ids.iter().cloned());
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut cmd = cdi_check_command(&tools.cdi_check, &node, &args);
-    with_dev(&mut cmd, &node.sim.dev_root.join("dev"));
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "cdi-check failed ({}):\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let config = inject_into_bundle(&tools.cdi_check, &node, &bundle, &spec, &ids);
     eprintln!(
         "config.json:\n{}",
         std::fs::read_to_string(&config).unwrap()

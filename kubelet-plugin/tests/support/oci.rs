@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use serde_json::{Value, json};
 
-use super::cdi::{cdi_check, tools_required};
+use super::NodeDirs;
+use super::cdi::{cdi_check, cdi_check_command, tools_required};
 
 /// The busybox applets the containers' scripts call, linked in the rootfs as an
 /// image would have them.
@@ -296,4 +297,55 @@ pub fn with_dev(cmd: &mut Command, dev: &Path) {
             ))
         });
     }
+}
+
+/// A character device node at `path` with exactly `mode` (the umask may not take
+/// bits off), as the driver makes its nodes under `/dev`.
+pub fn mknod(path: &Path, major: u64, minor: u64, mode: u32) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let c_path = CString::new(path.as_os_str().as_bytes()).unwrap();
+    let rdev = libc::makedev(major as u32, minor as u32);
+    // SAFETY: c_path is a valid NUL-terminated path that outlives the call.
+    let rc = unsafe { libc::mknod(c_path.as_ptr(), libc::S_IFCHR | mode, rdev) };
+    assert_eq!(
+        rc,
+        0,
+        "mknod {}: {}",
+        path.display(),
+        io::Error::last_os_error()
+    );
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// What the kubelet and runtime do with a claim's CDI ids: `cdi-check` applies them
+/// to the runtime's base `spec`, seeing the node's fake `/dev` where a runtime sees
+/// the host's, and writes the bundle's `config.json`. Returns its path.
+pub fn inject_into_bundle(
+    cdi_check: &Path,
+    node: &NodeDirs,
+    bundle: &Path,
+    spec: &Value,
+    ids: &[String],
+) -> PathBuf {
+    let base = bundle.join("base.json");
+    std::fs::write(&base, serde_json::to_vec_pretty(spec).unwrap()).unwrap();
+    let config = bundle.join("config.json");
+    let mut args = vec![
+        "--oci-spec".to_owned(),
+        base.display().to_string(),
+        "--oci-spec-out".to_owned(),
+        config.display().to_string(),
+    ];
+    args.extend(ids.iter().cloned());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut cmd = cdi_check_command(cdi_check, node, &args);
+    with_dev(&mut cmd, &node.sim.dev_root.join("dev"));
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "cdi-check failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    config
 }
