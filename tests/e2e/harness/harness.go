@@ -403,7 +403,15 @@ func (h *Harness) registerNode(ctx context.Context) error {
 }
 
 func (h *Harness) updateNodeStatus(ctx context.Context) error {
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	// A conflict, or NodeRestriction's "not allowed to modify taints": the node
+	// lifecycle controller tainted the new Node (not-ready) between the Get and the
+	// update, and the admission plugin compares the taints of the object sent, stale
+	// now, before the API server would answer with a conflict. Both mean: read again.
+	staleRead := func(err error) bool {
+		return apierrors.IsConflict(err) ||
+			(apierrors.IsForbidden(err) && strings.Contains(err.Error(), "not allowed to modify taints"))
+	}
+	return retry.OnError(retry.DefaultRetry, staleRead, func() error {
 		n, err := h.client.CoreV1().Nodes().Get(ctx, h.cfg.NodeName, metav1.GetOptions{})
 		if err != nil {
 			return err
