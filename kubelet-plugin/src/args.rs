@@ -156,6 +156,24 @@ pub(crate) struct DiscoveryFlags {
     /// DRAListTypeAttributes feature gate).
     #[arg(long, env = "TOPODRA_NUMA_NODE_FORMAT", default_value = "int")]
     pub(crate) numa_node_format: NumaNodeFormat,
+
+    /// Other drivers' qualified names for the NUMA node, comma-separated, published
+    /// with the same value as `resource.kubernetes.io/numaNode`: `dra.net/numaNode`
+    /// aligns GPUs with the released CPU (dra-driver-cpu v0.2.0) and NIC (dranet
+    /// v1.4.0) drivers through one `matchAttribute`.
+    #[arg(long, env = "TOPODRA_NUMA_NODE_ALIASES", value_delimiter = ',')]
+    pub(crate) numa_node_aliases: Vec<slice::NumaNodeAlias>,
+}
+
+impl DiscoveryFlags {
+    /// The aliases, checked against the driver name and the per-device budget: a
+    /// mistake stops the start rather than every publish.
+    pub(crate) fn checked_numa_node_aliases(
+        &self,
+    ) -> Result<Vec<slice::NumaNodeAlias>, slice::NumaNodeAliasError> {
+        slice::check_numa_node_aliases(&self.numa_node_aliases, &self.driver_name)?;
+        Ok(self.numa_node_aliases.clone())
+    }
 }
 
 /// The /metrics, /healthz and /readyz endpoint.
@@ -393,6 +411,28 @@ mod tests {
     }
 
     #[test]
+    fn numa_node_aliases_are_a_checked_list() {
+        let parse = |flags: &[&str]| {
+            let argv = ["serve", "--node-name=node-a"].iter().chain(flags);
+            Cli::try_parse_from(argv).map(|c| c.serve)
+        };
+        assert!(parse(&[]).unwrap().discovery.numa_node_aliases.is_empty());
+        let args = parse(&["--numa-node-aliases=dra.net/numaNode,example.com/numa"]).unwrap();
+        let got: Vec<String> = args
+            .discovery
+            .checked_numa_node_aliases()
+            .unwrap()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(got, ["dra.net/numaNode", "example.com/numa"]);
+        // Syntax is clap's to refuse; the driver's own domain needs the driver name.
+        assert!(parse(&["--numa-node-aliases=numaNode"]).is_err());
+        let own = parse(&["--numa-node-aliases=gpu.topodra.dev/numa"]).unwrap();
+        assert!(own.discovery.checked_numa_node_aliases().is_err());
+    }
+
+    #[test]
     fn limits_of_zero_are_refused() {
         for flag in [
             "--http-max-connections=0",
@@ -483,6 +523,7 @@ mod tests {
             ("hwloc-xml", "TOPODRA_HWLOC_XML"),
             ("sysfs-root", "TOPODRA_SYSFS_ROOT"),
             ("numa-node-format", "TOPODRA_NUMA_NODE_FORMAT"),
+            ("numa-node-aliases", "TOPODRA_NUMA_NODE_ALIASES"),
             ("http-bind-address", "TOPODRA_HTTP_BIND_ADDRESS"),
             ("http-port", "TOPODRA_HTTP_PORT"),
             ("http-addr", "TOPODRA_HTTP_ADDR"),

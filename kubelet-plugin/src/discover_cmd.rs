@@ -85,10 +85,15 @@ impl DiscoverArgs {
 
 pub(crate) fn run(args: &DiscoverArgs, out: &mut impl Write) -> Result<()> {
     // discover() logs each warning; the inventory output carries them too.
+    let numa_node_aliases = args
+        .discovery
+        .checked_numa_node_aliases()
+        .context("--numa-node-aliases")?;
     let inventory = discovery::discover(&args.config()).context("discovery failed")?;
     let options = SliceOptions {
         driver_name: args.discovery.driver_name.clone(),
         numa_node_format: args.discovery.numa_node_format,
+        numa_node_aliases,
         ..SliceOptions::new(args.node_name()?)
     };
     match args.output {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::DeviceTaint;
 use topodra_driver::Inventory;
-use topodra_driver::slice::{NumaNodeFormat, SliceOptions, build_slices};
+use topodra_driver::slice::{NumaNodeAlias, NumaNodeFormat, SliceOptions, build_slices};
 
 pub(crate) use dra_kubeletplugin::publish::{
     DesiredPool, PublishStatus, Publisher, PublisherConfig,
@@ -31,12 +31,14 @@ impl PoolBuilder {
         driver_name: &str,
         node_name: &str,
         numa_node_format: NumaNodeFormat,
+        numa_node_aliases: Vec<NumaNodeAlias>,
     ) -> Self {
         Self {
             inventory,
             options: SliceOptions {
                 driver_name: driver_name.to_owned(),
                 numa_node_format,
+                numa_node_aliases,
                 ..SliceOptions::new(node_name)
             },
         }
@@ -85,7 +87,7 @@ mod tests {
 
     #[test]
     fn taints_go_on_their_devices_and_an_invalid_pool_says_why() {
-        let pool = PoolBuilder::new(inventory(2), DRIVER, NODE, NumaNodeFormat::Int);
+        let pool = PoolBuilder::new(inventory(2), DRIVER, NODE, NumaNodeFormat::Int, Vec::new());
         let taint = DeviceTaint {
             key: "gpu.topodra.dev/unhealthy".to_owned(),
             effect: "NoSchedule".to_owned(),
@@ -101,7 +103,13 @@ mod tests {
         assert_eq!(gpu1.taints.as_deref(), Some(&[taint][..]));
         assert!(slices.iter().all(|s| s.metadata.owner_references.is_none()));
 
-        let bad = PoolBuilder::new(inventory(2), "Not A Driver", NODE, NumaNodeFormat::Int);
+        let bad = PoolBuilder::new(
+            inventory(2),
+            "Not A Driver",
+            NODE,
+            NumaNodeFormat::Int,
+            Vec::new(),
+        );
         assert!(matches!(bad.build(BTreeMap::new()), DesiredPool::Invalid(e) if !e.is_empty()));
     }
 
@@ -114,7 +122,7 @@ mod tests {
         mock.add_node(NODE, "uid-1");
         let counter = RequestCounter::new();
         let client = kube::Client::new(counter.layer().layer(mock.service()), "default");
-        let pool = PoolBuilder::new(inventory(8), DRIVER, NODE, NumaNodeFormat::Int);
+        let pool = PoolBuilder::new(inventory(8), DRIVER, NODE, NumaNodeFormat::Int, Vec::new());
         let (_desired, rx) = watch::channel(pool.build(BTreeMap::new()));
         let publisher = Publisher::new(client, PublisherConfig::new(DRIVER, NODE), rx);
         let mut status = publisher.status();

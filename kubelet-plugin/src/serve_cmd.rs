@@ -39,6 +39,8 @@ const USER_AGENT: &str = concat!("topodra-kubelet-plugin/", env!("CARGO_PKG_VERS
 
 pub(crate) async fn run(args: ServeArgs) -> Result<()> {
     let d = &args.discovery;
+    d.checked_numa_node_aliases()
+        .context("--numa-node-aliases")?;
     let inventory = discovery::discover(&DiscoveryConfig {
         nvml_lib: Some(d.nvml_lib.clone()),
         nvml: NvmlPolicy::Required,
@@ -382,6 +384,7 @@ async fn serve(
         &args.discovery.driver_name,
         &args.node_name,
         args.discovery.numa_node_format,
+        args.discovery.numa_node_aliases.clone(),
     );
     let (taints_task, desired_rx) =
         taint_loop::spawn(health_rx.clone(), pool, args.health.evict_unhealthy);

@@ -72,9 +72,14 @@ pub(crate) fn device_attributes(
 
     a.string(PCI_BUS_ID, Some(gpu.pci_bus_id.to_string()));
     a.string(PCIE_ROOT, gpu.pcie_root.map(|r| r.to_string()));
-    match opts.numa_node_format {
-        NumaNodeFormat::Int => a.int(NUMA_NODE, gpu.numa_node),
-        NumaNodeFormat::List => a.ints(NUMA_NODE, numa_node_list(gpu)),
+    // The aliases carry the same value in the same form, so a constraint over any of
+    // the names aligns exactly as one over the standard name would.
+    let aliases = opts.numa_node_aliases.iter().map(|a| a.as_str());
+    for name in std::iter::once(NUMA_NODE).chain(aliases) {
+        match opts.numa_node_format {
+            NumaNodeFormat::Int => a.int(name, gpu.numa_node),
+            NumaNodeFormat::List => a.ints(name, numa_node_list(gpu)),
+        }
     }
 
     a.string(TYPE, Some(TYPE_GPU.to_owned()));

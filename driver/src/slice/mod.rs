@@ -14,6 +14,7 @@
 //! - A node without GPUs still publishes one empty slice, so the scheduler knows the
 //!   pool is complete and empty rather than not yet published.
 
+pub mod aliases;
 pub mod attributes;
 mod order;
 mod quantity;
@@ -30,6 +31,9 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde::{Deserialize, Serialize};
 
+pub use aliases::{
+    MAX_NUMA_NODE_ALIASES, NumaNodeAlias, NumaNodeAliasError, check_numa_node_aliases,
+};
 pub(crate) use attributes::{allocatable_attributes, allocatable_capacity};
 pub(crate) use validate::validate_pool;
 
@@ -98,6 +102,9 @@ pub struct SliceOptions {
     pub driver_name: String,
     pub node_name: String,
     pub numa_node_format: NumaNodeFormat,
+    /// Other drivers' names for the NUMA node, published with the same value
+    /// (see [`aliases`]).
+    pub numa_node_aliases: Vec<NumaNodeAlias>,
     /// Bumped by the publisher whenever the pool's content changes.
     pub pool_generation: i64,
     /// UID of the core/v1 Node; when known, slices are owned by the Node and are
@@ -119,6 +126,7 @@ impl SliceOptions {
             driver_name: DEFAULT_DRIVER_NAME.to_owned(),
             node_name: node_name.into(),
             numa_node_format: NumaNodeFormat::Int,
+            numa_node_aliases: Vec::new(),
             pool_generation: 1,
             node_uid: None,
             max_devices_per_slice: None,
@@ -230,6 +238,8 @@ pub enum SliceError {
     },
     #[error("max_devices_per_slice must be at least 1")]
     ZeroDevicesPerSlice,
+    #[error(transparent)]
+    NumaNodeAlias(#[from] NumaNodeAliasError),
 }
 
 /// One device: its name, attributes and capacity.
@@ -265,6 +275,7 @@ pub fn build_slices(
     if opts.max_devices_per_slice == Some(0) {
         return Err(SliceError::ZeroDevicesPerSlice);
     }
+    check_numa_node_aliases(&opts.numa_node_aliases, &opts.driver_name)?;
 
     let devices = order::in_allocation_order(inv)
         .into_iter()

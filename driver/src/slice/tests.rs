@@ -265,3 +265,17 @@ fn numa_node_format_parses_prints_and_serializes() {
         assert_eq!(serde_json::from_str::<NumaNodeFormat>(&json).unwrap(), f);
     }
 }
+
+#[test]
+fn an_alias_in_the_drivers_own_domain_refuses_the_pool() {
+    let opts = SliceOptions {
+        numa_node_aliases: vec!["gpu.topodra.dev/numaNode".parse().unwrap()],
+        ..SliceOptions::new("dgx-01")
+    };
+    assert!(matches!(
+        build_slices(&dgx_h100(), &opts),
+        Err(SliceError::NumaNodeAlias(
+            NumaNodeAliasError::OwnDomain { .. }
+        ))
+    ));
+}

@@ -378,7 +378,7 @@ fn dns_subdomain(s: &str, max: usize) -> Result<(), &'static str> {
 
 /// `[domain/]identifier`: a C identifier of at most 32 characters, optionally after a
 /// DNS subdomain of at most 63.
-fn qualified_name(name: &str) -> Result<(), &'static str> {
+pub(crate) fn qualified_name(name: &str) -> Result<(), &'static str> {
     let id = match name.split_once('/') {
         Some((domain, id)) => {
             dns_subdomain(domain, MAX_DOMAIN_LEN).map_err(

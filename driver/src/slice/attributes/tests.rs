@@ -178,7 +178,43 @@ fn schema_stays_within_the_per_device_limit() {
     let m = allocatable_attributes(&mig, &inv, &opts(NumaNodeFormat::List)).len()
         + allocatable_capacity(&mig).len();
     assert_eq!(m, 23);
-    assert!(n.max(m) <= crate::slice::validate::MAX_ATTRIBUTES);
+    assert_eq!(
+        n.max(m),
+        crate::slice::aliases::MAX_OWN_ENTRIES,
+        "the alias budget counts the fullest device"
+    );
+
+    // With every alias that fits, the fullest device is at the limit, not over it.
+    let o = SliceOptions {
+        numa_node_aliases: (0..crate::slice::MAX_NUMA_NODE_ALIASES)
+            .map(|i| format!("example.com/numa{i}").parse().unwrap())
+            .collect(),
+        ..opts(NumaNodeFormat::List)
+    };
+    let full = allocatable_attributes(&mig, &inv, &o).len() + allocatable_capacity(&mig).len();
+    assert_eq!(full, crate::slice::validate::MAX_ATTRIBUTES);
+}
+
+#[test]
+fn aliases_carry_the_numa_node_in_the_same_form() {
+    let inv = snc();
+    for format in [NumaNodeFormat::Int, NumaNodeFormat::List] {
+        let o = SliceOptions {
+            numa_node_aliases: vec!["dra.net/numaNode".parse().unwrap()],
+            ..opts(format)
+        };
+        let got = device_attributes(&inv.gpus[0], &inv, &o);
+        assert_eq!(got["dra.net/numaNode"], got[NUMA_NODE], "{format}");
+    }
+    // A GPU whose NUMA node is unknown gets neither name.
+    let mut gpu = inv.gpus[0].clone();
+    gpu.numa_node = None;
+    let o = SliceOptions {
+        numa_node_aliases: vec!["dra.net/numaNode".parse().unwrap()],
+        ..opts(NumaNodeFormat::Int)
+    };
+    let got = device_attributes(&gpu, &inv, &o);
+    assert!(!got.contains_key(NUMA_NODE) && !got.contains_key("dra.net/numaNode"));
 }
 
 #[test]
