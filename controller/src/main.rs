@@ -41,6 +41,19 @@ pub(crate) struct Cli {
     )]
     device_classes: Vec<String>,
 
+    /// Driver name of the CPU DRA driver (dra-driver-cpu: `dra.cpu`) whose CPUs a
+    /// claim can put on one NUMA node with our GPUs: its ResourceSlices are watched
+    /// (one more watch, selected by `spec.driver`), and pending pods' explanations and
+    /// NodeResourceTopology zones count its CPUs. Empty: no such watch.
+    #[arg(long, env = "TOPODRA_CPU_DRIVER_NAME", default_value = "dra.cpu")]
+    cpu_driver_name: String,
+
+    /// The other drivers' names for the NUMA node that the kubelet plugins publish
+    /// too (the same list as their --numa-node-aliases, comma-separated): a
+    /// constraint on one of them aligns on the NUMA node.
+    #[arg(long, env = "TOPODRA_NUMA_NODE_ALIASES", value_delimiter = ',')]
+    numa_node_aliases: Vec<topodra_driver::slice::NumaNodeAlias>,
+
     /// Publish a NodeResourceTopology object per GPU node (the CRD must be installed;
     /// without it the controller warns once and goes on without them).
     #[arg(long, env = "TOPODRA_NODE_RESOURCE_TOPOLOGY", default_value_t = true, action = ArgAction::Set)]
@@ -179,6 +192,14 @@ impl Cli {
         }
         if self.nrt_resource_name.trim().is_empty() {
             return Err("--nrt-resource-name must not be empty".into());
+        }
+        topodra_driver::slice::check_numa_node_aliases(&self.numa_node_aliases, &self.driver_name)
+            .map_err(|e| format!("--numa-node-aliases: {e}"))?;
+        if !self.cpu_driver_name.is_empty() && self.cpu_driver_name == self.driver_name {
+            return Err(format!(
+                "--cpu-driver-name {:?} is this controller's own --driver-name",
+                self.cpu_driver_name
+            ));
         }
         Ok(())
     }

@@ -4,7 +4,9 @@
 //! the nodes.
 
 use serde_json::{Value, json};
-use topodra_driver::capacity::{Level, MAX_NUMA_NODE, NodeSummary};
+use std::collections::BTreeMap;
+
+use topodra_driver::capacity::{Counts, CpuCounts, Level, MAX_NUMA_NODE, NodeSummary};
 
 pub const GROUP: &str = "topology.node.k8s.io";
 pub const VERSION: &str = "v1alpha2";
@@ -43,29 +45,62 @@ impl NrtOptions {
 }
 
 /// The fields we own in a node's object, as sent by server-side apply. Zones are the
-/// node's NUMA nodes that have GPUs, named `node-<id>` as the kubelet and the NFD
-/// updater name them (consumers parse the id from it): capacity is every GPU there,
-/// allocatable the ones not unhealthy or tainted, available the free ones.
+/// node's NUMA nodes that have GPUs or CPUs of the CPU driver, named `node-<id>` as
+/// the kubelet and the NFD updater name them (consumers parse the id from it). The
+/// GPU resource: capacity is every GPU there, allocatable the ones not unhealthy or
+/// tainted, available the free ones. `cpu`, where the CPU driver publishes CPUs
+/// there (`cpus`, by NUMA node): capacity and allocatable its CPUs (it leaves the
+/// reserved ones out), available those no claim holds, as the NFD updater reported
+/// the kubelet's exclusive CPUs.
 /// `None` when the node's GPUs carry no NUMA node: no zone can be said.
 ///
 /// The capacity model only groups by NUMA node ids a kernel can have; a summary made
 /// some other way gets no zone for any other key, so a zone name is always
 /// `node-<0..=1023>`.
-pub fn desired(summary: &NodeSummary, node_uid: &str, opts: &NrtOptions) -> Option<Value> {
-    let zones: Vec<Value> = summary
+pub fn desired(
+    summary: &NodeSummary,
+    cpus: &BTreeMap<u32, CpuCounts>,
+    node_uid: &str,
+    opts: &NrtOptions,
+) -> Option<Value> {
+    let gpus: BTreeMap<u16, Counts> = summary
         .groups(Level::NumaNode)
         .iter()
         .filter_map(|g| Some((numa_id(&g.key)?, g.counts)))
-        .map(|(id, c)| {
-            json!({
-                "name": format!("node-{id}"),
-                "type": "Node",
-                "resources": [{
+        .collect();
+    if gpus.is_empty() {
+        return None;
+    }
+    let cpus: BTreeMap<u16, CpuCounts> = cpus
+        .iter()
+        .filter_map(|(id, c)| Some((u16::try_from(*id).ok()?, *c)))
+        .filter(|(id, _)| i64::from(*id) <= MAX_NUMA_NODE)
+        .collect();
+    let ids: std::collections::BTreeSet<u16> = gpus.keys().chain(cpus.keys()).copied().collect();
+    let zones: Vec<Value> = ids
+        .into_iter()
+        .map(|id| {
+            let mut resources = Vec::new();
+            if let Some(c) = gpus.get(&id) {
+                resources.push(json!({
                     "name": opts.resource_name,
                     "capacity": c.total.to_string(),
                     "allocatable": (c.total - c.unhealthy).to_string(),
                     "available": c.free.to_string(),
-                }],
+                }));
+            }
+            if let Some(c) = cpus.get(&id) {
+                resources.push(json!({
+                    "name": "cpu",
+                    "capacity": c.total.to_string(),
+                    "allocatable": c.total.to_string(),
+                    "available": c.free().to_string(),
+                }));
+            }
+            json!({
+                "name": format!("node-{id}"),
+                "type": "Node",
+                "resources": resources,
             })
         })
         .collect();
@@ -159,7 +194,7 @@ mod tests {
 
     #[test]
     fn one_zone_per_numa_node_with_the_gpus_there() {
-        let v = desired(&summary(), "uid-1", &nrt_options()).unwrap();
+        let v = desired(&summary(), &BTreeMap::new(), "uid-1", &nrt_options()).unwrap();
         assert_eq!(
             v["zones"],
             json!([
@@ -178,8 +213,43 @@ mod tests {
     }
 
     #[test]
+    fn zones_carry_the_cpu_drivers_cpus_where_it_publishes_them() {
+        let cpus = BTreeMap::from([
+            (
+                1,
+                CpuCounts {
+                    total: 56,
+                    allocated: 32,
+                    grouped: true,
+                },
+            ),
+            (
+                2,
+                CpuCounts {
+                    total: 8,
+                    allocated: 0,
+                    grouped: true,
+                },
+            ),
+        ]);
+        let v = desired(&summary(), &cpus, "uid-1", &nrt_options()).unwrap();
+        assert_eq!(
+            v["zones"],
+            json!([
+                {"name": "node-0", "type": "Node", "resources": [
+                    {"name": "nvidia.com/gpu", "capacity": "4", "allocatable": "4", "available": "3"}]},
+                {"name": "node-1", "type": "Node", "resources": [
+                    {"name": "nvidia.com/gpu", "capacity": "4", "allocatable": "3", "available": "3"},
+                    {"name": "cpu", "capacity": "56", "allocatable": "56", "available": "24"}]},
+                {"name": "node-2", "type": "Node", "resources": [
+                    {"name": "cpu", "capacity": "8", "allocatable": "8", "available": "8"}]},
+            ])
+        );
+    }
+
+    #[test]
     fn what_the_server_returns_for_our_apply_is_up_to_date() {
-        let want = desired(&summary(), "uid-1", &nrt_options()).unwrap();
+        let want = desired(&summary(), &BTreeMap::new(), "uid-1", &nrt_options()).unwrap();
         let mut have = want.clone();
         have["metadata"]["resourceVersion"] = json!("42");
         have["metadata"]["managedFields"] = json!([{"manager": "topodra-controller"}]);
@@ -215,7 +285,7 @@ mod tests {
             g.key = key.to_owned();
             numa.push(g);
         }
-        let v = desired(&s, "uid-1", &nrt_options()).unwrap();
+        let v = desired(&s, &BTreeMap::new(), "uid-1", &nrt_options()).unwrap();
         let names: Vec<&str> = v["zones"]
             .as_array()
             .unwrap()
@@ -230,13 +300,13 @@ mod tests {
                 counts: template.counts,
             }],
         );
-        assert!(desired(&s, "uid-1", &nrt_options()).is_none());
+        assert!(desired(&s, &BTreeMap::new(), "uid-1", &nrt_options()).is_none());
     }
 
     #[test]
     fn gpus_without_a_numa_node_give_no_object() {
         let mut s = summary();
         s.levels.clear();
-        assert!(desired(&s, "u", &nrt_options()).is_none());
+        assert!(desired(&s, &BTreeMap::new(), "u", &nrt_options()).is_none());
     }
 }

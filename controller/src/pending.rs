@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use topodra_driver::capacity::{Cluster, Demand, Explanation, explain};
+use topodra_driver::capacity::{Cluster, CpuDemand, CpuPools, Demand, Explanation, explain_mixed};
 
 use crate::classes::OurClasses;
 
@@ -74,13 +74,53 @@ impl std::fmt::Display for Source {
     }
 }
 
-/// The demands of a pod on our GPUs that are not allocated yet.
+/// The CPU driver beside ours: its CPUs, its classes, and the attribute names that
+/// align on the NUMA node (the standard one and the aliases our plugin publishes).
+#[derive(Clone, Copy, Debug)]
+pub struct CpuSide<'a> {
+    pub pools: &'a CpuPools,
+    pub classes: &'a OurClasses,
+    pub numa_names: &'a [String],
+}
+
+impl CpuSide<'static> {
+    /// No CPU driver: only the GPUs of a claim are judged.
+    pub fn none() -> Self {
+        static NONE: std::sync::LazyLock<(CpuPools, OurClasses)> = std::sync::LazyLock::new(|| {
+            (
+                CpuPools::new(String::new(), Vec::new()),
+                OurClasses::default(),
+            )
+        });
+        CpuSide {
+            pools: &NONE.0,
+            classes: &NONE.1,
+            numa_names: &[],
+        }
+    }
+}
+
+impl CpuSide<'_> {
+    /// The names besides the standard one.
+    fn aliases(&self) -> Vec<String> {
+        self.numa_names
+            .iter()
+            .filter(|n| *n != topodra_driver::slice::attributes::NUMA_NODE)
+            .cloned()
+            .collect()
+    }
+}
+
+/// The demands of a pod on our GPUs that are not allocated yet; a claim that couples
+/// them with the CPU driver's CPUs on one NUMA node carries those too.
 pub fn demands(
     pod: &Pod,
     claim: impl Fn(&str) -> Option<ResourceClaim>,
     classes: &OurClasses,
     driver: &str,
+    cpus: &CpuSide<'_>,
 ) -> Vec<(Source, Demand)> {
+    let aliases = cpus.aliases();
     let mut out = Vec::new();
     for name in claim_names(pod) {
         let Some(c) = claim(&name) else { continue };
@@ -91,7 +131,11 @@ pub fn demands(
         let Some(spec) = c.spec.as_ref() else {
             continue;
         };
-        if let Some(d) = Demand::of_claim(spec, driver, |class| classes.contains(class)) {
+        let ours = |class: &str| classes.contains(class);
+        if let Some(mut d) = Demand::of_claim_with_aliases(spec, driver, &aliases, ours) {
+            d.cpus = CpuDemand::of_claim(spec, &d, cpus.pools, cpus.numa_names, |class| {
+                cpus.classes.contains(class)
+            });
             out.push((Source::Claim(name), d));
         }
     }
@@ -106,6 +150,7 @@ pub fn demands(
                 level: None,
                 requests: Vec::new(),
                 unjudged: Vec::new(),
+                cpus: None,
             };
             out.push((Source::ExtendedResource(resource), demand));
         }
@@ -168,18 +213,19 @@ pub struct Verdict {
 /// The verdict for a pod that waits on our GPUs; `None` when it waits for none.
 pub fn verdict(
     cluster: &Cluster,
+    cpus: &CpuSide<'_>,
     pod: &Pod,
     claim: impl Fn(&str) -> Option<ResourceClaim>,
     classes: &OurClasses,
 ) -> Option<Verdict> {
-    let demands = demands(pod, claim, classes, cluster.driver());
+    let demands = demands(pod, claim, classes, cluster.driver(), cpus);
     if demands.is_empty() {
         return None;
     }
     let parts: Vec<(Source, Demand, Explanation)> = demands
         .into_iter()
         .map(|(source, demand)| {
-            let e = explain(cluster, &demand);
+            let e = explain_mixed(cluster, cpus.pools, &demand);
             (source, demand, e)
         })
         .collect();
@@ -328,7 +374,7 @@ mod tests {
             status: Some(unschedulable()),
             ..Default::default()
         };
-        let d = demands(&p, |_| None, &ours, "gpu.topodra.dev");
+        let d = demands(&p, |_| None, &ours, "gpu.topodra.dev", &CpuSide::none());
         assert_eq!(d.len(), 1);
         assert_eq!(d[0].0, Source::ExtendedResource("nvidia.com/gpu".into()));
         assert_eq!((d[0].1.count, d[0].1.level), (4, None));
@@ -352,6 +398,7 @@ mod tests {
         let cluster = Cluster::new("gpu.topodra.dev");
         let v = verdict(
             &cluster,
+            &CpuSide::none(),
             &p,
             |n| (n == "four").then(|| claim.clone()),
             &ours,
@@ -365,7 +412,16 @@ mod tests {
         let mut allocated = claim.clone();
         allocated.status =
             serde_json::from_value(json!({"allocation": {"devices": {"results": []}}})).unwrap();
-        assert!(verdict(&cluster, &p, |_| Some(allocated.clone()), &ours).is_none());
+        assert!(
+            verdict(
+                &cluster,
+                &CpuSide::none(),
+                &p,
+                |_| Some(allocated.clone()),
+                &ours
+            )
+            .is_none()
+        );
     }
 
     #[test]

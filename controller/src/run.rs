@@ -23,7 +23,7 @@ use tracing::{info, warn};
 use crate::Cli;
 use crate::leader::{Leadership, LeaseConfig};
 use crate::metrics::Metrics;
-use crate::state::{Input, State};
+use crate::state::{self, Input, State};
 use crate::writer::{self, Command};
 
 /// How the API server's audit log and metrics name this program.
@@ -141,6 +141,15 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
         "pods",
     ]);
     let mut inputs = inputs(&client, &cli.driver_name);
+    if !cli.cpu_driver_name.is_empty() {
+        watched.insert(state::CPU_SLICES);
+        inputs.push(stream(
+            Api::<ResourceSlice>::all(client.clone()),
+            watcher::Config::default().fields(&format!("spec.driver={}", cli.cpu_driver_name)),
+            Input::CpuSlice,
+            state::CPU_SLICES,
+        ));
+    }
     if taint_rules {
         watched.insert("devicetaintrules");
         inputs.push(stream(
@@ -178,7 +187,13 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
         policy: cli.nrt_topology_manager_policy.clone(),
         scope: cli.nrt_topology_manager_scope.clone(),
     };
-    let mut state = State::new(&cli.driver_name, cli.device_classes.clone());
+    let aliases: Vec<String> = cli
+        .numa_node_aliases
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let mut state = State::new(&cli.driver_name, cli.device_classes.clone())
+        .with_cpu_driver(&cli.cpu_driver_name, &aliases);
     let delay = Duration::from_millis(cli.write_delay_milliseconds);
     let min_interval = Duration::from_secs(cli.pending_event_min_interval_seconds);
     let mut leader = *leadership.is_leader.borrow_and_update();

@@ -15,7 +15,8 @@ use serde_json::Value;
 use topodra_controller::classes::OurClasses;
 use topodra_controller::nrt::{self, NrtOptions};
 use topodra_controller::pending;
-use topodra_driver::capacity::{ClaimKey, Cluster};
+use topodra_driver::capacity::{ClaimKey, Cluster, CpuPools};
+use topodra_driver::slice::attributes::NUMA_NODE;
 
 /// One watch event of one of the resources the controller watches. Events are
 /// consumed one at a time, straight off the stream, so their size matters little.
@@ -23,6 +24,8 @@ use topodra_driver::capacity::{ClaimKey, Cluster};
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Input {
     Slice(Event<ResourceSlice>),
+    /// Slices of the CPU driver (a watch of its own, by `spec.driver`).
+    CpuSlice(Event<ResourceSlice>),
     Claim(Event<ResourceClaim>),
     TaintRule(Event<DeviceTaintRule>),
     Class(Event<DeviceClass>),
@@ -35,6 +38,7 @@ impl Input {
     pub(crate) fn resource(&self) -> &'static str {
         match self {
             Input::Slice(_) => "resourceslices",
+            Input::CpuSlice(_) => CPU_SLICES,
             Input::Claim(_) => "resourceclaims",
             Input::TaintRule(_) => "devicetaintrules",
             Input::Class(_) => "deviceclasses",
@@ -44,6 +48,9 @@ impl Input {
         }
     }
 }
+
+/// The watch of the CPU driver's ResourceSlices, as metrics and logs name it.
+pub(crate) const CPU_SLICES: &str = "resourceslices-cpu";
 
 /// A write the controller should make.
 #[derive(Clone, Debug, PartialEq)]
@@ -131,6 +138,11 @@ struct Explained {
 #[derive(Debug)]
 pub(crate) struct State {
     pub(crate) cluster: Cluster,
+    /// The CPU driver's CPUs, for claims that couple them with our GPUs.
+    cpus: CpuPools,
+    cpu_classes: OurClasses,
+    /// Attribute names that align on the NUMA node: the standard one and aliases.
+    numa_names: Vec<String>,
     extra_classes: Vec<String>,
     classes: HashMap<String, DeviceClass>,
     ours: OurClasses,
@@ -140,6 +152,7 @@ pub(crate) struct State {
     waiting_claims: HashMap<ClaimKey, ResourceClaim>,
     nrts: HashMap<String, Value>,
     slices_seen: Tracker<String>,
+    cpu_slices_seen: Tracker<String>,
     claims_seen: Tracker<ClaimKey>,
     rules_seen: Tracker<String>,
     classes_seen: Tracker<String>,
@@ -157,6 +170,9 @@ impl State {
     pub(crate) fn new(driver: &str, extra_classes: Vec<String>) -> Self {
         Self {
             cluster: Cluster::new(driver),
+            cpus: CpuPools::new(String::new(), vec![NUMA_NODE.to_owned()]),
+            cpu_classes: OurClasses::default(),
+            numa_names: vec![NUMA_NODE.to_owned()],
             ours: OurClasses::from_classes([], driver, &extra_classes),
             extra_classes,
             classes: HashMap::new(),
@@ -165,6 +181,7 @@ impl State {
             waiting_claims: HashMap::new(),
             nrts: HashMap::new(),
             slices_seen: Tracker::new(),
+            cpu_slices_seen: Tracker::new(),
             claims_seen: Tracker::new(),
             rules_seen: Tracker::new(),
             classes_seen: Tracker::new(),
@@ -177,11 +194,23 @@ impl State {
         }
     }
 
+    /// Takes in the CPU driver `driver` (`dra.cpu`) beside ours, and the other names
+    /// for the NUMA node that our plugins publish (`dra.net/numaNode`).
+    pub(crate) fn with_cpu_driver(mut self, driver: &str, numa_aliases: &[String]) -> Self {
+        self.numa_names = std::iter::once(NUMA_NODE.to_owned())
+            .chain(numa_aliases.iter().cloned())
+            .collect();
+        self.cpus = CpuPools::new(driver, self.numa_names.clone());
+        self.cpu_classes = OurClasses::from_classes(self.classes.values(), driver, &[]);
+        self
+    }
+
     /// Whether every watch has delivered its initial state; `optional` names the
     /// resources that may not be served (not waited for).
     pub(crate) fn unsynced(&self, watched: &BTreeSet<&'static str>) -> Vec<&'static str> {
         let all = [
             ("resourceslices", self.slices_seen.synced),
+            (CPU_SLICES, self.cpu_slices_seen.synced),
             ("resourceclaims", self.claims_seen.synced),
             ("devicetaintrules", self.rules_seen.synced),
             ("deviceclasses", self.classes_seen.synced),
@@ -205,6 +234,18 @@ impl State {
         let mut model_changed = false;
         match input {
             Input::Slice(e) => model_changed |= self.apply_named(e, &SLICES),
+            Input::CpuSlice(e) => {
+                for change in changes(e, &mut self.cpu_slices_seen, |o: &ResourceSlice| {
+                    o.metadata.name.clone()
+                }) {
+                    let touched = match change {
+                        Change::Apply(o) => self.cpus.apply_slice(&o),
+                        Change::Delete(name) => self.cpus.delete_slice(&name),
+                    };
+                    model_changed |= !touched.is_empty();
+                    self.dirty_nodes.extend(touched);
+                }
+            }
             Input::Claim(e) => {
                 let key = |c: &ResourceClaim| Some(ClaimKey::of(c));
                 for change in changes(e, &mut self.claims_seen, key) {
@@ -213,7 +254,8 @@ impl State {
                             let key = ClaimKey::of(&c);
                             let allocated =
                                 c.status.as_ref().is_some_and(|s| s.allocation.is_some());
-                            let touched = self.cluster.apply_claim(&c);
+                            let mut touched = self.cluster.apply_claim(&c);
+                            touched.extend(self.cpus.apply_claim(&c));
                             if allocated {
                                 self.pods_dirty |= self.waiting_claims.remove(&key).is_some();
                             } else {
@@ -224,7 +266,9 @@ impl State {
                         }
                         Change::Delete(key) => {
                             self.pods_dirty |= self.waiting_claims.remove(&key).is_some();
-                            self.cluster.delete_claim(&key)
+                            let mut touched = self.cluster.delete_claim(&key);
+                            touched.extend(self.cpus.delete_claim(&key));
+                            touched
                         }
                     };
                     model_changed |= !touched.is_empty();
@@ -252,6 +296,8 @@ impl State {
                     self.cluster.driver(),
                     &self.extra_classes,
                 );
+                self.cpu_classes =
+                    OurClasses::from_classes(self.classes.values(), self.cpus.driver(), &[]);
                 self.pods_dirty = true;
             }
             Input::Node(e) => {
@@ -359,7 +405,9 @@ impl State {
         let mut writes = Vec::new();
         for node in std::mem::take(&mut self.dirty_nodes) {
             let uid = self.node_uids.get(&node);
-            let want = uid.and_then(|uid| nrt::desired(self.cluster.node(&node)?, uid, opts));
+            let cpus = self.cpus.numa(&node);
+            let want =
+                uid.and_then(|uid| nrt::desired(self.cluster.node(&node)?, &cpus, uid, opts));
             match (want, self.nrts.get(&node)) {
                 (Some(want), Some(have)) if nrt::up_to_date(have, &want) => *skipped += 1,
                 (Some(object), _) => writes.push(Write::ApplyNrt { node, object }),
@@ -390,7 +438,13 @@ impl State {
                 };
                 self.waiting_claims.get(&key).cloned()
             };
-            let Some(verdict) = pending::verdict(&self.cluster, pod, claim, &self.ours) else {
+            let cpus = pending::CpuSide {
+                pools: &self.cpus,
+                classes: &self.cpu_classes,
+                numa_names: &self.numa_names,
+            };
+            let Some(verdict) = pending::verdict(&self.cluster, &cpus, pod, claim, &self.ours)
+            else {
                 continue;
             };
             waiting.insert(uid.clone(), ());

@@ -172,6 +172,7 @@ pub(crate) fn scheduled(pod: &Pod) -> Option<String> {
 /// namespace by name.
 pub(crate) fn explain_pod(
     cluster: &Cluster,
+    cpus: &pending::CpuSide<'_>,
     pod: &Pod,
     claims: &BTreeMap<String, ResourceClaim>,
     classes: &OurClasses,
@@ -182,7 +183,7 @@ pub(crate) fn explain_pod(
         return text;
     }
     let states = claim_states(pod, claims, classes, driver);
-    let verdict = pending::verdict(cluster, pod, |n| claims.get(n).cloned(), classes);
+    let verdict = pending::verdict(cluster, cpus, pod, |n| claims.get(n).cloned(), classes);
     let mut out = String::new();
     let others: Vec<&(String, ClaimState)> = states
         .iter()
@@ -363,8 +364,15 @@ mod tests {
             nic_claim("train-0-nic-5rq8d"),
         ]);
         let cluster = two_dgx();
-        let text = explain_pod(&cluster, &p, &claims, &classes());
-        let v = pending::verdict(&cluster, &p, |n| claims.get(n).cloned(), &classes()).unwrap();
+        let text = explain_pod(&cluster, &pending::CpuSide::none(), &p, &claims, &classes());
+        let v = pending::verdict(
+            &cluster,
+            &pending::CpuSide::none(),
+            &p,
+            |n| claims.get(n).cloned(),
+            &classes(),
+        )
+        .unwrap();
         assert!(
             text.contains(&format!("Message:     {}\n", v.message)),
             "{text}"
@@ -399,7 +407,13 @@ Other claims:
         );
         let claims = by_name(&[pending_claim("train-1-gpus-b6w4n", 2)]);
         assert_eq!(
-            explain_pod(&two_dgx(), &p, &claims, &classes()),
+            explain_pod(
+                &two_dgx(),
+                &pending::CpuSide::none(),
+                &p,
+                &claims,
+                &classes()
+            ),
             "\
 Pod:         default/train-1
 Scheduling:  unschedulable: 0/2 nodes are available: 2 cannot allocate all claims.
@@ -433,7 +447,13 @@ Claim train-1-gpus-b6w4n: 2 GPUs on one NUMA node
             &["gpu-0"],
         )]);
         assert_eq!(
-            explain_pod(&two_dgx(), &p, &claims, &classes()),
+            explain_pod(
+                &two_dgx(),
+                &pending::CpuSide::none(),
+                &p,
+                &claims,
+                &classes()
+            ),
             "\
 Pod default/eval-3 waits for no GPU of gpu.topodra.dev that can be judged yet.
 Scheduling:  unschedulable: 0/2 nodes are available: 2 cannot allocate all claims.
@@ -446,7 +466,13 @@ Claims:
         );
         p.spec.as_mut().unwrap().node_name = Some("dgx-h100-b".to_owned());
         assert_eq!(
-            explain_pod(&two_dgx(), &p, &claims, &classes()),
+            explain_pod(
+                &two_dgx(),
+                &pending::CpuSide::none(),
+                &p,
+                &claims,
+                &classes()
+            ),
             "Pod default/eval-3 is scheduled on node dgx-h100-b: it waits for no GPU.\n"
         );
     }
@@ -463,7 +489,13 @@ Claims:
         status.conditions.as_mut().unwrap()[0].message =
             Some("busy\nReason:      Forged\u{1b}[31m".to_owned());
         let claims = by_name(&[pending_claim("c", 4), nic_claim("nic\nforged   allocated")]);
-        let text = explain_pod(&two_dgx(), &p, &claims, &classes());
+        let text = explain_pod(
+            &two_dgx(),
+            &pending::CpuSide::none(),
+            &p,
+            &claims,
+            &classes(),
+        );
         assert!(!text.contains('\u{1b}'), "{text}");
         assert!(
             text.contains("Scheduling:  unschedulable: busy\\nReason:      Forged\\u{1b}[31m\n"),

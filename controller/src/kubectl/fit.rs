@@ -34,6 +34,7 @@ pub(crate) fn demand(count: u32, align: Option<Level>) -> Demand {
         level: align,
         requests: Vec::new(),
         unjudged: Vec::new(),
+        cpus: None,
     }
 }
 

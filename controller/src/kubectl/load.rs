@@ -13,7 +13,7 @@ use kube::api::{Api, ListParams, ObjectList};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use topodra_controller::classes::OurClasses;
-use topodra_driver::capacity::{Cluster, Finding};
+use topodra_driver::capacity::{Cluster, CpuPools, Finding};
 
 /// Items per LIST page: what kubectl asks for, so a 1,000-node cluster takes a few
 /// small responses rather than one large one.
@@ -222,10 +222,13 @@ impl Connection {
 
     /// The model of the cluster: our driver's slices, every claim's allocation and the
     /// DeviceTaintRules. Claims of `keep_namespace` are also returned, by name.
+    /// With `cpus`, the CPU driver's slices are listed too and the claims' CPUs
+    /// counted in it.
     pub(crate) async fn cluster(
         &self,
         driver: &str,
         keep_namespace: Option<&str>,
+        mut cpus: Option<&mut CpuPools>,
     ) -> Result<(Cluster, BTreeMap<String, ResourceClaim>)> {
         let mut cluster = Cluster::new(driver);
         let slices: Api<ResourceSlice> = Api::all(self.client.clone());
@@ -238,11 +241,22 @@ impl Connection {
         for line in findings_report(&cluster.take_findings(), self.verbose) {
             eprintln!("{line}");
         }
+        if let Some(cpus) = cpus.as_deref_mut() {
+            let by_driver = ListParams::default().fields(&format!("spec.driver={}", cpus.driver()));
+            self.list(&slices, "resourceslices", &by_driver, |s| {
+                cpus.apply_slice(&s);
+            })
+            .await
+            .map_err(|e| self.fail("cannot list the CPU driver's resourceslices", &e))?;
+        }
 
         let mut kept = BTreeMap::new();
         let claims: Api<ResourceClaim> = Api::all(self.client.clone());
         self.list(&claims, "resourceclaims", &ListParams::default(), |c| {
             cluster.apply_claim(&c);
+            if let Some(cpus) = cpus.as_deref_mut() {
+                cpus.apply_claim(&c);
+            }
             if keep_namespace.is_some()
                 && c.metadata.namespace.as_deref() == keep_namespace
                 && let Some(name) = c.metadata.name.clone()
@@ -274,8 +288,14 @@ impl Connection {
         Ok((cluster, kept))
     }
 
-    /// Which DeviceClasses are ours: those selecting `driver`, and `extra`.
-    pub(crate) async fn classes(&self, driver: &str, extra: &[String]) -> Result<OurClasses> {
+    /// Which DeviceClasses are ours (those selecting `driver`, and `extra`) and which
+    /// are the CPU driver's (those selecting `cpu_driver`).
+    pub(crate) async fn classes(
+        &self,
+        driver: &str,
+        extra: &[String],
+        cpu_driver: &str,
+    ) -> Result<(OurClasses, OurClasses)> {
         let api: Api<DeviceClass> = Api::all(self.client.clone());
         let mut all = Vec::new();
         self.list(&api, "deviceclasses", &ListParams::default(), |c| {
@@ -283,7 +303,10 @@ impl Connection {
         })
         .await
         .map_err(|e| self.fail("cannot list deviceclasses", &e))?;
-        Ok(OurClasses::from_classes(&all, driver, extra))
+        Ok((
+            OurClasses::from_classes(&all, driver, extra),
+            OurClasses::from_classes(&all, cpu_driver, &[]),
+        ))
     }
 
     pub(crate) async fn pod(&self, namespace: &str, name: &str) -> Result<Pod> {

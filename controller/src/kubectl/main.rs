@@ -22,8 +22,10 @@ use std::time::Duration;
 
 use anyhow::{Result, anyhow};
 use clap::{Parser, Subcommand, ValueEnum};
-use topodra_driver::capacity::Level;
-use topodra_driver::slice::DEFAULT_DRIVER_NAME;
+use topodra_controller::pending;
+use topodra_driver::capacity::{CpuPools, Level};
+use topodra_driver::slice::attributes::NUMA_NODE;
+use topodra_driver::slice::{DEFAULT_DRIVER_NAME, NumaNodeAlias};
 
 use crate::load::{Connection, Target};
 
@@ -63,6 +65,29 @@ struct Cli {
         value_name = "NAME"
     )]
     driver: String,
+
+    /// Driver name of the CPU DRA driver whose CPUs a claim can put on one NUMA node
+    /// with the GPUs (dra-driver-cpu).
+    #[arg(
+        long = "cpu-driver-name",
+        global = true,
+        env = "TOPODRA_CPU_DRIVER_NAME",
+        default_value = "dra.cpu",
+        value_name = "NAME"
+    )]
+    cpu_driver: String,
+
+    /// Other drivers' names for the NUMA node that the plugins publish too
+    /// (their --numa-node-aliases): a constraint on one aligns on the NUMA node.
+    #[arg(
+        long,
+        global = true,
+        env = "TOPODRA_NUMA_NODE_ALIASES",
+        value_delimiter = ',',
+        default_value = "dra.net/numaNode",
+        value_name = "NAMES"
+    )]
+    numa_node_aliases: Vec<NumaNodeAlias>,
 
     /// How long to wait for each response of the API server: 30s, 2m; 0 waits forever.
     #[arg(long, global = true, value_name = "DURATION", default_value = "60s", value_parser = parse_timeout)]
@@ -127,6 +152,15 @@ enum Command {
     },
 }
 
+impl Cli {
+    /// The names that align on the NUMA node: the standard one and the aliases.
+    fn numa_names(&self) -> Vec<String> {
+        std::iter::once(NUMA_NODE.to_owned())
+            .chain(self.numa_node_aliases.iter().map(ToString::to_string))
+            .collect()
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum NodesFormat {
     Wide,
@@ -169,7 +203,7 @@ async fn run(cli: Cli) -> Result<String> {
     let conn: Connection = load::connect(&target).await?;
     match cli.command {
         Command::Nodes { align, output } => {
-            let (cluster, _) = conn.cluster(&cli.driver, None).await?;
+            let (cluster, _) = conn.cluster(&cli.driver, None, None).await?;
             if cluster.nodes().next().is_none() && output != Some(NodesFormat::Json) {
                 eprintln!(
                     "No node publishes GPUs of {} (no complete ResourceSlice pool).",
@@ -183,10 +217,10 @@ async fn run(cli: Cli) -> Result<String> {
             })
         }
         Command::Explain {
-            pod,
-            device_classes,
+            ref pod,
+            ref device_classes,
         } => {
-            let name = explain::pod_name(&pod).map_err(|e| anyhow!(e))?;
+            let name = explain::pod_name(pod).map_err(|e| anyhow!(e))?;
             let namespace = cli
                 .namespace
                 .clone()
@@ -195,16 +229,29 @@ async fn run(cli: Cli) -> Result<String> {
             if let Some(text) = explain::scheduled(&pod) {
                 return Ok(text);
             }
-            let classes = conn.classes(&cli.driver, &device_classes).await?;
-            let (cluster, claims) = conn.cluster(&cli.driver, Some(&namespace)).await?;
-            Ok(explain::explain_pod(&cluster, &pod, &claims, &classes))
+            let (classes, cpu_classes) = conn
+                .classes(&cli.driver, device_classes, &cli.cpu_driver)
+                .await?;
+            let numa_names = cli.numa_names();
+            let mut pools = CpuPools::new(cli.cpu_driver.clone(), numa_names.clone());
+            let (cluster, claims) = conn
+                .cluster(&cli.driver, Some(&namespace), Some(&mut pools))
+                .await?;
+            let cpus = pending::CpuSide {
+                pools: &pools,
+                classes: &cpu_classes,
+                numa_names: &numa_names,
+            };
+            Ok(explain::explain_pod(
+                &cluster, &cpus, &pod, &claims, &classes,
+            ))
         }
         Command::Fit {
             count,
             align,
             output,
         } => {
-            let (cluster, _) = conn.cluster(&cli.driver, None).await?;
+            let (cluster, _) = conn.cluster(&cli.driver, None, None).await?;
             let f = fit::fit(&cluster, count, align);
             Ok(match output {
                 Some(JsonFormat::Json) => fit::json(&f),

@@ -195,3 +195,79 @@ fn readiness_waits_for_every_watched_resource() {
 }
 
 mod malformed;
+
+/// The CPU driver's grouped slice (dra-driver-cpu v0.2.0): 56 CPUs on each NUMA node.
+fn cpu_slice(node: &str) -> ResourceSlice {
+    let devices: Vec<Value> = (0..2)
+        .map(|i| {
+            json!({"name": format!("cpudevnuma{i:03}"),
+                   "attributes": {"dra.net/numaNode": {"int": i}},
+                   "capacity": {"dra.cpu/cpu": {"value": "56"}},
+                   "allowMultipleAllocations": true})
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("{node}-dra.cpu")},
+        "spec": {"driver": "dra.cpu", "nodeName": node,
+                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": devices}
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_claim_of_gpus_and_cpus_is_explained_and_zones_count_the_cpus() {
+    let mut s = synced().with_cpu_driver("dra.cpu", &["dra.net/numaNode".to_owned()]);
+    let cpu_class: DeviceClass = serde_json::from_value(json!({
+        "metadata": {"name": "dra.cpu"},
+        "spec": {"selectors": [{"cel": {"expression": "device.driver == \"dra.cpu\""}}]}
+    }))
+    .unwrap();
+    for input in [
+        Input::Class(Event::Apply(cpu_class)),
+        Input::CpuSlice(Event::Init),
+        Input::CpuSlice(Event::InitApply(cpu_slice("node-a"))),
+        Input::CpuSlice(Event::InitDone),
+    ] {
+        s.apply(input);
+    }
+    // NUMA 0: GPUs 0-3 and 40 CPUs taken by one claim; NUMA 1: all free.
+    let mut first = claim("first", "node-a", &[0, 1, 2, 3], 4);
+    first.status.as_mut().unwrap().allocation.as_mut().unwrap().devices.as_mut().unwrap()
+        .results.as_mut().unwrap()
+        .push(serde_json::from_value(json!({"driver": "dra.cpu", "pool": "node-a",
+            "device": "cpudevnuma000", "request": "cpus", "consumedCapacity": {"dra.cpu/cpu": "40"}}))
+        .unwrap());
+    s.apply(Input::Claim(Event::Apply(first)));
+
+    let mut skipped = 0;
+    let writes = s.plan_nrt(&nrt_options(), &mut skipped);
+    let zones = &applied(&writes)[0].1;
+    assert_eq!(
+        zones[0]["resources"][1],
+        json!({"name": "cpu", "capacity": "56", "allocatable": "56", "available": "16"})
+    );
+
+    // Waiting: 4 GPUs and 60 CPUs on one NUMA node, more than either has.
+    let waiting: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "mixed", "namespace": "default"},
+        "spec": {"devices": {
+            "requests": [
+                {"name": "gpus", "exactly": {"deviceClassName": "gpu.topodra.dev", "count": 4}},
+                {"name": "cpus", "exactly": {"deviceClassName": "dra.cpu",
+                    "capacity": {"requests": {"dra.cpu/cpu": "60"}}}}],
+            "constraints": [{"matchAttribute": "dra.net/numaNode"}]}},
+    }))
+    .unwrap();
+    s.apply(Input::Claim(Event::Apply(waiting)));
+    s.apply(Input::Pod(Event::Apply(waiting_pod("p", "mixed"))));
+    let events = s.plan_events(Instant::now(), Duration::ZERO);
+    let [Write::PodEvent { message, .. }] = events.as_slice() else {
+        panic!("{events:?}")
+    };
+    assert_eq!(
+        message,
+        "needs 4 GPUs and 60 CPUs on one NUMA node; no NUMA node has 4 free GPUs and 60 \
+         free CPUs; node-a NUMA 1 has 4 GPUs and 56 CPUs free; node-a NUMA 0 has 0 GPUs \
+         and 16 CPUs free"
+    );
+}

@@ -3,6 +3,7 @@
 use k8s_openapi::api::resource::v1::ResourceClaimSpec;
 
 use super::Level;
+use super::mixed::CpuDemand;
 
 /// The part of a claim that the model can check against free GPUs: how many of our
 /// GPUs its requests want and the level one `matchAttribute` constraint aligns them
@@ -16,6 +17,9 @@ pub struct Demand {
     pub requests: Vec<String>,
     /// What the model left out, in words.
     pub unjudged: Vec<String>,
+    /// CPUs of the CPU driver that one constraint puts on the same NUMA node as
+    /// these GPUs ([`CpuDemand::of_claim`]); the caller sets it.
+    pub cpus: Option<CpuDemand>,
 }
 
 impl Demand {
@@ -29,12 +33,25 @@ impl Demand {
         driver: &str,
         is_ours: impl Fn(&str) -> bool,
     ) -> Option<Self> {
+        Self::of_claim_with_aliases(spec, driver, &[], is_ours)
+    }
+
+    /// [`Self::of_claim`], where a constraint on one of `numa_aliases` (other
+    /// drivers' names for the NUMA node, which our plugin also publishes) aligns on
+    /// the NUMA node too.
+    pub fn of_claim_with_aliases(
+        spec: &ResourceClaimSpec,
+        driver: &str,
+        numa_aliases: &[String],
+        is_ours: impl Fn(&str) -> bool,
+    ) -> Option<Self> {
         let devices = spec.devices.as_ref()?;
         let mut demand = Demand {
             count: 0,
             level: None,
             requests: Vec::new(),
             unjudged: Vec::new(),
+            cpus: None,
         };
         for req in devices.requests.as_deref().unwrap_or_default() {
             let wanted = if let Some(e) = &req.exactly {
@@ -87,13 +104,32 @@ impl Demand {
                 })
             })
             .filter_map(|c| c.match_attribute.as_deref())
-            .find_map(|a| Level::from_match_attribute(a, driver));
+            .find_map(|a| {
+                Level::from_match_attribute(a, driver).or_else(|| {
+                    numa_aliases
+                        .iter()
+                        .any(|n| n == a)
+                        .then_some(Level::NumaNode)
+                })
+            });
         Some(demand)
     }
 
-    /// "4 GPUs on one NUMA node", "1 GPU".
+    /// "4 GPUs on one NUMA node", "1 GPU", "4 GPUs and 32 CPUs on one NUMA node".
     pub fn describe(&self) -> String {
         let gpus = if self.count == 1 { "GPU" } else { "GPUs" };
+        if let Some(c) = &self.cpus {
+            if c.whole {
+                return format!("{} {gpus} and a whole NUMA node's CPUs", self.count);
+            }
+            let cpus = if c.count == 1 { "CPU" } else { "CPUs" };
+            return format!(
+                "{} {gpus} and {} {cpus} on {}",
+                self.count,
+                c.count,
+                Level::NumaNode.one()
+            );
+        }
         match self.level {
             Some(l) => format!("{} {gpus} on {}", self.count, l.one()),
             None => format!("{} {gpus}", self.count),

@@ -10,7 +10,11 @@ pub struct Candidate {
     pub node: String,
     /// "NUMA 1"; `None` for a demand without alignment.
     pub group: Option<String>,
+    /// Free GPUs.
     pub free: u32,
+    /// Free CPUs of the CPU driver in the group, for a demand that couples them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub free_cpus: Option<u64>,
 }
 
 impl Candidate {
@@ -18,6 +22,22 @@ impl Candidate {
         match &self.group {
             Some(g) => format!("{}, {g}", self.node),
             None => self.node.clone(),
+        }
+    }
+
+    /// "node-a NUMA 1 has 4 GPUs and 12 CPUs free".
+    pub(super) fn describe_free(&self) -> String {
+        let place = match &self.group {
+            Some(g) => format!("{} {g}", self.node),
+            None => self.node.clone(),
+        };
+        let gpus = format!("{} GPU{}", self.free, plural(self.free as usize));
+        match self.free_cpus {
+            Some(c) => format!(
+                "{place} has {gpus} and {c} CPU{} free",
+                plural(usize::try_from(c).unwrap_or(usize::MAX))
+            ),
+            None => format!("{place} has {gpus} free"),
         }
     }
 }
@@ -46,11 +66,13 @@ pub fn explain(cluster: &Cluster, demand: &Demand) -> Explanation {
             node: s.node.clone(),
             group: Some(l.group_name(&g.key)),
             free: g.counts.free,
+            free_cpus: None,
         }),
         None => (s.gpus.free > 0).then(|| Candidate {
             node: s.node.clone(),
             group: None,
             free: s.gpus.free,
+            free_cpus: None,
         }),
     };
     let mut all: Vec<Candidate> = cluster.nodes().filter_map(candidate).collect();
@@ -129,6 +151,6 @@ pub fn explain(cluster: &Cluster, demand: &Demand) -> Explanation {
     }
 }
 
-fn plural(n: usize) -> &'static str {
+pub(super) fn plural(n: usize) -> &'static str {
     if n == 1 { "" } else { "s" }
 }

@@ -17,18 +17,22 @@
 //! skipped ([`Cluster::take_findings`] says which).
 
 mod cluster;
+mod cpus;
 mod demand;
 mod device;
 mod explain;
 mod level;
+mod mixed;
 mod problems;
 mod summary;
 mod values;
 
 pub use cluster::{ClaimKey, Cluster};
+pub use cpus::{CpuCounts, CpuPools};
 pub use demand::Demand;
 pub use explain::{Candidate, Explanation, explain};
 pub use level::{Level, LevelError};
+pub use mixed::{CpuDemand, explain_mixed};
 pub use problems::{Finding, PoolProblem};
 pub use summary::{Counts, Group, NodeSummary};
 pub use values::{InvalidValue, MAX_KEY_LEN, MAX_NUMA_NODE, MAX_SOCKET};

@@ -361,7 +361,8 @@ fn a_claim_that_fits_says_where() {
         Candidate {
             node: "node-a".into(),
             group: Some("NUMA 1".into()),
-            free: 4
+            free: 4,
+            free_cpus: None,
         }
     );
     assert!(
@@ -542,3 +543,4 @@ proptest! {
 }
 
 mod malformed;
+mod mixed;
