@@ -65,6 +65,14 @@ func TestChartRefusesValuesThatCannotWork(t *testing.T) {
 		{"relative hook path", []string{"--set", "kubeletPlugin.cdiHook.hostPath=usr/bin/nvidia-cdi-hook"}, "/kubeletPlugin/cdiHook/hostPath"},
 		{"hook path with a trailing slash", []string{"--set", "kubeletPlugin.cdiHook.hostPath=/usr/bin/"}, "/kubeletPlugin/cdiHook/hostPath"},
 		{"no schema: hook path", []string{"--skip-schema-validation", "--set", "kubeletPlugin.cdiHook.hostPath=/usr//bin/nvidia-cdi-hook"}, "kubeletPlugin.cdiHook.hostPath must be an absolute path"},
+		{"unqualified NUMA alias", []string{"--set", "kubeletPlugin.numaNodeAliases={numaNode}"}, "/kubeletPlugin/numaNodeAliases/0"},
+		{"NUMA alias twice", []string{"--set", "kubeletPlugin.numaNodeAliases={dra.net/numaNode,dra.net/numaNode}"}, "/kubeletPlugin/numaNodeAliases"},
+		{"NUMA alias in the standard domain", []string{"--set", "kubeletPlugin.numaNodeAliases={resource.kubernetes.io/numaNode}"}, "an alias is another driver's name"},
+		{"NUMA alias in our own domain", []string{"--set", "kubeletPlugin.numaNodeAliases={gpu.topodra.dev/numa}"}, "an alias is another driver's name"},
+		{"more NUMA aliases than fit", []string{"--set", "kubeletPlugin.numaNodeAliases={a.io/n0,a.io/n1,a.io/n2,a.io/n3,a.io/n4,a.io/n5,a.io/n6,a.io/n7,a.io/n8,a.io/n9}"}, "/kubeletPlugin/numaNodeAliases"},
+		{"CPU class on a name the plugin does not publish", []string{"--set", "cpuDriver.alignedClass.enabled=true"}, "add it to kubeletPlugin.numaNodeAliases"},
+		{"CPU class without the GPU class", []string{"--set", "cpuDriver.alignedClass.enabled=true", "--set", "kubeletPlugin.numaNodeAliases={dra.net/numaNode}",
+			"--set", "alignedClass.enabled=false"}, "needs alignedClass.enabled"},
 	} {
 		out, err := helmTemplateOut(t, c.args...)
 		if err == nil {
@@ -84,6 +92,9 @@ func TestChartRefusesValuesThatCannotWork(t *testing.T) {
 		{"--set-string", "kubeletPlugin.resources.limits.memory=0.5Gi", "--set", "controller.resources.limits.memory=1G"},
 		{"--set", "kubeletPlugin.cdiHook.hostPath=/usr/bin/nvidia-cdi-hook"},
 		{"--set", "kubeletPlugin.cdiHook.hostPath="},
+		{"--set", "kubeletPlugin.numaNodeAliases={dra.net/numaNode}", "--set", "cpuDriver.alignedClass.enabled=true"},
+		{"--set", "cpuDriver.alignedClass.enabled=true", "--set", "cpuDriver.alignedClass.numaAttribute=resource.kubernetes.io/numaNode"},
+		{"--set", "cpuDriver.name="},
 	} {
 		if out, err := helmTemplateOut(t, args...); err != nil {
 			t.Errorf("%v: refused: %v\n%s", args, err, out)

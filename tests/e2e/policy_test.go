@@ -388,6 +388,47 @@ func TestAlignedByDefault(t *testing.T) {
 		}
 	})
 
+	// The chart with the CPU half of the pair on (cpuDriver.alignedClass): the same
+	// policy object, re-applied, also puts the claim's CPU requests in the GPUs'
+	// constraint, on the name both drivers publish. GPU-only claims keep the standard
+	// name, so the rest of this test runs under it unchanged.
+	t.Run("admission with the CPU class", func(t *testing.T) {
+		rendered := helmTemplate(t, t.TempDir(), "--set", "cpuDriver.alignedClass.enabled=true",
+			"--set", "kubeletPlugin.numaNodeAliases={dra.net/numaNode}")
+		e.kubectlApply(manifestDocs(t, rendered, func(k string) bool {
+			return k == "MutatingAdmissionPolicy" || k == "DeviceClass"
+		}))
+		const cpuClass = "cpu-aligned.topodra.dev"
+		alias := func(requests ...string) resourceapi.DeviceConstraint {
+			return resourceapi.DeviceConstraint{Requests: requests, MatchAttribute: ptrTo(resourceapi.FullyQualifiedName("dra.net/numaNode"))}
+		}
+		mixed := alignedClaimSpec(nil, [2]string{"gpus", alignedClass}, [2]string{"cpus", cpuClass})
+		eventually(t, time.Minute, func() error {
+			if got := create("probe", mixed, nil); constraintsString(got) != constraintsString([]resourceapi.DeviceConstraint{alias("gpus", "cpus")}) {
+				return fmt.Errorf("the re-applied policy is not in force yet: %s", constraintsString(got))
+			}
+			return nil
+		})
+		for _, tc := range []struct {
+			what string
+			spec resourceapi.ResourceClaimSpec
+			want []resourceapi.DeviceConstraint
+		}{
+			{"GPUs and CPUs", mixed, []resourceapi.DeviceConstraint{alias("gpus", "cpus")}},
+			{"GPUs only", alignedClaimSpec(nil, [2]string{"gpus", alignedClass}), []resourceapi.DeviceConstraint{numaConstraint("gpus")}},
+			{"CPUs only: nothing to align them with", alignedClaimSpec(nil, [2]string{"cpus", cpuClass}), nil},
+			{"the CPU driver's own class stays out", alignedClaimSpec(nil, [2]string{"gpus", alignedClass}, [2]string{"cpus", "dra.cpu"}),
+				[]resourceapi.DeviceConstraint{numaConstraint("gpus")}},
+		} {
+			got := create("admission-test", tc.spec, nil)
+			if constraintsString(got) != constraintsString(tc.want) {
+				t.Errorf("%s: constraints %s, want %s", tc.what, constraintsString(got), constraintsString(tc.want))
+			} else {
+				t.Logf("%s: constraints %s", tc.what, constraintsString(got))
+			}
+		}
+	})
+
 	// The example template, created for real: the stored object has the constraint.
 	example := filepath.Join(repoRoot(t), "deploy", "examples", "07-aligned-by-default.yaml")
 	tmpl := strings.Replace(manifestDoc(t, example, "ResourceClaimTemplate"), "metadata:\n", "metadata:\n  namespace: "+ns+"\n", 1)

@@ -93,6 +93,18 @@ after its first label (gpu.topodra.dev: gpu-aligned.topodra.dev).
 {{- end }}
 
 {{/*
+The CPU class of the aligned pair: cpu-aligned.<the driverName after its first label>.
+*/}}
+{{- define "topodra.cpuAlignedClassName" -}}
+{{- if .Values.cpuDriver.alignedClass.name }}
+{{- .Values.cpuDriver.alignedClass.name }}
+{{- else }}
+{{- $parts := splitn "." 2 .Values.driverName }}
+{{- printf "cpu-aligned.%s" $parts._1 }}
+{{- end }}
+{{- end }}
+
+{{/*
 An image reference from {repository, tag, digest}: repository:tag, the tag defaulting to
 the chart's appVersion (the version `make image` tags), with "@digest" appended when a
 digest is set. The runtime then pulls by the digest; the tag stays for people reading
@@ -174,6 +186,11 @@ Checks of values that would otherwise fail at run time on every node.
 {{- if not (has .Values.kubeletPlugin.numaNodeFormat (list "int" "list")) }}
 {{- fail (printf "kubeletPlugin.numaNodeFormat must be \"int\" or \"list\", not %q" .Values.kubeletPlugin.numaNodeFormat) }}
 {{- end }}
+{{- range .Values.kubeletPlugin.numaNodeAliases }}
+{{- if or (hasPrefix "resource.kubernetes.io/" .) (hasPrefix (printf "%s/" $.Values.driverName) .) }}
+{{- fail (printf "kubeletPlugin.numaNodeAliases: %q is in resource.kubernetes.io or this driver's own domain; an alias is another driver's name, such as dra.net/numaNode" .) }}
+{{- end }}
+{{- end }}
 {{- if not (has .Values.kubeletPlugin.logFormat (list "json" "text")) }}
 {{- fail (printf "kubeletPlugin.logFormat must be \"json\" or \"text\", not %q" .Values.kubeletPlugin.logFormat) }}
 {{- end }}
@@ -190,6 +207,22 @@ Checks of values that would otherwise fail at run time on every node.
 {{- end }}
 {{- if semverCompare "<1.36.0-0" .Capabilities.KubeVersion.Version }}
 {{- fail "alignedClass.enabled needs Kubernetes 1.36 or later (MutatingAdmissionPolicy v1); set it to false on older clusters" }}
+{{- end }}
+{{- end }}
+{{- with .Values.cpuDriver.alignedClass }}
+{{- if .enabled }}
+{{- if not $.Values.alignedClass.enabled }}
+{{- fail "cpuDriver.alignedClass.enabled needs alignedClass.enabled: the GPU class's policy aligns both" }}
+{{- end }}
+{{- if not $.Values.cpuDriver.name }}
+{{- fail "cpuDriver.alignedClass.enabled needs cpuDriver.name" }}
+{{- end }}
+{{- if and (ne .numaAttribute "resource.kubernetes.io/numaNode") (not (has .numaAttribute $.Values.kubeletPlugin.numaNodeAliases)) }}
+{{- fail (printf "cpuDriver.alignedClass.numaAttribute %q is not published by the GPU plugin: add it to kubeletPlugin.numaNodeAliases" .numaAttribute) }}
+{{- end }}
+{{- if eq (include "topodra.cpuAlignedClassName" $) (include "topodra.alignedClassName" $) }}
+{{- fail "cpuDriver.alignedClass.name must differ from alignedClass.name" }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- if not (hasPrefix "/" (toString .Values.kubeletPlugin.driverRoot)) }}
