@@ -427,6 +427,25 @@ func TestAlignedByDefault(t *testing.T) {
 				t.Logf("%s: constraints %s", tc.what, constraintsString(got))
 			}
 		}
+		// The example, created for real.
+		example := filepath.Join(repoRoot(t), "deploy", "examples", "11-one-gpu-eight-cpus-aligned-by-default.yaml")
+		e.kubectlApply(strings.Replace(manifestDoc(t, example, "ResourceClaimTemplate"), "metadata:\n", "metadata:\n  namespace: "+ns+"\n", 1))
+		stored, err := e.admin.ResourceV1().ResourceClaimTemplates(ns).Get(ctx, "one-gpu-eight-cpus", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := constraintsString(stored.Spec.Spec.Devices.Constraints); got != constraintsString([]resourceapi.DeviceConstraint{alias("gpu", "cpus")}) {
+			t.Errorf("stored template one-gpu-eight-cpus has constraints %s", got)
+		}
+		// The other GPU + CPU examples are valid objects for this API server.
+		for _, f := range []string{"09-four-gpus-and-32-cpus-one-numa-node.yaml", "10-gpus-and-a-whole-numa-node.yaml", "12-gpu-cpu-and-nic-one-numa-node.yaml"} {
+			out, err := e.c.Kubectl(ctx, "apply", "--dry-run=server", "-n", ns, "-f", filepath.Join(repoRoot(t), "deploy", "examples", f))
+			if err != nil {
+				t.Errorf("%s: %v", f, err)
+			} else {
+				t.Logf("%s: %s", f, strings.TrimSpace(string(out)))
+			}
+		}
 	})
 
 	// The example template, created for real: the stored object has the constraint.
