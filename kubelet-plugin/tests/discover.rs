@@ -89,3 +89,42 @@ fn mig_gpus_list_their_mig_devices() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("MIG mode change pending"), "{stderr}");
 }
+
+#[test]
+fn numa_node_aliases_carry_the_numa_node_and_bad_ones_stop_the_command() {
+    let out = discover(
+        "dgx-h100",
+        &["-o", "json", "--numa-node-aliases=dra.net/numaNode"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let devices = list["items"][0]["spec"]["devices"].as_array().unwrap();
+    for d in devices {
+        let a = &d["attributes"];
+        assert_eq!(
+            a["dra.net/numaNode"], a["resource.kubernetes.io/numaNode"],
+            "{}",
+            d["name"]
+        );
+    }
+    assert_eq!(devices[7]["attributes"]["dra.net/numaNode"]["int"], 1);
+
+    let own = discover(
+        "dgx-h100",
+        &["-o", "json", "--numa-node-aliases=gpu.topodra.dev/numa"],
+    );
+    let stderr = String::from_utf8_lossy(&own.stderr);
+    assert!(!own.status.success());
+    assert!(
+        stderr.contains("--numa-node-aliases") && stderr.contains("own domain"),
+        "{stderr}"
+    );
+    let bare = discover("dgx-h100", &["--numa-node-aliases=numaNode"]);
+    let stderr = String::from_utf8_lossy(&bare.stderr);
+    assert!(!bare.status.success());
+    assert!(stderr.contains("has no domain"), "{stderr}");
+}
