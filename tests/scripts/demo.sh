@@ -7,7 +7,9 @@
 # repository), the kubelet's own plugin-manager and DRA-manager code as the node
 # (tests/e2e's topodra-kubelet-harness, which also injects the CDI specs with the CDI
 # library container runtimes use), and topodra-kubelet-plugin on a simulated machine
-# (tests/fake-nvml: fake NVML + the machine's hwloc topology). Cleans up on exit;
+# (tests/fake-nvml: fake NVML + the machine's hwloc topology), and topodra-controller
+# under the chart's controller ServiceAccount, which explains the pod left waiting
+# (kubectl topodra shows the same). Cleans up on exit;
 # TOPODRA_DEMO_KEEP=1 keeps the directory with every log.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -40,7 +42,7 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 step "building (first run: the Rust workspace, then Kubernetes from its Go modules, 15-30 min on 2 cores)"
-cargo build -q -p topodra-fake-nvml -p topodra-kubelet-plugin
+cargo build -q -p topodra-fake-nvml -p topodra-kubelet-plugin -p topodra-controller
 bash tests/tools/build.sh kube etcd nvidia-ctk >&2
 eval "$(bash tests/tools/build.sh --env kube etcd)"
 # NVIDIA's nvidia-cdi-hook (built from the pinned toolkit module): the plugin installs
@@ -94,6 +96,22 @@ for _ in $(seq 300); do
 done
 [[ -n $(kubectl get resourceslices -o name 2>/dev/null) ]] || { echo "no ResourceSlice; see $dir/plugin.log" >&2; tail -20 "$dir/plugin.log" >&2; exit 1; }
 
+step "the controller (topodra-controller as the chart's ServiceAccount topodra-system/topodra-controller)"
+# A kubeconfig with the ServiceAccount's token instead of the admin's certificate, so
+# the controller runs with the chart's RBAC, as in a cluster.
+ctrl_kc=$dir/controller.kubeconfig
+kubectl config view --raw --minify --flatten >"$ctrl_kc"
+admin_user=$(KUBECONFIG=$ctrl_kc kubectl config view -o jsonpath='{.users[0].name}')
+KUBECONFIG=$ctrl_kc kubectl config set-credentials topodra-controller \
+    --token="$(kubectl create token topodra-controller -n topodra-system --duration 24h)" >/dev/null
+KUBECONFIG=$ctrl_kc kubectl config set-context --current --user=topodra-controller >/dev/null
+KUBECONFIG=$ctrl_kc kubectl config unset "users.$admin_user" >/dev/null
+KUBECONFIG=$ctrl_kc POD_NAMESPACE=topodra-system POD_NAME=demo-controller target/debug/topodra-controller \
+    --leader-elect=false --node-resource-topology=false --http-bind-address 127.0.0.1 --http-port 0 \
+    >"$dir/controller.log" 2>&1 &
+pids+=($!)
+echo "   running; its log: controller.log"
+
 step "kubectl get resourceslices"
 kubectl get resourceslices
 step "kubectl describe resourceslice (first two devices)"
@@ -140,6 +158,21 @@ echo
 echo "   the third pod stays Pending; the scheduler says:"
 kubectl get events --field-selector involvedObject.name=third,reason=FailedScheduling \
     -o jsonpath='{range .items[*]}      {.message}{"\n"}{end}' | tail -1
+
+step "why the third pod waits, in topology terms: the controller's Event, and kubectl topodra"
+for _ in $(seq 150); do
+    [[ -n $(kubectl get events --field-selector involvedObject.name=third,reason=WaitingForGPUs -o name 2>/dev/null) ]] && break
+    sleep 0.2
+done
+echo "   kubectl get events --field-selector reason=WaitingForGPUs:"
+kubectl get events --field-selector involvedObject.name=third,reason=WaitingForGPUs \
+    -o jsonpath='{range .items[*]}      {.message}{"\n"}{end}' | tail -1
+echo
+echo "   kubectl topodra nodes:"
+PATH=$repo/target/debug:$PATH kubectl topodra nodes | sed 's/^/      /'
+echo
+echo "   kubectl topodra explain pod/third:"
+PATH=$repo/target/debug:$PATH kubectl topodra explain pod/third | sed 's/^/      /'
 
 step "the CDI edits the runtime would apply (injected by the CDI library from the plugin's specs)"
 python3 - "$nodedir/kubelet/pods" <<'PY'
