@@ -2,12 +2,36 @@
 //! services' own (`topodra_prepare_duration_seconds`, ...) come from
 //! [`ClaimMetrics`], registered here under the same prefix.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::SystemTime;
 
+use crate::publish::PublishStatus;
 use dra_kubeletplugin::metrics::ClaimMetrics;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use topodra_driver::health::{HealthState, Status};
 use topodra_ops::metrics::Registry;
 use topodra_ops::requests::RequestCounter;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+    revision: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CauseLabels {
+    cause: String,
+}
 
 /// The plugin's metrics; cheap to share.
 #[derive(Debug)]
@@ -16,6 +40,11 @@ pub(crate) struct Metrics {
     claims: Arc<ClaimMetrics>,
     devices: Gauge,
     read_only: Gauge,
+    health: Family<StateLabels, Gauge>,
+    unhealthy: Family<CauseLabels, Gauge>,
+    publish_failures: Counter,
+    publish_in_sync: Gauge,
+    last_publish: Gauge<f64, AtomicU64>,
 }
 
 impl Metrics {
@@ -32,11 +61,143 @@ impl Metrics {
             "1 while the plugin serves read-only because it cannot use its state directory (no claim can be prepared)",
             read_only.clone(),
         );
+        let build = Family::<BuildLabels, Gauge>::default();
+        registry.register(
+            "build_info",
+            "Always 1; the labels say which build runs (the version and commit of --version)",
+            build.clone(),
+        );
+        build
+            .get_or_create(&BuildLabels {
+                version: topodra_ops::version::VERSION.to_owned(),
+                revision: topodra_ops::version::REVISION.to_owned(),
+            })
+            .set(1);
+        let health = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "device_health",
+            "Published devices by health: healthy, unhealthy (tainted), unknown (NVML gave no answer yet)",
+            health.clone(),
+        );
+        let unhealthy = Family::<CauseLabels, Gauge>::default();
+        registry.register(
+            "unhealthy_devices",
+            "Unhealthy devices by cause: xid-<n> (the critical XID that made it unhealthy) or lost",
+            unhealthy.clone(),
+        );
+        let publish_failures = Counter::default();
+        registry.register(
+            "publish_failures",
+            "ResourceSlice reconciles that failed (each retried with backoff), including an invalid pool",
+            publish_failures.clone(),
+        );
+        let publish_in_sync = Gauge::default();
+        registry.register(
+            "publish_in_sync",
+            "1 while the last reconcile left the ResourceSlices as desired",
+            publish_in_sync.clone(),
+        );
+        let last_publish = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "last_publish_success_timestamp_seconds",
+            "Unix time of the last reconcile that found or made the ResourceSlices as desired; 0 before the first",
+            last_publish.clone(),
+        );
         Self {
             registry: base,
             claims,
             devices,
             read_only,
+            health,
+            unhealthy,
+            publish_failures,
+            publish_in_sync,
+            last_publish,
+        }
+    }
+
+    /// Takes in the health monitor's picture: counts by state and by cause, every
+    /// state and cause seen before kept at 0 so a series does not vanish.
+    pub(crate) fn set_health(&self, state: &HealthState) {
+        let mut by_state: BTreeMap<&str, i64> =
+            [("healthy", 0), ("unhealthy", 0), ("unknown", 0)].into();
+        let mut by_cause: BTreeMap<String, i64> = BTreeMap::new();
+        for h in state.devices.values() {
+            let key = match h.status {
+                Status::Healthy => "healthy",
+                Status::Unhealthy => "unhealthy",
+                Status::Unknown => "unknown",
+            };
+            *by_state.entry(key).or_default() += 1;
+            if let Some(cause) = &h.cause {
+                *by_cause.entry(cause.label()).or_default() += 1;
+            }
+        }
+        for (state, n) in by_state {
+            self.health
+                .get_or_create(&StateLabels {
+                    state: state.to_owned(),
+                })
+                .set(n);
+        }
+        // Causes no device has any more go to 0: the family keeps each one it made.
+        let known: Vec<String> = self
+            .unhealthy_causes()
+            .into_iter()
+            .filter(|c| !by_cause.contains_key(c))
+            .collect();
+        for cause in known {
+            by_cause.insert(cause, 0);
+        }
+        for (cause, n) in by_cause {
+            self.unhealthy.get_or_create(&CauseLabels { cause }).set(n);
+        }
+    }
+
+    fn unhealthy_causes(&self) -> Vec<String> {
+        // prometheus-client has no iteration over a family; the encoded text has it.
+        let mut text = String::new();
+        let mut r = prometheus_client::registry::Registry::default();
+        r.register("u", "", self.unhealthy.clone());
+        if prometheus_client::encoding::text::encode(&mut text, &r).is_err() {
+            return Vec::new();
+        }
+        text.lines()
+            .filter_map(|l| l.split_once("cause=\"")?.1.split_once('"'))
+            .map(|(c, _)| c.to_owned())
+            .collect()
+    }
+
+    /// Takes in a publisher status change; `previous` is the one before it.
+    pub(crate) fn set_publish(&self, previous: &PublishStatus, now: &PublishStatus) {
+        match now {
+            PublishStatus::InSync { .. } => {
+                self.publish_in_sync.set(1);
+                let t = SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0.0, |d| d.as_secs_f64());
+                self.last_publish.set(t);
+            }
+            PublishStatus::Failing {
+                consecutive_failures,
+                ..
+            } => {
+                self.publish_in_sync.set(0);
+                // Statuses are watched, so two quick failures may arrive as one: the
+                // streak's count says how many there were.
+                let before = match previous {
+                    PublishStatus::Failing {
+                        consecutive_failures: b,
+                        ..
+                    } if b <= consecutive_failures => *b,
+                    _ => 0,
+                };
+                self.publish_failures
+                    .inc_by(u64::from(consecutive_failures - before));
+            }
+            PublishStatus::Starting => {
+                self.publish_in_sync.set(0);
+            }
         }
     }
 
@@ -95,5 +256,80 @@ mod tests {
             text.contains("topodra_api_requests_total{verb=\"get\",resource=\"nodes\"} 3"),
             "{text}"
         );
+        assert!(text.contains("topodra_build_info{version=\""), "{text}");
+    }
+
+    #[test]
+    fn health_counts_by_state_and_cause_and_causes_that_went_stay_at_zero() {
+        use topodra_driver::health::{Cause, DeviceHealth};
+        let m = Metrics::new(&RequestCounter::new());
+        let h = |status, cause| DeviceHealth {
+            status,
+            since: SystemTime::UNIX_EPOCH,
+            reason: String::new(),
+            cause,
+        };
+        let mut state = HealthState::default();
+        state
+            .devices
+            .insert("gpu-0".into(), h(Status::Healthy, None));
+        state
+            .devices
+            .insert("gpu-1".into(), h(Status::Unhealthy, Some(Cause::Xid(79))));
+        state
+            .devices
+            .insert("gpu-2".into(), h(Status::Unknown, None));
+        m.set_health(&state);
+        let text = m.encode();
+        for line in [
+            "topodra_device_health{state=\"healthy\"} 1",
+            "topodra_device_health{state=\"unhealthy\"} 1",
+            "topodra_device_health{state=\"unknown\"} 1",
+            "topodra_unhealthy_devices{cause=\"xid-79\"} 1",
+        ] {
+            assert!(text.contains(line), "{line}\n{text}");
+        }
+        state
+            .devices
+            .insert("gpu-1".into(), h(Status::Healthy, None));
+        m.set_health(&state);
+        let text = m.encode();
+        assert!(
+            text.contains("topodra_unhealthy_devices{cause=\"xid-79\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("topodra_device_health{state=\"healthy\"} 2"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn publish_failures_count_every_failure_of_a_streak() {
+        let m = Metrics::new(&RequestCounter::new());
+        let failing = |n| PublishStatus::Failing {
+            consecutive_failures: n,
+            error: "e".into(),
+        };
+        m.set_publish(&PublishStatus::Starting, &failing(1));
+        // Two more failures seen as one change.
+        m.set_publish(&failing(1), &failing(3));
+        let text = m.encode();
+        assert!(text.contains("topodra_publish_failures_total 3"), "{text}");
+        assert!(text.contains("topodra_publish_in_sync 0"), "{text}");
+        assert!(
+            text.contains("topodra_last_publish_success_timestamp_seconds 0"),
+            "{text}"
+        );
+        m.set_publish(&failing(3), &PublishStatus::InSync { generation: 2 });
+        let text = m.encode();
+        assert!(text.contains("topodra_publish_in_sync 1"), "{text}");
+        assert!(
+            !text.contains("topodra_last_publish_success_timestamp_seconds 0"),
+            "{text}"
+        );
+        // A new streak starts from zero.
+        m.set_publish(&PublishStatus::InSync { generation: 2 }, &failing(1));
+        assert!(m.encode().contains("topodra_publish_failures_total 4"));
     }
 }

@@ -327,6 +327,35 @@ fn host_node_check(
     });
 }
 
+/// Keeps the metrics of device health and publishing current from the monitor's and
+/// the publisher's status; ends when both are gone.
+async fn export_status(
+    metrics: Arc<Metrics>,
+    mut health: watch::Receiver<HealthState>,
+    mut published: watch::Receiver<crate::publish::PublishStatus>,
+) {
+    let mut last = published.borrow_and_update().clone();
+    metrics.set_publish(&crate::publish::PublishStatus::Starting, &last);
+    metrics.set_health(&health.borrow_and_update());
+    let (mut health_open, mut published_open) = (true, true);
+    while health_open || published_open {
+        tokio::select! {
+            r = health.changed(), if health_open => match r {
+                Ok(()) => metrics.set_health(&health.borrow_and_update()),
+                Err(_) => health_open = false,
+            },
+            r = published.changed(), if published_open => match r {
+                Ok(()) => {
+                    let now = published.borrow_and_update().clone();
+                    metrics.set_publish(&last, &now);
+                    last = now;
+                }
+                Err(_) => published_open = false,
+            },
+        }
+    }
+}
+
 /// Starts the health monitor: NVML events and probes, under the flags' policy.
 fn start_health(
     args: &ServeArgs,
@@ -414,7 +443,7 @@ async fn serve(
         events::stale_claim_unprepared(client.clone(), args.node_name.clone()),
         shutdown(),
     ));
-    let driver = Arc::new(NodeDriver::new(preparer.clone(), health_rx));
+    let driver = Arc::new(NodeDriver::new(preparer.clone(), health_rx.clone()));
     let mut plugin = PluginBuilder::new(
         &args.discovery.driver_name,
         &args.node_name,
@@ -440,6 +469,11 @@ async fn serve(
     let publisher = Publisher::new(client.clone(), publisher_config, desired_rx);
     let publish_status = publisher.status();
     let publisher_task = tokio::spawn(publisher.run(shutdown()));
+    tokio::spawn(export_status(
+        metrics.clone(),
+        health_rx.clone(),
+        publish_status.clone(),
+    ));
     let (check_client, node, driver) = (
         client.clone(),
         args.node_name.clone(),

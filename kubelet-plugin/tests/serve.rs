@@ -125,6 +125,15 @@ async fn registers_publishes_prepares_and_unprepares() {
         "{metrics}"
     );
     assert!(metrics.contains("topodra_prepared_devices 8"), "{metrics}");
+    // The slices are published (readiness waited for it) and every GPU answered NVML.
+    for line in [
+        "topodra_publish_in_sync 1",
+        "topodra_publish_failures_total 0",
+        "topodra_device_health{state=\"healthy\"} 8",
+        "topodra_build_info{",
+    ] {
+        assert!(metrics.contains(line), "{line}\n{metrics}");
+    }
     assert!(
         api.requests()
             .iter()

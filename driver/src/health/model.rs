@@ -25,7 +25,7 @@ pub enum Cause {
 
 impl Cause {
     /// `xid-79`, `lost`: valid as a Kubernetes label value.
-    pub(crate) fn label(&self) -> String {
+    pub fn label(&self) -> String {
         match self {
             Self::Xid(xid) => format!("xid-{xid}"),
             Self::Lost => "lost".to_owned(),
