@@ -5,11 +5,12 @@
 # the lstopo tools the fixture checks use, and runc with a static busybox, which
 # kubelet-plugin/tests/oci_runtime.rs runs a workload container with, and the C
 # compiler and glibc headers of the one cgo build (NVIDIA's nvidia-cdi-hook and
-# nvidia-ctk, tests/tools/build.sh nvidia-ctk; Rust's linker needs them too).
+# nvidia-ctk, tests/tools/build.sh nvidia-ctk; Rust's linker needs them too), and
+# Prometheus' promtool (package prometheus), which checks the chart's alert rules.
 # Idempotent and quiet when all is there.
 set -euo pipefail
 
-packages=(libhwloc-dev hwloc-nox libudev-dev pkg-config runc busybox-static gcc libc6-dev)
+packages=(libhwloc-dev hwloc-nox libudev-dev pkg-config runc busybox-static gcc libc6-dev prometheus)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
