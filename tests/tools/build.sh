@@ -11,13 +11,17 @@
 # was asked for, so callers can do `eval "$(tests/tools/build.sh --env)"`.
 #
 # Usage: tests/tools/build.sh [options] [tool...]      (tools: kube etcd kwok helm
-#                                                       nvidia-ctk; default: all of them)
+#                                                       nvidia-ctk dra-driver-cpu;
+#                                                       default: all of them)
 #   Built only when named: topo-sched (the scale benchmark's legacy baseline:
 #   scheduler-plugins' kube-scheduler as `topology-aware-scheduler`).
 #   nvidia-ctk (nvidia-cdi-hook and nvidia-ctk of NVIDIA's container toolkit) is the
 #   one cgo build; its licence files go to <tool>-<version>/share/, beside bin/.
+#   dra-driver-cpu (dracpu, kubernetes-sigs' CPU DRA driver) runs beside our plugin
+#   in the whole-node NUMA alignment e2e test.
 #   --print-path   print the bin dirs as a PATH fragment (dir:dir:...)
 #   --env          print `export TOPODRA_TOOLS_BIN=...` and `export PATH=...`
+#                  (and TOPODRA_DRACPU=<path of dracpu> when dra-driver-cpu is asked for)
 #   --check        build nothing; exit 1 (listing what is missing) unless all built
 #   --force        rebuild even when the stamp matches
 #   -h, --help     this text
@@ -28,7 +32,7 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache_root="${TOPODRA_TOOLS_CACHE:-${HOME:-/root}/.cache/topodra/tools}"
-all_tools=(kube etcd kwok helm nvidia-ctk)
+all_tools=(kube etcd kwok helm nvidia-ctk dra-driver-cpu)
 # Known tools that the default list (and so `make test`) leaves out.
 named_only_tools=(topo-sched)
 # Bump when the recipe below changes in a way go.mod/go.sum do not show.
@@ -67,6 +71,7 @@ main_module() {
 	kwok) echo sigs.k8s.io/kwok ;;
 	helm) echo helm.sh/helm/v3 ;;
 	nvidia-ctk) echo github.com/NVIDIA/nvidia-container-toolkit ;;
+	dra-driver-cpu) echo github.com/kubernetes-sigs/dra-driver-cpu ;;
 	topo-sched) echo sigs.k8s.io/scheduler-plugins ;;
 	esac
 }
@@ -79,6 +84,7 @@ packages() {
 	helm) echo helm.sh/helm/v3/cmd/helm ;;
 	nvidia-ctk) echo github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook \
 		github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk ;;
+	dra-driver-cpu) echo github.com/kubernetes-sigs/dra-driver-cpu/cmd/dracpu ;;
 	topo-sched) echo sigs.k8s.io/scheduler-plugins/cmd/scheduler ;;
 	esac
 }
@@ -95,6 +101,7 @@ binaries() {
 	kwok) echo kwok kwok-stages ;;
 	helm) echo helm ;;
 	nvidia-ctk) echo nvidia-cdi-hook nvidia-ctk ;;
+	dra-driver-cpu) echo dracpu ;;
 	topo-sched) echo topology-aware-scheduler ;;
 	esac
 }
@@ -161,6 +168,11 @@ ldflags() {
 		# a git checkout: the module proxy does not say which commit a tag is.
 		flags+=" '-extldflags=-Wl,--export-dynamic -Wl,--unresolved-symbols=ignore-in-object-files -Wl,-z,lazy'"
 		flags+=" -X github.com/NVIDIA/nvidia-container-toolkit/internal/info.version=${version#v}"
+		;;
+	dra-driver-cpu)
+		# Nothing to stamp: dracpu has no version variable and logs only Go's
+		# build info (its VCS fields are empty in a module build; `go version -m`
+		# shows the module at v0.2.0).
 		;;
 	topo-sched)
 		# cmd/scheduler is k8s.io/kubernetes' kube-scheduler with plugins added.
@@ -237,6 +249,7 @@ build_one() {
 	kube) hint=" (cold: about 15-30 minutes on 2 cores)" ;;
 	topo-sched) hint=" (cold: about 10-20 minutes on 2 cores)" ;;
 	nvidia-ctk) hint=" (cold: about 1-2 minutes on 2 cores)" ;;
+	dra-driver-cpu) hint=" (cold: about 2-4 minutes on 2 cores)" ;;
 	esac
 	log "$tool $version: building $(binaries "$tool")$hint"
 	start=$SECONDS
@@ -313,5 +326,10 @@ env)
 	p="$(bin_path)"
 	printf 'export TOPODRA_TOOLS_BIN=%q\n' "$p"
 	printf 'export PATH=%q:"$PATH"\n' "$p"
+	# The e2e test that runs the CPU driver finds it by this variable (the binary's
+	# name alone says nothing of which driver it is).
+	case " ${tools[*]} " in
+	*" dra-driver-cpu "*) printf 'export TOPODRA_DRACPU=%q\n' "$(tool_dir dra-driver-cpu)/bin/dracpu" ;;
+	esac
 	;;
 esac
