@@ -13,6 +13,7 @@
 //! under the dynamic loader, so tests stay parallel and isolated.
 
 pub mod cdi_hook;
+pub mod cpu_sysfs;
 pub mod driver_root;
 pub mod ffi;
 pub mod hwloc_xml;

@@ -87,6 +87,12 @@ pub struct Package {
     /// number of CPU NUMA nodes in the package must match the trailing count.
     #[serde(default)]
     pub sub_numa: Option<String>,
+    /// Cores that share one L3 cache, counted in core order within the package
+    /// (AMD EPYC: the cores of one CCX, 4 on Zen 2). Absent: one L3 for the whole
+    /// package (Intel Xeon Scalable). Only the simulated CPU sysfs
+    /// ([`crate::cpu_sysfs`]) reads it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l3_cores: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -784,6 +790,12 @@ impl Profile {
         for p in &self.packages {
             if !pkgs.insert(p.os_index) {
                 return err(format!("duplicate package os_index {}", p.os_index));
+            }
+            if p.l3_cores == Some(0) {
+                return err(format!(
+                    "package {}: l3_cores must be at least 1",
+                    p.os_index
+                ));
             }
         }
 

@@ -1,14 +1,16 @@
 //! A whole simulated GPU node on disk: the fake NVML with a profile, the profile's
 //! hwloc topology, a driver root of real ELF files ([`crate::driver_root`]), a
 //! `/proc/devices` that registers the NVIDIA majors, and a copy of
-//! `/proc/driver/nvidia/capabilities` with the MIG access capabilities. The kubelet
-//! plugin runs against it unchanged, with the paths passed as its ordinary flags.
+//! `/proc/driver/nvidia/capabilities` with the MIG access capabilities, and the
+//! profile's CPUs as sysfs shows them under a host root ([`crate::cpu_sysfs`]) for a
+//! CPU DRA driver beside ours. The kubelet plugin runs against it unchanged, with
+//! the paths passed as its ordinary flags.
 
 use std::path::{Path, PathBuf};
 
 use crate::driver_root::{self, DriverRoot, Layout};
 use crate::profile::mig::{CONFIG_MINOR, MONITOR_MINOR};
-use crate::{Profile, hwloc_xml};
+use crate::{Profile, cpu_sysfs, hwloc_xml};
 
 /// Major of `nvidia-caps` in the simulated `/proc/devices`. The kernel assigns
 /// it dynamically; 508 is the value in the MIG User Guide's `ls -l
@@ -91,6 +93,10 @@ pub struct SimNode {
     /// or a stand-in, see [`crate::cdi_hook`]. `None` passes no flag, and the
     /// plugin looks for the image's `/usr/bin/nvidia-cdi-hook`.
     pub cdi_hook_source: Option<PathBuf>,
+    /// A host root whose `sys/devices/system/{cpu,node}` describe the profile's
+    /// CPUs ([`crate::cpu_sysfs`]): the `HOST_ROOT` of kubernetes-sigs'
+    /// dra-driver-cpu. Not a plugin flag (ours reads CPUs from the hwloc XML).
+    pub cpu_host_root: PathBuf,
 }
 
 impl SimNode {
@@ -168,6 +174,8 @@ pub fn materialize(
     std::fs::write(&proc_devices, proc_devices_text())?;
     let capabilities_dir = dir.join("capabilities");
     write_capabilities(&capabilities_dir, &profile)?;
+    let cpu_host_root = dir.join("host-root");
+    cpu_sysfs::write(&cpu_host_root, &profile)?;
     Ok(SimNode {
         nvml_lib,
         hwloc_xml: hwloc,
@@ -176,5 +184,6 @@ pub fn materialize(
         proc_devices,
         capabilities_dir,
         cdi_hook_source: None,
+        cpu_host_root,
     })
 }

@@ -122,3 +122,18 @@ fn driver_root_of_real_files() {
     // No device nodes: tests make their own in the dev root.
     assert!(files(&sim.dev_root).is_empty());
 }
+
+#[test]
+fn cpu_sysfs_under_the_host_root() {
+    let (dir, sim) = node("dgx-h100");
+    assert_eq!(sim.cpu_host_root, dir.path().join("host-root"));
+    let system = sim.cpu_host_root.join("sys/devices/system");
+    assert_eq!(read(&system.join("cpu/online")), "0-223\n");
+    assert_eq!(read(&system.join("node/node1/cpulist")), "56-111,168-223\n");
+    // Not a plugin flag: the plugin reads CPUs from the hwloc XML.
+    assert!(
+        !sim.plugin_args()
+            .iter()
+            .any(|a| a.contains(&sim.cpu_host_root.display().to_string()))
+    );
+}

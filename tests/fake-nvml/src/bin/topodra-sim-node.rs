@@ -1,5 +1,8 @@
-//! `topodra-sim-node [--cdi-hook PATH] <profile> <dir>`: lays out a simulated GPU node
-//! and prints the `topodra-kubelet-plugin` flags that point at it, one per line.
+//! `topodra-sim-node [--cdi-hook PATH] [--print-cpu-host-root] <profile> <dir>`: lays
+//! out a simulated GPU node and prints the `topodra-kubelet-plugin` flags that point at
+//! it, one per line; with `--print-cpu-host-root` also a last line
+//! `HOST_ROOT=<dir>/host-root`, the root of the node's CPU sysfs for a CPU DRA driver
+//! (opt-in, so that callers that pass every line to the plugin keep working).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -24,6 +27,12 @@ struct Args {
     /// note printed on stderr): enough to start the plugin, not to run a hook.
     #[arg(long, env = cdi_hook::REAL_HOOK_ENV)]
     cdi_hook: Option<PathBuf>,
+
+    /// Also print `HOST_ROOT=<path>` after the plugin flags: the host root whose
+    /// sys/devices/system/{cpu,node} describe the profile's CPUs (the environment
+    /// variable kubernetes-sigs' dra-driver-cpu reads its topology under).
+    #[arg(long)]
+    print_cpu_host_root: bool,
 }
 
 fn main() -> ExitCode {
@@ -77,8 +86,13 @@ fn main() -> ExitCode {
             }
         },
     };
+    let host_root = node.cpu_host_root.clone();
     for arg in node.with_cdi_hook(hook).plugin_args() {
         println!("{arg}");
+    }
+    if args.print_cpu_host_root {
+        let root = std::path::absolute(&host_root).unwrap_or(host_root);
+        println!("HOST_ROOT={}", root.display());
     }
     ExitCode::SUCCESS
 }
