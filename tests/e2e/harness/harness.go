@@ -100,6 +100,19 @@ type Config struct {
 	NodeLabels map[string]string
 	// Logger for the harness and the kubelet code (klog.Background() when zero).
 	Logger logr.Logger
+	// NRISocket, when set, makes the harness also the runtime end of NRI on this
+	// socket (see nri.go): plugins that connect (kubernetes-sigs' dra-driver-cpu)
+	// see every container created and adjust it, and each container's record
+	// carries the cpuset they gave it. Off when empty.
+	NRISocket string
+	// PluginPaths is the mount namespace of plugins that run in their own (as a
+	// DaemonSet's containers do), as the harness sees it: a path prefix inside
+	// it (say /var/lib/kubelet) to the directory on this machine that is mounted
+	// there. A plugin registers its DRA endpoint by the path it sees; a kubelet
+	// dials it unchanged because the DaemonSet mounts the host's kubelet
+	// directory at the same path, the harness through this map. Longest prefix
+	// wins; paths under no prefix are dialled as they are.
+	PluginPaths map[string]string
 }
 
 // Injection is what the CDI library injected into one container's OCI spec.
@@ -112,6 +125,11 @@ type Injection struct {
 	Mounts      []ocispec.Mount       `json:"mounts,omitempty"`
 	Env         []string              `json:"env,omitempty"`
 	Hooks       *ocispec.Hooks        `json:"hooks,omitempty"`
+	// CPUSetCPUs and CPUSetMems are the container's cpuset as NRI plugins left it
+	// (linux.resources.cpu.cpus and .mems; empty when none set them, or with NRI
+	// off).
+	CPUSetCPUs string `json:"cpusetCpus,omitempty"`
+	CPUSetMems string `json:"cpusetMems,omitempty"`
 }
 
 // PodRecord is written to StateDir/pods/ when a pod starts, and removed when it
@@ -142,6 +160,9 @@ type Harness struct {
 	finalized sets.Set[types.UID]   // unprepared and deleted
 	regs      map[string]string     // driver -> endpoint of registered plugins
 	regCond   *sync.Cond
+
+	nri   *nriRuntime // nil with NRI off
+	recMu sync.Mutex  // serialises writes of the pod records
 
 	cancel context.CancelFunc
 	done   sync.WaitGroup
@@ -257,6 +278,13 @@ func (h *Harness) Start(ctx context.Context) error {
 		return fmt.Errorf("harness: DRA manager start: %w", err)
 	}
 
+	if h.cfg.NRISocket != "" {
+		if h.nri, err = startNRI(h.cfg.NRISocket, h.cfg.StateDir, h.cfg.Logger.WithName("nri"), h.refreshRecord); err != nil {
+			cancel()
+			return err
+		}
+	}
+
 	// The kubelet's plugin manager: plugin watcher on the registry directory, the
 	// reconciler, and the DRA handler (wrapped only to observe registrations).
 	h.pm = pluginmanager.NewPluginManager(h.cfg.RegistryDir, h.rec)
@@ -294,6 +322,9 @@ func (h *Harness) Stop() {
 	}
 	h.cancel()
 	h.done.Wait()
+	if h.nri != nil {
+		h.nri.stop()
+	}
 	if h.manager != nil {
 		h.manager.Stop()
 	}
@@ -360,7 +391,15 @@ type observedHandler struct {
 	h *Harness
 }
 
+func (o *observedHandler) ValidatePlugin(ctx context.Context, name, endpoint string, versions []string) error {
+	return o.PluginHandler.ValidatePlugin(ctx, name, mapPath(o.h.cfg.PluginPaths, endpoint), versions)
+}
+
 func (o *observedHandler) RegisterPlugin(ctx context.Context, name, endpoint string, versions []string, timeout *time.Duration) error {
+	if mapped := mapPath(o.h.cfg.PluginPaths, endpoint); mapped != endpoint {
+		o.h.logger.Info("plugin endpoint in its mount namespace", "driver", name, "endpoint", endpoint, "here", mapped)
+		endpoint = mapped
+	}
 	err := o.PluginHandler.RegisterPlugin(ctx, name, endpoint, versions, timeout)
 	o.h.logger.Info("plugin registration", "driver", name, "endpoint", endpoint, "versions", versions, "err", err)
 	if err == nil {
@@ -373,6 +412,7 @@ func (o *observedHandler) RegisterPlugin(ctx context.Context, name, endpoint str
 }
 
 func (o *observedHandler) DeRegisterPlugin(ctx context.Context, name, endpoint string) {
+	endpoint = mapPath(o.h.cfg.PluginPaths, endpoint)
 	o.PluginHandler.DeRegisterPlugin(ctx, name, endpoint)
 	o.h.logger.Info("plugin deregistered", "driver", name, "endpoint", endpoint)
 	o.h.mu.Lock()
@@ -598,9 +638,16 @@ func (h *Harness) startPod(ctx context.Context, pod *v1.Pod) error {
 		logger.Info("CDI injected", "container", c.Name, "cdiDevices", ids, "deviceNodes", inj.DeviceNodes,
 			"mounts", len(inj.Mounts), "env", inj.Env)
 	}
-	b, _ := json.MarshalIndent(rec, "", "  ")
-	path := h.RecordPath(pod.Namespace, pod.Name, pod.UID)
-	if err := writeFileAtomic(path, b); err != nil {
+	if h.nri != nil {
+		// As the runtime does, after the CDI edits (the env they inject is what
+		// the CPU driver reads its claim's CPUs from).
+		if err := h.nri.startPod(ctx, pod, &rec); err != nil {
+			logger.Info("NRI failed", "err", err)
+			h.rec.Eventf(pod, v1.EventTypeWarning, kubeletevents.FailedToCreateContainer, "Error: %v", err)
+			return err
+		}
+	}
+	if err := h.writeRecord(&rec); err != nil {
 		return err
 	}
 	if len(allNodes) > 0 {
@@ -653,12 +700,21 @@ func (h *Harness) setRunning(ctx context.Context, pod *v1.Pod) error {
 // leave it terminal (it completed).
 func (h *Harness) teardown(ctx context.Context, pod *v1.Pod, deleting bool) error {
 	logger := h.logger.WithValues("pod", klog.KObj(pod), "podUID", pod.UID)
+	if h.nri != nil {
+		// Containers stop before their claims are unprepared, as in a kubelet.
+		if err := h.nri.stopPod(ctx, pod.UID); err != nil {
+			logger.Info("NRI stop failed", "err", err)
+			return err
+		}
+	}
 	if err := h.manager.UnprepareResources(ctx, pod); err != nil {
 		logger.Info("UnprepareResources failed", "err", err)
 		h.rec.Eventf(pod, v1.EventTypeWarning, ReasonFailedUnprepare, "Failed to unprepare dynamic resources: %v", err)
 		return err
 	}
+	h.recMu.Lock()
 	_ = os.Remove(h.RecordPath(pod.Namespace, pod.Name, pod.UID))
+	h.recMu.Unlock()
 	logger.Info("pod resources unprepared", "deleting", deleting)
 	if deleting {
 		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -700,6 +756,50 @@ func (h *Harness) teardown(ctx context.Context, pod *v1.Pod, deleting bool) erro
 	}
 	h.mu.Unlock()
 	return nil
+}
+
+// writeRecord writes a pod's record, with the containers' cpusets as NRI has them
+// now.
+func (h *Harness) writeRecord(rec *PodRecord) error {
+	h.recMu.Lock()
+	defer h.recMu.Unlock()
+	return h.writeRecordLocked(rec)
+}
+
+func (h *Harness) writeRecordLocked(rec *PodRecord) error {
+	if h.nri != nil {
+		sets := h.nri.cpusets(rec.UID)
+		for i := range rec.Containers {
+			c := &rec.Containers[i]
+			c.CPUSetCPUs, c.CPUSetMems = sets[c.Container][0], sets[c.Container][1]
+		}
+	}
+	b, err := json.MarshalIndent(rec, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(h.RecordPath(rec.Namespace, rec.Name, rec.UID), b)
+}
+
+// refreshRecord rewrites the record of a running pod whose containers an NRI
+// plugin updated; a pod without a record yet gets the update when it is written.
+func (h *Harness) refreshRecord(uid types.UID) {
+	h.mu.Lock()
+	pod := h.pods[uid]
+	h.mu.Unlock()
+	if pod == nil {
+		return
+	}
+	// Under recMu, so that a record teardown removes is not written back.
+	h.recMu.Lock()
+	defer h.recMu.Unlock()
+	rec, err := ReadRecord(h.RecordPath(pod.Namespace, pod.Name, pod.UID))
+	if err != nil {
+		return
+	}
+	if err := h.writeRecordLocked(rec); err != nil {
+		h.logger.Info("rewriting a pod record after an NRI update failed", "pod", pod.Namespace+"/"+pod.Name, "err", err)
+	}
 }
 
 func (h *Harness) podExists(pod *v1.Pod) bool {

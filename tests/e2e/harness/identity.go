@@ -69,11 +69,18 @@ const ControllerServiceAccount = "topodra-controller"
 // ServiceAccount (deploy/manifests must be applied), so a controller process runs
 // under the RBAC the chart gives it.
 func ControllerIdentity(ctx context.Context, admin kubernetes.Interface, server string, caPEM []byte, path string, ttl time.Duration) error {
-	tr, err := admin.CoreV1().ServiceAccounts(PluginNamespace).CreateToken(ctx, ControllerServiceAccount, &authenticationv1.TokenRequest{
+	return ServiceAccountKubeconfig(ctx, admin, server, caPEM, PluginNamespace, ControllerServiceAccount, path, ttl)
+}
+
+// ServiceAccountKubeconfig writes a kubeconfig at path with a token of the
+// ServiceAccount namespace/name (which must exist), bound to no object: for
+// processes whose RBAC the test sets up, such as another driver's plugin.
+func ServiceAccountKubeconfig(ctx context.Context, admin kubernetes.Interface, server string, caPEM []byte, namespace, name, path string, ttl time.Duration) error {
+	tr, err := admin.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, name, &authenticationv1.TokenRequest{
 		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(ttl / time.Second))},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		return fmt.Errorf("token for %s/%s: %w", PluginNamespace, ControllerServiceAccount, err)
+		return fmt.Errorf("token for %s/%s: %w", namespace, name, err)
 	}
 	return writeTokenKubeconfig(server, caPEM, tr.Status.Token, path)
 }
