@@ -78,6 +78,11 @@ type env struct {
 	args        []string // extra plugin flags
 
 	pluginKubeconfig string
+
+	// With envOptions.cpuDriver: the simulated node's CPU sysfs root, and the
+	// directory of the harness's NRI socket.
+	cpuHostRoot string
+	nriDir      string
 }
 
 type envOptions struct {
@@ -93,6 +98,10 @@ type envOptions struct {
 	// harnessOnly is the cluster and the harness node alone, for another driver's
 	// plugin: no simulated machine, no manifests, no topodra plugin.
 	harnessOnly bool
+	// cpuDriver prepares the node for kubernetes-sigs' dra-driver-cpu beside our
+	// plugin (startCPUDriver): the simulated node's CPU sysfs, the harness as the
+	// runtime end of NRI, and the plugin mount namespace under /var/lib/kubelet.
+	cpuDriver bool
 }
 
 // manifestsOnlyEnv is a cluster with the objects of deploy/manifests applied and no
@@ -150,11 +159,28 @@ func newEnv(t *testing.T, o envOptions) *env {
 		t.Fatal(err)
 	}
 	if !o.harnessOnly {
-		out, err := exec.Command(simNode, o.profile, filepath.Join(e.dir, "sim")).Output()
+		simArgs := []string{o.profile, filepath.Join(e.dir, "sim")}
+		if o.cpuDriver {
+			simArgs = append([]string{"--print-cpu-host-root"}, simArgs...)
+		}
+		out, err := exec.Command(simNode, simArgs...).Output()
 		if err != nil {
 			t.Fatalf("topodra-sim-node %s: %v", o.profile, err)
 		}
-		e.args = append(strings.Fields(string(out)), e.args...)
+		// One plugin flag a line, and with --print-cpu-host-root a last line
+		// HOST_ROOT=<dir>.
+		var flags []string
+		for _, line := range strings.Fields(string(out)) {
+			if root, ok := strings.CutPrefix(line, "HOST_ROOT="); ok {
+				e.cpuHostRoot = root
+				continue
+			}
+			flags = append(flags, line)
+		}
+		if o.cpuDriver && e.cpuHostRoot == "" {
+			t.Fatalf("topodra-sim-node --print-cpu-host-root printed no HOST_ROOT= line:\n%s", out)
+		}
+		e.args = append(flags, e.args...)
 	}
 
 	if !o.fromChart && !o.harnessOnly {
@@ -171,11 +197,18 @@ func newEnv(t *testing.T, o envOptions) *env {
 	}
 	logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(logFile), textlogger.Verbosity(4)))
 	klog.SetLogger(logger) // the kubelet code also logs through the global logger
-	e.h, err = harness.New(harness.Config{
+	hcfg := harness.Config{
 		Kubeconfig: nodeKubeconfig, NodeName: o.node,
 		RegistryDir: filepath.Join(e.kubeletRoot, "plugins_registry"), CDIDir: filepath.Join(e.dir, "cdi"),
 		StateDir: filepath.Join(e.dir, "kubelet"), FeatureGates: c.Gates, Logger: logger,
-	})
+	}
+	if o.cpuDriver {
+		// Under the short kubelet root too: a socket path has at most 108 bytes.
+		e.nriDir = filepath.Join(e.kubeletRoot, "nri")
+		hcfg.NRISocket = filepath.Join(e.nriDir, "nri.sock")
+		hcfg.PluginPaths = cpuDriverPluginPaths(e.kubeletRoot)
+	}
+	e.h, err = harness.New(hcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
