@@ -70,10 +70,10 @@ IMAGE_ROOTFS := target/image/rootfs/kubelet-plugin
 e2e: image
 	$(CARGO) build -p topodra-fake-nvml -p topodra-kubelet-plugin -p topodra-controller
 	$(CARGO) build -p dra-kubeletplugin --example minimal
-	@bash tests/tools/build.sh kube etcd helm nvidia-ctk
+	@bash tests/tools/build.sh kube etcd helm nvidia-ctk dra-driver-cpu
 	rm -rf $(IMAGE_ROOTFS)
 	target/image/bin/topodra-image unpack -ref topodra-kubelet-plugin:$(VERSION) -dest $(IMAGE_ROOTFS)
-	eval "$$(bash tests/tools/build.sh --env kube etcd helm)" && $(CTK_ENV) && cd tests/e2e && \
+	eval "$$(bash tests/tools/build.sh --env kube etcd helm dra-driver-cpu)" && $(CTK_ENV) && cd tests/e2e && \
 		TOPODRA_IMAGE_ROOTFS=$(CURDIR)/$(IMAGE_ROOTFS) TOPODRA_REQUIRE_TOOLS=1 CGO_ENABLED=0 \
 		go test -trimpath -count=1 -timeout 30m -v -run '$(E2E_RUN)' ./...
 
