@@ -188,6 +188,35 @@ func TestDGXH100WholeNodeNUMA(t *testing.T) {
 		if numaB := check(t, "pod-b"); numaB == numaA {
 			t.Fatalf("both pods on NUMA node %d", numaA)
 		}
+		// A container without CPU claims (the plugin's own pod object, which the
+		// harness runs too) gets the shared CPUs, and the CPU driver's updates take
+		// out each guaranteed set: all CPUs but pod-a's and pod-b's.
+		all := nodeCPUList(t, e, 0).Union(nodeCPUList(t, e, 1))
+		for _, name := range []string{"pod-a", "pod-b"} {
+			rec, err := readRecord(e, e.waitPodRunning(ns, name, time.Minute))
+			if err != nil {
+				t.Fatal(err)
+			}
+			held, err := cpuset.Parse(rec.Containers[0].CPUSetCPUs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			all = all.Difference(held)
+		}
+		eventually(t, 30*time.Second, func() error {
+			p, err := e.admin.CoreV1().Pods(harness.PluginNamespace).Get(ctx, "topodra-kubelet-plugin-"+e.node, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			rec, err := readRecord(e, p)
+			if err != nil {
+				return err
+			}
+			if got := rec.Containers[0].CPUSetCPUs; got != all.String() {
+				return fmt.Errorf("the plugin pod's cpuset is %q, want the shared CPUs %s", got, all)
+			}
+			return nil
+		})
 	})
 
 	t.Run("a third pod waits with the controller's reason, then runs", func(t *testing.T) {
