@@ -73,7 +73,8 @@ func TestDGXH100WholeNodeNUMA(t *testing.T) {
 	if err := harness.ControllerIdentity(ctx, e.admin, e.c.Server, e.c.PKI.CAPEM(), kubeconfig, 2*time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	e.startController("ctrl", kubeconfig)
+	// The controller knows the alias too (the chart passes the plugin's list).
+	e.startController("ctrl", kubeconfig, "--numa-node-aliases="+numaAlias)
 	e.startCPUDriver(dracpu)
 
 	e.waitRegistered(2 * time.Minute)

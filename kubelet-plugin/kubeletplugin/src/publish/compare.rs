@@ -19,7 +19,10 @@ pub(crate) fn shape<T: serde::Serialize>(obj: &T) -> Value {
 /// Objects keep the shape's keys; arrays are compared position by position and must
 /// have the same length (the lists we set, devices and taints, are atomic, so the
 /// server keeps them whole), except `metadata.ownerReferences`, a list merged by uid
-/// where other owners' entries are not ours to judge.
+/// where other owners' entries are not ours to judge. A device's `attributes` and
+/// `capacity` maps keep every observed key: they live inside the atomic devices
+/// list, so only our last write put keys there (the server defaults none), and a key
+/// we no longer publish (an attribute turned off) is a difference to write.
 pub(crate) fn project(observed: &Value, shape: &Value) -> Value {
     project_at(observed, shape, &mut Vec::new())
 }
@@ -33,6 +36,14 @@ fn project_at<'a>(observed: &Value, shape: &'a Value, path: &mut Vec<&'a str>) -
                     path.push(k);
                     out.insert(k.clone(), project_at(h, w, path));
                     path.pop();
+                }
+            }
+            if matches!(
+                path.as_slice(),
+                ["spec", "devices", "attributes" | "capacity"]
+            ) {
+                for (k, h) in have {
+                    out.entry(k.clone()).or_insert_with(|| h.clone());
                 }
             }
             Value::Object(out)
@@ -131,5 +142,24 @@ mod tests {
             .unwrap()
             .push(json!({"name": "gpu-2"}));
         assert!(!covers(&o, &d));
+    }
+
+    #[test]
+    fn an_attribute_or_capacity_no_longer_published_is_a_difference() {
+        let mut d = desired();
+        d["spec"]["devices"][1]["attributes"] = json!({"index": {"int": 1}});
+        d["spec"]["devices"][1]["capacity"] = json!({"memory": {"value": "80Gi"}});
+        assert!(covers(&d.clone(), &d));
+        // Written before with an alias (an operator has since turned it off).
+        let mut o = d.clone();
+        o["spec"]["devices"][1]["attributes"]["dra.net/numaNode"] = json!({"int": 0});
+        assert!(!covers(&o, &d));
+        let mut o = d.clone();
+        o["spec"]["devices"][1]["capacity"]["cores"] = json!({"value": "132"});
+        assert!(!covers(&o, &d));
+        // Inside a capacity value, what the server defaults is still ignored.
+        let mut o = d.clone();
+        o["spec"]["devices"][1]["capacity"]["memory"]["requestPolicy"] = json!({"default": "1"});
+        assert!(covers(&o, &d));
     }
 }
