@@ -19,6 +19,9 @@
 //   - it records what was injected (device nodes, mounts, env) in a JSON file per pod
 //     and marks the pod Running; a failed prepare becomes a Warning event
 //     FailedPrepareDynamicResources naming the plugin's error, as the kubelet emits it;
+//   - with Config.NRISocket it is also the runtime end of NRI (nri.go): plugins such
+//     as dra-driver-cpu adjust each container as it is created, and the record
+//     carries the cpuset they set;
 //   - on deletion it calls UnprepareResources and then finalises the pod (status
 //     terminated, delete with grace period 0 and a UID precondition), as the kubelet's
 //     status manager does.
