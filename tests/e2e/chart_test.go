@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -68,9 +69,9 @@ func decode[T any](t *testing.T, doc string) T {
 // TestChartHTTPEndpointExposure checks what the chart does for the plugin's HTTP
 // endpoint against the real API server: by default the DaemonSet binds it to the
 // pod's IP (downward API) and no NetworkPolicy is rendered; with
-// networkPolicy.enabled the policy admits only the HTTP port from the configured
-// namespaces and pods, selects exactly the plugin pods, and the API server accepts
-// both objects.
+// networkPolicy.enabled one policy per component (the plugin's, the controller's)
+// admits only that component's HTTP port from the configured namespaces and pods and
+// selects exactly its pods, and the API server accepts every object.
 func TestChartHTTPEndpointExposure(t *testing.T) {
 	manifests := filepath.Join(repoRoot(t), "deploy", "manifests", "topodra.yaml")
 	if docs := manifestDocs(t, manifests, func(string) bool { return true }); strings.Contains(docs, "kind: NetworkPolicy") {
@@ -104,37 +105,72 @@ func TestChartHTTPEndpointExposure(t *testing.T) {
 		"--set", "networkPolicy.namespaceSelector.matchLabels.team=observability",
 		"--set", "networkPolicy.podSelector.matchLabels.app=prometheus",
 		"--set", "kubeletPlugin.httpPort=9500")
-	np := decode[*networkingv1.NetworkPolicy](t, manifestDoc(t, rendered, "NetworkPolicy"))
 	rds := decode[*appsv1.DaemonSet](t, manifestDoc(t, rendered, "DaemonSet"))
+	rctl := decode[*appsv1.Deployment](t, manifestDoc(t, rendered, "Deployment"))
+	policies := map[string]*networkingv1.NetworkPolicy{}
+	for _, doc := range strings.Split(manifestDoc(t, rendered, "NetworkPolicy"), "\n---\n") {
+		np := decode[*networkingv1.NetworkPolicy](t, doc)
+		policies[np.Name] = np
+	}
+	// One policy per component, each selecting exactly its pods and admitting its port.
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		port   int
+	}{
+		{"topodra-kubelet-plugin", rds.Spec.Template.Labels, 9500},
+		{"topodra-controller", rctl.Spec.Template.Labels, 9465},
+	} {
+		np, ok := policies[c.name]
+		if !ok {
+			t.Errorf("no NetworkPolicy %s among %v", c.name, slices.Collect(maps.Keys(policies)))
+			continue
+		}
+		checkNetworkPolicy(t, np, c.labels, c.port)
+		for other, np2 := range policies {
+			sel, _ := metav1.LabelSelectorAsSelector(&np2.Spec.PodSelector)
+			if other != c.name && sel.Matches(labels.Set(c.labels)) {
+				t.Errorf("NetworkPolicy %s also selects the pods of %s", other, c.name)
+			}
+		}
+	}
 
+	ctx := context.Background()
+	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	for _, np := range policies {
+		if _, err := admin.NetworkingV1().NetworkPolicies("topodra-system").Create(ctx, np, dryRun); err != nil {
+			t.Errorf("the API server refuses the NetworkPolicy %s: %v", np.Name, err)
+		}
+	}
+	if _, err := admin.AppsV1().DaemonSets("topodra-system").Create(ctx, ds, dryRun); err != nil {
+		t.Errorf("the API server refuses the default DaemonSet: %v", err)
+	}
+}
+
+// checkNetworkPolicy: np selects the pods with podLabels, admits ingress only, on the
+// TCP port only, from one peer with both selectors of the test's values.
+func checkNetworkPolicy(t *testing.T, np *networkingv1.NetworkPolicy, podLabels map[string]string, port int) {
+	t.Helper()
 	sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
-	if err != nil || sel.Empty() || !sel.Matches(labels.Set(rds.Spec.Template.Labels)) {
-		t.Errorf("the policy's podSelector %v does not select the plugin pods %v (%v)", np.Spec.PodSelector, rds.Spec.Template.Labels, err)
+	if err != nil || sel.Empty() || !sel.Matches(labels.Set(podLabels)) {
+		t.Errorf("%s: podSelector %v does not select the pods %v (%v)", np.Name, np.Spec.PodSelector, podLabels, err)
 	}
 	if !slices.Equal(np.Spec.PolicyTypes, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}) {
-		t.Errorf("policyTypes %v, want [Ingress] only (egress to the API server stays open)", np.Spec.PolicyTypes)
+		t.Errorf("%s: policyTypes %v, want [Ingress] only (egress to the API server stays open)", np.Name, np.Spec.PolicyTypes)
 	}
 	if len(np.Spec.Ingress) != 1 {
-		t.Fatalf("%d ingress rules, want 1: %+v", len(np.Spec.Ingress), np.Spec.Ingress)
+		t.Errorf("%s: %d ingress rules, want 1: %+v", np.Name, len(np.Spec.Ingress), np.Spec.Ingress)
+		return
 	}
 	rule := np.Spec.Ingress[0]
-	if len(rule.Ports) != 1 || rule.Ports[0].Port == nil || rule.Ports[0].Port.IntValue() != 9500 || *rule.Ports[0].Protocol != v1.ProtocolTCP {
-		t.Errorf("ports %+v, want TCP 9500 only", rule.Ports)
+	if len(rule.Ports) != 1 || rule.Ports[0].Port == nil || rule.Ports[0].Port.IntValue() != port || *rule.Ports[0].Protocol != v1.ProtocolTCP {
+		t.Errorf("%s: ports %+v, want TCP %d only", np.Name, rule.Ports, port)
 	}
 	// One peer with both selectors: pods labelled app=prometheus in namespaces
 	// labelled team=observability (two peers would admit either).
 	if len(rule.From) != 1 || rule.From[0].NamespaceSelector == nil || rule.From[0].PodSelector == nil ||
 		rule.From[0].NamespaceSelector.MatchLabels["team"] != "observability" || rule.From[0].PodSelector.MatchLabels["app"] != "prometheus" {
-		t.Errorf("from %+v, want one peer with namespaceSelector team=observability and podSelector app=prometheus", rule.From)
-	}
-
-	ctx := context.Background()
-	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
-	if _, err := admin.NetworkingV1().NetworkPolicies("topodra-system").Create(ctx, np, dryRun); err != nil {
-		t.Errorf("the API server refuses the NetworkPolicy: %v", err)
-	}
-	if _, err := admin.AppsV1().DaemonSets("topodra-system").Create(ctx, ds, dryRun); err != nil {
-		t.Errorf("the API server refuses the default DaemonSet: %v", err)
+		t.Errorf("%s: from %+v, want one peer with namespaceSelector team=observability and podSelector app=prometheus", np.Name, rule.From)
 	}
 }
 
