@@ -246,9 +246,17 @@ fn other_claims(title: &str, states: &[&(String, ClaimState)], driver: &str) -> 
 /// Where one demand fits now, or the nearest thing to it.
 fn candidates(demand: &Demand, e: &Explanation) -> String {
     let mut out = String::new();
+    let cpus = demand.cpus.is_some();
     if e.fits.is_empty() {
         out.push_str("  Fits now on no node.\n");
         match (&e.best, demand.level) {
+            (Some(b), _) if cpus => out.push_str(&format!(
+                "  Nearest: {}, {}: {} free GPUs, {} free CPUs\n",
+                escape(&b.node),
+                escape(b.group.as_deref().unwrap_or_default()),
+                b.free,
+                b.free_cpus.unwrap_or(0)
+            )),
             (Some(b), Some(_)) => out.push_str(&format!(
                 "  Largest aligned free set: {} ({}, {})\n",
                 b.free,
@@ -274,6 +282,7 @@ fn candidates(demand: &Demand, e: &Explanation) -> String {
             if n == 1 { "" } else { "s" }
         ));
         let mut t = match demand.level {
+            _ if cpus => Table::new(["NODE", "GROUP", "FREE", "FREE CPUS"]),
             Some(_) => Table::new(["NODE", "GROUP", "FREE"]),
             None => Table::new(["NODE", "FREE"]),
         };
@@ -281,6 +290,7 @@ fn candidates(demand: &Demand, e: &Explanation) -> String {
             let mut row = vec![c.node.clone()];
             row.extend(c.group.clone());
             row.push(c.free.to_string());
+            row.extend(c.free_cpus.filter(|_| cpus).map(|n| n.to_string()));
             t.row(row);
         }
         for line in t.render().lines() {
@@ -513,4 +523,77 @@ Claims:
             "Pod default/p is scheduled on node n\\r\\u{1b}[1A: it waits for no GPU.\n"
         );
     }
+}
+
+#[cfg(test)]
+mod mixed_tests {
+    use serde_json::json;
+    use topodra_driver::capacity::CpuPools;
+
+    use super::*;
+    use crate::fixtures::{DRIVER, two_dgx};
+
+    const ALIAS: &str = "dra.net/numaNode";
+
+    /// The CPU driver's grouped slice on `node`: 112 CPUs on each NUMA node.
+    fn cpu_slice(node: &str) -> k8s_openapi::api::resource::v1::ResourceSlice {
+        let devices: Vec<_> = (0..2)
+            .map(|i| {
+                json!({"name": format!("cpudevnuma{i:03}"), "attributes": {ALIAS: {"int": i}},
+                       "capacity": {"dra.cpu/cpu": {"value": "112"}}, "allowMultipleAllocations": true})
+            })
+            .collect();
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("{node}-dra.cpu")},
+            "spec": {"driver": "dra.cpu", "nodeName": node,
+                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": devices}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_claim_of_gpus_and_cpus_is_explained_in_both() {
+        let names = vec![NUMA_NODE_NAME.to_owned(), ALIAS.to_owned()];
+        let mut pools = CpuPools::new("dra.cpu", names.clone());
+        for n in ["dgx-h100-a", "dgx-h100-b"] {
+            pools.apply_slice(&cpu_slice(n));
+        }
+        let cpu_classes = OurClasses::from_classes([], "dra.cpu", &["dra.cpu".to_owned()]);
+        let cpus = pending::CpuSide {
+            pools: &pools,
+            classes: &cpu_classes,
+            numa_names: &names,
+        };
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": "train-2-devices", "namespace": "default"},
+            "spec": {"devices": {
+                "requests": [
+                    {"name": "gpus", "exactly": {"deviceClassName": DRIVER, "count": 4}},
+                    {"name": "cpus", "exactly": {"deviceClassName": "dra.cpu",
+                        "capacity": {"requests": {"dra.cpu/cpu": "32"}}}}],
+                "constraints": [{"matchAttribute": ALIAS}]}},
+        }))
+        .unwrap();
+        let claims = BTreeMap::from([("train-2-devices".to_owned(), claim)]);
+        let p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "train-2", "namespace": "default"},
+            "spec": {"containers": [{"name": "main"}],
+                     "resourceClaims": [{"name": "devices", "resourceClaimName": "train-2-devices"}]},
+            "status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]},
+        }))
+        .unwrap();
+        let ours = OurClasses::from_classes([], DRIVER, &[DRIVER.to_owned()]);
+        let text = explain_pod(&two_dgx(), &cpus, &p, &claims, &ours);
+        for want in [
+            "Message:     needs 4 GPUs and 32 CPUs on one NUMA node; no NUMA node has 4 free GPUs \
+             and 32 free CPUs; dgx-h100-b NUMA 1 has 3 GPUs and 112 CPUs free; dgx-h100-a NUMA 1 \
+             has 2 GPUs and 112 CPUs free",
+            "Claim train-2-devices: 4 GPUs and 32 CPUs on one NUMA node",
+            "  Nearest: dgx-h100-b, NUMA 1: 3 free GPUs, 112 free CPUs",
+        ] {
+            assert!(text.contains(want), "{want}\n---\n{text}");
+        }
+    }
+
+    const NUMA_NODE_NAME: &str = topodra_driver::slice::attributes::NUMA_NODE;
 }
