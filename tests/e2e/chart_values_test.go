@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"sigs.k8s.io/yaml"
 )
 
 // helmTemplateOut renders the chart as helmTemplate does and returns what helm
@@ -210,5 +212,72 @@ func TestChartOpaqueConfigPolicyFollowsDriverName(t *testing.T) {
 	}
 	if err := create(driverName, `{"apiVersion": 7}`); err != nil {
 		t.Errorf("a config for %s, another driver now, is judged: %v", driverName, err)
+	}
+}
+
+// TestChartServiceMonitors: one ServiceMonitor per component, each switched on its
+// own; the plugin's keeps the node name as `node` (the alerts group by it), the
+// controller's the pod name as `pod` (replicas report the same figures), and the
+// operator's own relabelings and metricRelabelings follow on both.
+func TestChartServiceMonitors(t *testing.T) {
+	type endpoint struct {
+		Relabelings       []map[string]any `json:"relabelings"`
+		MetricRelabelings []map[string]any `json:"metricRelabelings"`
+	}
+	type monitor struct {
+		Metadata metav1.ObjectMeta `json:"metadata"`
+		Spec     struct {
+			Endpoints []endpoint `json:"endpoints"`
+		} `json:"spec"`
+	}
+	render := func(args ...string) map[string]monitor {
+		t.Helper()
+		rendered := helmTemplate(t, t.TempDir(), append([]string{"--set", "metrics.serviceMonitor.enabled=true"}, args...)...)
+		out := map[string]monitor{}
+		for _, doc := range strings.Split(manifestDoc(t, rendered, "ServiceMonitor"), "\n---\n") {
+			var m monitor
+			if err := yaml.Unmarshal([]byte(doc), &m); err != nil {
+				t.Fatal(err)
+			}
+			out[m.Metadata.Name] = m
+		}
+		return out
+	}
+	target := func(e endpoint, i int) string {
+		if i >= len(e.Relabelings) {
+			return ""
+		}
+		return fmt.Sprint(e.Relabelings[i]["sourceLabels"], "->", e.Relabelings[i]["targetLabel"])
+	}
+	all := render("--set", "metrics.serviceMonitor.relabelings[0].targetLabel=cluster",
+		"--set", "metrics.serviceMonitor.relabelings[0].replacement=gpu-west",
+		"--set", "metrics.serviceMonitor.metricRelabelings[0].action=drop",
+		"--set", "metrics.serviceMonitor.metricRelabelings[0].regex=go_.*",
+		"--set", "metrics.serviceMonitor.metricRelabelings[0].sourceLabels[0]=__name__")
+	for name, want := range map[string]string{
+		"topodra-kubelet-plugin": "[__meta_kubernetes_pod_node_name]->node",
+		"topodra-controller":     "[__meta_kubernetes_pod_name]->pod",
+	} {
+		m, ok := all[name]
+		if !ok || len(m.Spec.Endpoints) != 1 {
+			t.Errorf("no ServiceMonitor %s with one endpoint: %+v", name, all)
+			continue
+		}
+		e := m.Spec.Endpoints[0]
+		if got := target(e, 0); got != want {
+			t.Errorf("%s: first relabeling %s, want %s", name, got, want)
+		}
+		if len(e.Relabelings) != 2 || e.Relabelings[1]["targetLabel"] != "cluster" {
+			t.Errorf("%s: the operator's relabeling does not follow the chart's: %v", name, e.Relabelings)
+		}
+		if len(e.MetricRelabelings) != 1 || e.MetricRelabelings[0]["action"] != "drop" {
+			t.Errorf("%s: metricRelabelings %v", name, e.MetricRelabelings)
+		}
+	}
+	if got := render("--set", "metrics.serviceMonitor.controller.enabled=false"); len(got) != 1 || got["topodra-kubelet-plugin"].Metadata.Name == "" {
+		t.Errorf("with the controller's switched off: %v", got)
+	}
+	if got := render("--set", "metrics.serviceMonitor.kubeletPlugin.enabled=false"); len(got) != 1 || got["topodra-controller"].Metadata.Name == "" {
+		t.Errorf("with the plugin's switched off: %v", got)
 	}
 }
