@@ -33,6 +33,18 @@ struct CauseLabels {
     cause: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct XidLabels {
+    xid: String,
+    /// `true` when the health policy made the device unhealthy for it.
+    fatal: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NvmlErrorLabels {
+    operation: String,
+}
+
 /// The plugin's metrics; cheap to share.
 #[derive(Debug)]
 pub(crate) struct Metrics {
@@ -45,6 +57,8 @@ pub(crate) struct Metrics {
     publish_failures: Counter,
     publish_in_sync: Gauge,
     last_publish: Gauge<f64, AtomicU64>,
+    xids: Family<XidLabels, Counter>,
+    nvml_errors: Family<NvmlErrorLabels, Counter>,
 }
 
 impl Metrics {
@@ -103,6 +117,18 @@ impl Metrics {
             "Unix time of the last reconcile that found or made the ResourceSlices as desired; 0 before the first",
             last_publish.clone(),
         );
+        let xids = Family::<XidLabels, Counter>::default();
+        registry.register(
+            "xid_events",
+            "XIDs the health monitor received, by XID and whether the policy counts it as a GPU failure",
+            xids.clone(),
+        );
+        let nvml_errors = Family::<NvmlErrorLabels, Counter>::default();
+        registry.register(
+            "nvml_errors",
+            "Failed NVML calls of the health monitor: open (NVML could not be loaded or initialised), event_wait",
+            nvml_errors.clone(),
+        );
         Self {
             registry: base,
             claims,
@@ -113,6 +139,35 @@ impl Metrics {
             publish_failures,
             publish_in_sync,
             last_publish,
+            xids,
+            nvml_errors,
+        }
+    }
+
+    /// Counts what the health monitor saw.
+    pub(crate) fn observe_health(&self, seen: crate::health::monitor::Observed) {
+        use crate::health::monitor::Observed;
+        match seen {
+            Observed::Xid { xid, fatal } => {
+                self.xids
+                    .get_or_create(&XidLabels {
+                        xid: xid.to_string(),
+                        fatal: fatal.to_string(),
+                    })
+                    .inc();
+            }
+            Observed::NvmlOpenFailed | Observed::NvmlWaitFailed => {
+                let operation = if seen == Observed::NvmlOpenFailed {
+                    "open"
+                } else {
+                    "event_wait"
+                };
+                self.nvml_errors
+                    .get_or_create(&NvmlErrorLabels {
+                        operation: operation.to_owned(),
+                    })
+                    .inc();
+            }
         }
     }
 
@@ -302,6 +357,30 @@ mod tests {
             text.contains("topodra_device_health{state=\"healthy\"} 2"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn xids_and_nvml_errors_are_counted() {
+        use crate::health::monitor::Observed;
+        let m = Metrics::new(&RequestCounter::new());
+        m.observe_health(Observed::Xid {
+            xid: 79,
+            fatal: true,
+        });
+        m.observe_health(Observed::Xid {
+            xid: 13,
+            fatal: false,
+        });
+        m.observe_health(Observed::NvmlWaitFailed);
+        m.observe_health(Observed::NvmlWaitFailed);
+        let text = m.encode();
+        for line in [
+            "topodra_xid_events_total{xid=\"79\",fatal=\"true\"} 1",
+            "topodra_xid_events_total{xid=\"13\",fatal=\"false\"} 1",
+            "topodra_nvml_errors_total{operation=\"event_wait\"} 2",
+        ] {
+            assert!(text.contains(line), "{line}\n{text}");
+        }
     }
 
     #[test]

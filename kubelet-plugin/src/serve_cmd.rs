@@ -360,6 +360,7 @@ async fn export_status(
 fn start_health(
     args: &ServeArgs,
     inventory: &topodra_driver::Inventory,
+    metrics: &Arc<Metrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> (JoinHandle<()>, watch::Receiver<HealthState>) {
     let mut policy = HealthPolicy::default();
@@ -367,13 +368,15 @@ fn start_health(
         .ignored_xids
         .extend(args.health.ignored_xids.iter().copied());
     policy.quiet_period = Duration::from_secs(args.health.health_quiet_period_seconds);
-    HealthMonitor::spawn(
+    let metrics = Arc::clone(metrics);
+    HealthMonitor::spawn_observed(
         inventory,
         NvmlOpener::new(Some(args.discovery.nvml_lib.clone())),
         MonitorConfig {
             policy,
             ..MonitorConfig::default()
         },
+        Arc::new(move |seen| metrics.observe_health(seen)),
         shutdown,
     )
 }
@@ -407,7 +410,7 @@ async fn serve(
         }
     };
 
-    let (health_task, health_rx) = start_health(args, inventory, shutdown());
+    let (health_task, health_rx) = start_health(args, inventory, metrics, shutdown());
     let pool = PoolBuilder::new(
         Arc::new(inventory.clone()),
         &args.discovery.driver_name,

@@ -49,6 +49,23 @@ impl Default for MonitorConfig {
     }
 }
 
+/// What the monitor saw, for metrics: every XID (fatal or not under the policy) and
+/// every failed NVML call it depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Observed {
+    Xid {
+        xid: u64,
+        fatal: bool,
+    },
+    /// NVML could not be opened (retried after `reopen_interval`).
+    NvmlOpenFailed,
+    /// One wait for NVML events failed.
+    NvmlWaitFailed,
+}
+
+/// Called from the monitor's task and its NVML thread.
+pub(crate) type Observer = Arc<dyn Fn(Observed) + Send + Sync>;
+
 #[derive(Debug)]
 enum Msg {
     Opened,
@@ -64,11 +81,24 @@ pub(crate) struct HealthMonitor;
 impl HealthMonitor {
     /// Starts monitoring the inventory's GPUs until `shutdown` completes. The
     /// receiver starts with every GPU Unknown. The task ends after the event thread
-    /// has closed NVML; dropping its sender ends every health stream.
+    /// has closed NVML; dropping its sender ends every health stream. (The plugin
+    /// uses [`Self::spawn_observed`]; tests that watch no metrics use this.)
+    #[cfg(test)]
     pub(crate) fn spawn(
         inventory: &Inventory,
         source: impl EventSourceOpener,
         config: MonitorConfig,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> (JoinHandle<()>, watch::Receiver<HealthState>) {
+        Self::spawn_observed(inventory, source, config, Arc::new(|_| {}), shutdown)
+    }
+
+    /// [`Self::spawn`], telling `observer` each XID and NVML failure.
+    pub(crate) fn spawn_observed(
+        inventory: &Inventory,
+        source: impl EventSourceOpener,
+        config: MonitorConfig,
+        observer: Observer,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> (JoinHandle<()>, watch::Receiver<HealthState>) {
         let devices = DeviceRef::all(inventory);
@@ -85,9 +115,10 @@ impl HealthMonitor {
             let devices = devices.clone();
             let stop = Arc::clone(&stop);
             let config = config.clone();
+            let observer = Arc::clone(&observer);
             std::thread::Builder::new()
                 .name("nvml-events".to_owned())
-                .spawn(move || run_source(source, &devices, &config, &stop, &msg_tx))
+                .spawn(move || run_source(source, &devices, &config, &stop, &msg_tx, &observer))
         };
         let thread = match thread {
             Ok(t) => Some(t),
@@ -106,6 +137,10 @@ impl HealthMonitor {
                     () = &mut shutdown => break,
                     msg = msg_rx.recv() => match msg {
                         Some(msg) => {
+                            if let Msg::Xid(ev) = &msg {
+                                let fatal = tracker.policy().is_fatal(ev.xid);
+                                observer(Observed::Xid { xid: ev.xid, fatal });
+                            }
                             if apply(&mut tracker, &devices, msg) {
                                 state_tx.send_replace(tracker.state());
                             }
@@ -188,16 +223,18 @@ fn run_source(
     config: &MonitorConfig,
     stop: &AtomicBool,
     tx: &mpsc::UnboundedSender<Msg>,
+    observer: &Observer,
 ) {
     let mut reported_unavailable = false;
     while !stop.load(Ordering::Relaxed) && !tx.is_closed() {
         let opened = source.with_source(devices, &mut |src| {
             reported_unavailable = false;
             if tx.send(Msg::Opened).is_ok() {
-                pump(src, devices, config, stop, tx);
+                pump(src, devices, config, stop, tx, observer);
             }
         });
         if let Err(e) = opened {
+            observer(Observed::NvmlOpenFailed);
             // Once at warn: a node without the driver would otherwise log forever.
             if reported_unavailable {
                 debug!(error = %e, "NVML still unavailable");
@@ -224,6 +261,7 @@ fn pump(
     config: &MonitorConfig,
     stop: &AtomicBool,
     tx: &mpsc::UnboundedSender<Msg>,
+    observer: &Observer,
 ) {
     let mut next_probe = Instant::now();
     let mut wait_errors = 0u32;
@@ -256,6 +294,7 @@ fn pump(
             }
             Ok(None) => wait_errors = 0,
             Err(e) => {
+                observer(Observed::NvmlWaitFailed);
                 wait_errors += 1;
                 if wait_errors == 1 {
                     // Often a GPU that fell off the bus; a probe finds which.
@@ -414,9 +453,15 @@ mod tests {
     async fn xids_probes_and_shutdown() {
         let src = Scripted::default();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let (task, mut rx) = HealthMonitor::spawn(&inventory(3), src.clone(), fast(), async {
-            let _ = stop_rx.await;
-        });
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let observer: Observer = {
+            let seen = Arc::clone(&seen);
+            Arc::new(move |o| seen.lock().unwrap().push(o))
+        };
+        let (task, mut rx) =
+            HealthMonitor::spawn_observed(&inventory(3), src.clone(), fast(), observer, async {
+                let _ = stop_rx.await;
+            });
         assert!(
             rx.borrow()
                 .devices
@@ -442,6 +487,20 @@ mod tests {
         assert_eq!(
             rx.borrow().devices["gpu-1"].reason,
             "XID 94: contained ECC error"
+        );
+        // Both XIDs reach the observer, the application error as not fatal.
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [
+                Observed::Xid {
+                    xid: 13,
+                    fatal: false
+                },
+                Observed::Xid {
+                    xid: 94,
+                    fatal: true
+                }
+            ]
         );
 
         src.lost.lock().unwrap().push("gpu-2".into());
