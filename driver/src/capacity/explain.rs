@@ -133,6 +133,17 @@ pub fn explain(cluster: &Cluster, demand: &Demand) -> Explanation {
             (None, _) => message.push_str("; no GPU is free"),
         }
     }
+    push_caveats(&mut message, cluster, demand);
+    Explanation {
+        fits,
+        nodes_with_enough_free,
+        best,
+        message,
+    }
+}
+
+/// What every message ends with: the unhealthy GPUs, and what the model left out.
+pub(super) fn push_caveats(message: &mut String, cluster: &Cluster, demand: &Demand) {
     let unhealthy = cluster.totals().unhealthy;
     if unhealthy > 0 {
         message.push_str(&format!(
@@ -142,12 +153,6 @@ pub fn explain(cluster: &Cluster, demand: &Demand) -> Explanation {
     }
     if !demand.unjudged.is_empty() {
         message.push_str(&format!(" (not checked: {})", demand.unjudged.join(", ")));
-    }
-    Explanation {
-        fits,
-        nodes_with_enough_free,
-        best,
-        message,
     }
 }
 

@@ -5,7 +5,7 @@
 use k8s_openapi::api::resource::v1::ResourceClaimSpec;
 
 use super::cpus::{CpuCounts, CpuPools, whole};
-use super::explain::{Candidate, Explanation, plural};
+use super::explain::{Candidate, Explanation, plural, push_caveats};
 use super::{Cluster, Demand, Level};
 
 /// What a claim asks of the CPU driver, coupled to its GPUs by one NUMA constraint.
@@ -213,16 +213,7 @@ pub fn explain_mixed(cluster: &Cluster, pools: &CpuPools, demand: &Demand) -> Ex
             ));
         }
     }
-    let unhealthy = cluster.totals().unhealthy;
-    if unhealthy > 0 {
-        message.push_str(&format!(
-            "; {unhealthy} GPU{} unhealthy or tainted",
-            plural(unhealthy as usize)
-        ));
-    }
-    if !demand.unjudged.is_empty() {
-        message.push_str(&format!(" (not checked: {})", demand.unjudged.join(", ")));
-    }
+    push_caveats(&mut message, cluster, demand);
     let best = if fits.is_empty() {
         rest.first().cloned()
     } else {
