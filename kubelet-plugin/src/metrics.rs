@@ -54,6 +54,8 @@ pub(crate) struct Metrics {
     read_only: Gauge,
     health: Family<StateLabels, Gauge>,
     unhealthy: Family<CauseLabels, Gauge>,
+    /// Every cause the family has a series for.
+    causes_seen: std::sync::Mutex<std::collections::BTreeSet<String>>,
     publish_failures: Counter,
     publish_in_sync: Gauge,
     last_publish: Gauge<f64, AtomicU64>,
@@ -136,6 +138,7 @@ impl Metrics {
             read_only,
             health,
             unhealthy,
+            causes_seen: std::sync::Mutex::default(),
             publish_failures,
             publish_in_sync,
             last_publish,
@@ -195,32 +198,20 @@ impl Metrics {
                 })
                 .set(n);
         }
-        // Causes no device has any more go to 0: the family keeps each one it made.
-        let known: Vec<String> = self
-            .unhealthy_causes()
-            .into_iter()
-            .filter(|c| !by_cause.contains_key(c))
-            .collect();
-        for cause in known {
-            by_cause.insert(cause, 0);
+        // Causes no device has any more go to 0 rather than vanish from the family.
+        let mut seen = self
+            .causes_seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        seen.extend(by_cause.keys().cloned());
+        for cause in seen.iter() {
+            let n = by_cause.get(cause).copied().unwrap_or(0);
+            self.unhealthy
+                .get_or_create(&CauseLabels {
+                    cause: cause.clone(),
+                })
+                .set(n);
         }
-        for (cause, n) in by_cause {
-            self.unhealthy.get_or_create(&CauseLabels { cause }).set(n);
-        }
-    }
-
-    fn unhealthy_causes(&self) -> Vec<String> {
-        // prometheus-client has no iteration over a family; the encoded text has it.
-        let mut text = String::new();
-        let mut r = prometheus_client::registry::Registry::default();
-        r.register("u", "", self.unhealthy.clone());
-        if prometheus_client::encoding::text::encode(&mut text, &r).is_err() {
-            return Vec::new();
-        }
-        text.lines()
-            .filter_map(|l| l.split_once("cause=\"")?.1.split_once('"'))
-            .map(|(c, _)| c.to_owned())
-            .collect()
     }
 
     /// Takes in a publisher status change; `previous` is the one before it.
