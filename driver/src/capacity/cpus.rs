@@ -239,24 +239,15 @@ pub(crate) fn whole(q: &Quantity) -> Option<u64> {
     s.parse().ok()
 }
 
+/// Slices of the CPU driver, for the tests of this module and of the mixed demands.
 #[cfg(test)]
-mod tests {
+pub(crate) mod fixtures {
+    use k8s_openapi::api::resource::v1::ResourceSlice;
     use serde_json::json;
-
-    use super::*;
-
-    const NUMA: &str = "dra.net/numaNode";
-
-    fn pools() -> CpuPools {
-        CpuPools::new(
-            "dra.cpu",
-            vec!["resource.kubernetes.io/numaNode".into(), NUMA.into()],
-        )
-    }
 
     /// A slice as dra-driver-cpu v0.2.0 publishes it in grouped mode (one device per
     /// NUMA node, `dra.cpu/cpu` capacity, `dra.net/numaNode`).
-    fn grouped(node: &str, generation: i64, cpus: &[u64]) -> ResourceSlice {
+    pub(crate) fn grouped(node: &str, generation: i64, cpus: &[u64]) -> ResourceSlice {
         let devices: Vec<_> = cpus
             .iter()
             .enumerate()
@@ -265,7 +256,7 @@ mod tests {
                     "name": format!("cpudevnuma{i:03}"),
                     "attributes": {
                         "dra.cpu/numaNodeID": {"int": i},
-                        NUMA: {"int": i},
+                        "dra.net/numaNode": {"int": i},
                     },
                     "capacity": {"dra.cpu/cpu": {"value": n.to_string()}},
                     "allowMultipleAllocations": true,
@@ -279,6 +270,23 @@ mod tests {
                      "devices": devices}
         }))
         .unwrap()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::fixtures::grouped;
+    use super::*;
+
+    const NUMA: &str = "dra.net/numaNode";
+
+    fn pools() -> CpuPools {
+        CpuPools::new(
+            "dra.cpu",
+            vec!["resource.kubernetes.io/numaNode".into(), NUMA.into()],
+        )
     }
 
     fn claim(name: &str, node: &str, numa: u32, cpus: &str) -> ResourceClaim {

@@ -10,25 +10,7 @@ const ALIAS: &str = "dra.net/numaNode";
 
 /// dra-driver-cpu v0.2.0's grouped slice: one device per NUMA node with its CPUs.
 fn cpu_slice(node: &str, cpus: &[u64]) -> ResourceSlice {
-    let devices: Vec<_> = cpus
-        .iter()
-        .enumerate()
-        .map(|(i, n)| {
-            json!({
-                "name": format!("cpudevnuma{i:03}"),
-                "attributes": {ALIAS: {"int": i}, "dra.cpu/numaNodeID": {"int": i}},
-                "capacity": {"dra.cpu/cpu": {"value": n.to_string()}},
-                "allowMultipleAllocations": true,
-            })
-        })
-        .collect();
-    serde_json::from_value(json!({
-        "metadata": {"name": format!("{node}-dra.cpu-0")},
-        "spec": {"driver": "dra.cpu", "nodeName": node,
-                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                 "devices": devices}
-    }))
-    .unwrap()
+    super::super::cpus::fixtures::grouped(node, 1, cpus)
 }
 
 fn cpu_claim(name: &str, node: &str, numa: u32, cpus: u64) -> ResourceClaim {
