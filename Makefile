@@ -5,7 +5,7 @@ CARGO ?= cargo
 SIM_PROFILE ?= dgx-h100
 PROFILES := tests/fake-nvml/profiles
 
-.PHONY: all setup build release demo test test-unit test-e2e e2e tools-cdi chart-check deps-check deps-audit lint fmt fmt-check clippy bench bench-prepare bench-socket bench-scale bench-node bench-plots clean image image-check image-test
+.PHONY: all setup build release push demo test test-unit test-e2e e2e tools-cdi chart-check deps-check deps-audit lint fmt fmt-check clippy bench bench-prepare bench-socket bench-scale bench-node bench-plots clean image image-check image-test
 
 all: build
 
@@ -16,9 +16,18 @@ build: setup
 	$(CARGO) build --workspace
 
 ## release: target/release-artifacts/<version>/: the image tarballs (docker-loadable and
-## the OCI layout), the chart package, an SPDX SBOM, build.json and SHA256SUMS.
+## the OCI layout), the chart package, kubectl-topodra's archive and krew manifest
+## (RELEASE_URL: where the archive will be downloaded from), an SPDX SBOM, build.json
+## and SHA256SUMS.
 release: image
 	@bash deploy/image/release.sh
+
+## push: `make push REGISTRY=host[:port][/path]` pushes the release's images (by digest)
+## and its chart (an OCI artifact) to REGISTRY, writes target/push/values.yaml for helm
+## install and prints the command. INSECURE=1 for a registry without TLS.
+## docs/deployment.md#images
+push: release
+	@bash deploy/image/push.sh
 
 ## image: the OCI images of the plugin and of the controller (with kubectl-topodra),
 ## assembled without a container daemon from the release binaries and Debian packages:
@@ -67,14 +76,15 @@ E2E_RUN ?= .
 ## The image tests run the plugin from the root filesystem of `make image`'s OCI layout.
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 IMAGE_ROOTFS := target/image/rootfs/kubelet-plugin
-e2e: image
+e2e: release
 	$(CARGO) build -p topodra-fake-nvml -p topodra-kubelet-plugin -p topodra-controller
 	$(CARGO) build -p dra-kubeletplugin --example minimal
-	@bash tests/tools/build.sh kube etcd helm nvidia-ctk dra-driver-cpu
+	@bash tests/tools/build.sh kube etcd helm nvidia-ctk dra-driver-cpu krew
 	rm -rf $(IMAGE_ROOTFS)
 	target/image/bin/topodra-image unpack -ref topodra-kubelet-plugin:$(VERSION) -dest $(IMAGE_ROOTFS)
-	eval "$$(bash tests/tools/build.sh --env kube etcd helm dra-driver-cpu)" && $(CTK_ENV) && cd tests/e2e && \
-		TOPODRA_IMAGE_ROOTFS=$(CURDIR)/$(IMAGE_ROOTFS) TOPODRA_REQUIRE_TOOLS=1 CGO_ENABLED=0 \
+	eval "$$(bash tests/tools/build.sh --env kube etcd helm dra-driver-cpu krew)" && $(CTK_ENV) && cd tests/e2e && \
+		TOPODRA_IMAGE_ROOTFS=$(CURDIR)/$(IMAGE_ROOTFS) TOPODRA_RELEASE_DIR=$(CURDIR)/target/release-artifacts/$(VERSION) \
+		TOPODRA_IMAGE_TOOL=$(CURDIR)/target/image/bin/topodra-image TOPODRA_REQUIRE_TOOLS=1 CGO_ENABLED=0 \
 		go test -trimpath -count=1 -timeout 30m -v -run '$(E2E_RUN)' ./...
 
 ## tools-cdi: the CDI Go library check (what container runtimes run on our specs), and its own tests.

@@ -12,7 +12,11 @@
 //	    write DIR/oci, DIR/<image>-<version>.docker.tar, DIR/topodra-images-<version>.oci.tar
 //	    and DIR/build.json; print each image's reference and digest
 //	topodra-image unpack [-layout DIR] -ref NAME -dest DIR
+//	topodra-image unpack -pull REGISTRY/NAME:TAG@DIGEST [-insecure] -dest DIR
 //	    apply an image's layers in order into DIR (a root filesystem to chroot into)
+//	topodra-image push [-layout DIR] -registry HOST/PATH [-chart FILE.tgz] [-insecure] [-record FILE]
+//	    push the layout's images (by tag; the digests are the layout's) and a packaged
+//	    chart as Helm's OCI artifact; print each reference with its digest
 //	topodra-image sbom -build DIR/build.json -cargo-metadata FILE -out FILE
 //	    an SPDX 2.3 JSON document: the images, their Debian packages, their crates
 package main
@@ -39,6 +43,8 @@ func main() {
 		err = cmdUnpack(os.Args[2:])
 	case "sbom":
 		err = cmdSBOM(os.Args[2:])
+	case "push":
+		err = cmdPush(os.Args[2:])
 	case "-h", "-help", "--help", "help":
 		usage()
 		return
@@ -60,7 +66,8 @@ commands:
   packages   the Debian packages the images need (-image NAME for one image)
   tools      the tests/tools/build.sh tools whose programs the images carry
   build      assemble the images (see deploy/image/build.sh)
-  unpack     write an image's root filesystem into a directory
+  unpack     write an image's root filesystem into a directory (from the layout or a registry)
+  push       push the images and the chart package to a registry
   sbom       write the SPDX SBOM of a build
 
 Run "topodra-image COMMAND -h" for the flags of a command.

@@ -6,6 +6,10 @@
 #   topodra-controller-<version>.docker.tar
 #   topodra-images-<version>.oci.tar              both images as one OCI layout
 #   topodra-<chart version>.tgz                   helm package of deploy/helm/topodra
+#   kubectl-topodra-<version>-<os>-<arch>.tar.gz  the kubectl plugin, for krew or by hand
+#   topodra.krew.yaml                             krew plugin manifest for that archive;
+#                                                 its uri is $RELEASE_URL/<archive>
+#                                                 (default: the GitHub release of the tag)
 #   topodra-<version>.spdx.json                   SPDX 2.3 SBOM: images, Debian
 #                                                 packages, the crates in the binaries
 #   build.json, digests.txt                       what went into the images, digests
@@ -50,6 +54,56 @@ cp "$img/topodra-kubelet-plugin-$version.docker.tar" "$img/topodra-controller-$v
 	"$img/topodra-images-$version.oci.tar" "$img/build.json" "$img/digests.txt" "$dest/"
 
 "$helm" package deploy/helm/topodra --destination "$dest" >&2
+
+# kubectl-topodra, the binary the controller image carries, as krew wants it: a
+# gzipped tar with the binary at its top, reproducible (sorted names, owner 0, the
+# build's SOURCE_DATE_EPOCH as every mtime, no gzip timestamp), and a manifest naming
+# its sha256.
+epoch="$(sed -n 's/^  "source_date_epoch": \([0-9]*\),$/\1/p' "$img/build.json" | head -n1)"
+[[ -n "$epoch" ]] || die "no source_date_epoch in $img/build.json"
+os="${platform%/*}" arch="${platform#*/}"
+plugin_bin="target/release/kubectl-topodra"
+[[ -x "$plugin_bin" ]] || die "no $plugin_bin: run make image first"
+got="$("$plugin_bin" --version)"
+[[ "$got" == *" $version "* || "$got" == *" $version" ]] || die "$plugin_bin --version says '$got', not $version"
+archive="kubectl-topodra-$version-$os-$arch.tar.gz"
+stage="$img/kubectl-topodra-archive"
+rm -rf "$stage"
+mkdir -p "$stage"
+install -m 0755 "$plugin_bin" "$stage/kubectl-topodra"
+tar --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$epoch" --format=gnu \
+	-C "$stage" -cf - kubectl-topodra | gzip -n -9 >"$dest/$archive"
+release_url="${RELEASE_URL:-https://github.com/topodra/topodra/releases/download/v$version}"
+sha="$(sha256sum "$dest/$archive" | cut -d' ' -f1)"
+cat >"$dest/topodra.krew.yaml" <<EOF
+# krew plugin manifest of kubectl-topodra $version (make release):
+#   kubectl krew install --manifest=topodra.krew.yaml [--archive=$archive]
+apiVersion: krew.googlecontainertools.github.com/v1alpha2
+kind: Plugin
+metadata:
+  name: topodra
+spec:
+  version: v$version
+  homepage: https://github.com/topodra/topodra
+  shortDescription: Explain GPU placement by the topodra DRA driver
+  description: |
+    kubectl topodra shows, per node and NUMA node, the GPUs that the topodra DRA
+    driver publishes and how many are free for NUMA-aligned claims (nodes), why a
+    pod waits for GPUs (explain pod), and where a set of N aligned GPUs fits now
+    (fit). It reads ResourceSlices, ResourceClaims and DeviceClasses; it writes
+    nothing.
+  platforms:
+    - selector:
+        matchLabels:
+          os: $os
+          arch: $arch
+      uri: $release_url/$archive
+      sha256: $sha
+      bin: kubectl-topodra
+      files:
+        - from: kubectl-topodra
+          to: .
+EOF
 
 # The crates of the binaries as cargo resolves them for the image's platform.
 "${CARGO:-cargo}" metadata --format-version 1 --filter-platform "$rust_target" >"$img/cargo-metadata.json"

@@ -13,27 +13,57 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
 func cmdUnpack(args []string) error {
 	fs := flag.NewFlagSet("unpack", flag.ContinueOnError)
 	dir := fs.String("layout", "target/image/oci", "OCI image layout directory")
 	ref := fs.String("ref", "", "the image's ref name in the layout, e.g. topodra-kubelet-plugin:0.1.0")
+	pull := fs.String("pull", "", "instead of -ref: an image reference to pull from its registry, e.g. registry.example.com/gpu/topodra-kubelet-plugin:0.1.0@sha256:...")
+	insecure := fs.Bool("insecure", false, "with -pull: allow plain HTTP to the registry (localhost and 127.0.0.1 always are)")
 	dest := fs.String("dest", "", "directory to write the root filesystem into (missing or empty)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *ref == "" || *dest == "" {
-		return errors.New("-ref and -dest are required")
+	if (*ref == "") == (*pull == "") || *dest == "" {
+		return errors.New("one of -ref and -pull, and -dest, are required")
 	}
-	img, err := imageByRef(*dir, *ref)
+	var img v1.Image
+	var err error
+	if *pull != "" {
+		img, err = pullImage(*pull, *insecure)
+	} else {
+		img, err = imageByRef(*dir, *ref)
+	}
 	if err != nil {
 		return err
 	}
 	return unpack(img, *dest)
+}
+
+// pullImage reads an image from its registry, with the credentials docker would use. A
+// reference with a digest is checked against it: the registry cannot hand over other
+// bytes.
+func pullImage(ref string, insecure bool) (v1.Image, error) {
+	var opts []name.Option
+	if insecure {
+		opts = append(opts, name.Insecure)
+	}
+	r, err := name.ParseReference(ref, opts...)
+	if err != nil {
+		return nil, err
+	}
+	img, err := remote.Image(r, remote.WithAuthFromKeychain(authn.DefaultKeychain))
+	if err != nil {
+		return nil, fmt.Errorf("pull %s: %w", ref, err)
+	}
+	return img, nil
 }
 
 // imageByRef finds the image whose org.opencontainers.image.ref.name is ref.

@@ -281,3 +281,99 @@ func TestChartServiceMonitors(t *testing.T) {
 		t.Errorf("with the plugin's switched off: %v", got)
 	}
 }
+
+// TestChartImageReferences: registry, repository, tag and digest make each pod's image
+// reference; global.imageRegistry replaces both registries (what make push's values
+// file sets); pull secrets from global and the chart's own list reach both pods, each
+// once; a repository that still starts with a registry host (the chart before 0.4
+// took it whole) is refused with how to split it, rather than pulled from
+// ghcr.io/topodra/ghcr.io/....
+func TestChartImageReferences(t *testing.T) {
+	images := func(args ...string) (plugin, controller string, secrets [][]string) {
+		t.Helper()
+		out, err := helmTemplateOut(t, args...)
+		if err != nil {
+			t.Fatalf("helm template %v: %v\n%s", args, err, out)
+		}
+		for _, doc := range strings.Split(out, "\n---\n") {
+			var obj struct {
+				Kind string `json:"kind"`
+				Spec struct {
+					Template struct {
+						Spec v1.PodSpec `json:"spec"`
+					} `json:"template"`
+				} `json:"spec"`
+			}
+			if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			for _, s := range obj.Spec.Template.Spec.ImagePullSecrets {
+				names = append(names, s.Name)
+			}
+			switch obj.Kind {
+			case "DaemonSet":
+				plugin = obj.Spec.Template.Spec.Containers[0].Image
+				secrets = append(secrets, names)
+			case "Deployment":
+				controller = obj.Spec.Template.Spec.Containers[0].Image
+				secrets = append(secrets, names)
+			}
+		}
+		return plugin, controller, secrets
+	}
+	const d1 = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
+	for _, c := range []struct {
+		name               string
+		args               []string
+		plugin, controller string
+		secrets            []string
+	}{
+		{"defaults", nil, "ghcr.io/topodra/topodra-kubelet-plugin:0.1.0", "ghcr.io/topodra/topodra-controller:0.1.0", nil},
+		{"global registry and digests, as make push writes them",
+			[]string{"--set", "global.imageRegistry=registry.example.com:5000/gpu", "--set", "image.digest=" + d1, "--set", "controller.image.digest=" + d1},
+			"registry.example.com:5000/gpu/topodra-kubelet-plugin:0.1.0@" + d1, "registry.example.com:5000/gpu/topodra-controller:0.1.0@" + d1, nil},
+		{"own registries and a tag",
+			[]string{"--set", "image.registry=a.example.com", "--set", "controller.image.registry=b.example.com/x", "--set", "image.tag=dev"},
+			"a.example.com/topodra-kubelet-plugin:dev", "b.example.com/x/topodra-controller:0.1.0", nil},
+		{"no registry: the repository is the whole name",
+			[]string{"--set", "image.registry=", "--set", "controller.image.registry=", "--set", "image.repository=docker.io/me/plugin"},
+			"docker.io/me/plugin:0.1.0", "topodra-controller:0.1.0", nil},
+		{"pull secrets from both lists, each once",
+			[]string{"--set", "global.imagePullSecrets[0].name=a", "--set", "imagePullSecrets[0].name=b", "--set", "imagePullSecrets[1].name=a"},
+			"ghcr.io/topodra/topodra-kubelet-plugin:0.1.0", "ghcr.io/topodra/topodra-controller:0.1.0", []string{"a", "b"}},
+	} {
+		plugin, controller, secrets := images(c.args...)
+		if plugin != c.plugin || controller != c.controller {
+			t.Errorf("%s: plugin %s, controller %s; want %s, %s", c.name, plugin, controller, c.plugin, c.controller)
+		}
+		if len(secrets) != 2 {
+			t.Fatalf("%s: rendered %d pod templates, want the DaemonSet and the Deployment", c.name, len(secrets))
+		}
+		for _, got := range secrets {
+			if strings.Join(got, ",") != strings.Join(c.secrets, ",") {
+				t.Errorf("%s: imagePullSecrets %v, want %v", c.name, got, c.secrets)
+			}
+		}
+	}
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"old-style repository", []string{"--set", "image.repository=ghcr.io/topodra/topodra-kubelet-plugin"},
+			`set the registry to "ghcr.io" and the repository to "topodra/topodra-kubelet-plugin"`},
+		{"localhost repository", []string{"--set", "controller.image.repository=localhost/c"}, `set the registry to "localhost"`},
+		{"tag in the repository", []string{"--set", "image.repository=topodra-kubelet-plugin:1.0"}, "/image/repository"},
+		{"scheme in the registry", []string{"--set", "global.imageRegistry=https://r.example.com"}, "/global/imageRegistry"},
+		{"trailing slash", []string{"--set", "image.registry=r.example.com/"}, "/image/registry"},
+		{"pull secret without a name", []string{"--set", "global.imagePullSecrets[0].x=y"}, "/global/imagePullSecrets/0"},
+	} {
+		out, err := helmTemplateOut(t, c.args...)
+		if err == nil {
+			t.Errorf("%s: rendered", c.name)
+		} else if !strings.Contains(out, c.want) {
+			t.Errorf("%s: helm said %s; want %q in it", c.name, out, c.want)
+		}
+	}
+}

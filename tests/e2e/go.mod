@@ -9,6 +9,7 @@ go 1.26.0
 require (
 	github.com/containerd/nri v0.11.0
 	github.com/go-logr/logr v1.4.3
+	github.com/google/go-containerregistry v0.22.1
 	github.com/k8stopologyawareschedwg/noderesourcetopology-api v0.1.2
 	github.com/opencontainers/runtime-spec v1.3.0
 	k8s.io/api v0.37.2

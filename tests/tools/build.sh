@@ -11,7 +11,7 @@
 # was asked for, so callers can do `eval "$(tests/tools/build.sh --env)"`.
 #
 # Usage: tests/tools/build.sh [options] [tool...]      (tools: kube etcd kwok helm
-#                                                       nvidia-ctk dra-driver-cpu;
+#                                                       nvidia-ctk dra-driver-cpu krew;
 #                                                       default: all of them)
 #   Built only when named: topo-sched (the scale benchmark's legacy baseline:
 #   scheduler-plugins' kube-scheduler as `topology-aware-scheduler`).
@@ -19,6 +19,8 @@
 #   one cgo build; its licence files go to <tool>-<version>/share/, beside bin/.
 #   dra-driver-cpu (dracpu, kubernetes-sigs' CPU DRA driver) runs beside our plugin
 #   in the whole-node NUMA alignment e2e test.
+#   krew (the kubectl plugin manager) installs kubectl-topodra from the krew
+#   manifest of make release in the release e2e test.
 #   --print-path   print the bin dirs as a PATH fragment (dir:dir:...)
 #   --env          print `export TOPODRA_TOOLS_BIN=...` and `export PATH=...`
 #                  (and TOPODRA_DRACPU=<path of dracpu> when dra-driver-cpu is asked for)
@@ -32,7 +34,7 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache_root="${TOPODRA_TOOLS_CACHE:-${HOME:-/root}/.cache/topodra/tools}"
-all_tools=(kube etcd kwok helm nvidia-ctk dra-driver-cpu)
+all_tools=(kube etcd kwok helm nvidia-ctk dra-driver-cpu krew)
 # Known tools that the default list (and so `make test`) leaves out.
 named_only_tools=(topo-sched)
 # Bump when the recipe below changes in a way go.mod/go.sum do not show.
@@ -72,6 +74,7 @@ main_module() {
 	helm) echo helm.sh/helm/v3 ;;
 	nvidia-ctk) echo github.com/NVIDIA/nvidia-container-toolkit ;;
 	dra-driver-cpu) echo github.com/kubernetes-sigs/dra-driver-cpu ;;
+	krew) echo sigs.k8s.io/krew ;;
 	topo-sched) echo sigs.k8s.io/scheduler-plugins ;;
 	esac
 }
@@ -85,6 +88,7 @@ packages() {
 	nvidia-ctk) echo github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook \
 		github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk ;;
 	dra-driver-cpu) echo github.com/kubernetes-sigs/dra-driver-cpu/cmd/dracpu ;;
+	krew) echo sigs.k8s.io/krew/cmd/krew ;;
 	topo-sched) echo sigs.k8s.io/scheduler-plugins/cmd/scheduler ;;
 	esac
 }
@@ -102,6 +106,7 @@ binaries() {
 	helm) echo helm ;;
 	nvidia-ctk) echo nvidia-cdi-hook nvidia-ctk ;;
 	dra-driver-cpu) echo dracpu ;;
+	krew) echo krew ;;
 	topo-sched) echo topology-aware-scheduler ;;
 	esac
 }
@@ -174,6 +179,9 @@ ldflags() {
 		# build info (its VCS fields are empty in a module build; `go version -m`
 		# shows the module at v0.2.0).
 		;;
+	# As krew's Makefile stamps its releases (hack/make-binaries.sh): the tag; the
+	# commit stays empty, the module proxy does not say which commit a tag is.
+	krew) flags+=" -X sigs.k8s.io/krew/internal/version.gitTag=$version" ;;
 	topo-sched)
 		# cmd/scheduler is k8s.io/kubernetes' kube-scheduler with plugins added.
 		# Stamped like scheduler-plugins' Makefile does (gitVersion=v0.33.5 only),
@@ -250,6 +258,7 @@ build_one() {
 	topo-sched) hint=" (cold: about 10-20 minutes on 2 cores)" ;;
 	nvidia-ctk) hint=" (cold: about 1-2 minutes on 2 cores)" ;;
 	dra-driver-cpu) hint=" (cold: about 2-4 minutes on 2 cores)" ;;
+	krew) hint=" (cold: about 1 minute on 2 cores)" ;;
 	esac
 	log "$tool $version: building $(binaries "$tool")$hint"
 	start=$SECONDS

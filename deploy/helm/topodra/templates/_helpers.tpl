@@ -105,14 +105,25 @@ The CPU class of the aligned pair: cpu-aligned.<the driverName after its first l
 {{- end }}
 
 {{/*
-An image reference from {repository, tag, digest}: repository:tag, the tag defaulting to
-the chart's appVersion (the version `make image` tags), with "@digest" appended when a
-digest is set. The runtime then pulls by the digest; the tag stays for people reading
-the pod spec. Called with (list .Values.image .Chart.AppVersion).
+An image reference from {registry, repository, tag, digest}: registry/repository:tag,
+global.imageRegistry replacing the image's registry, no registry part when both are
+empty, the tag defaulting to the chart's appVersion (the version `make image` tags),
+with "@digest" appended when a digest is set. The runtime then pulls by the digest; the
+tag stays for people reading the pod spec. Called with (list $ .Values.image).
 */}}
 {{- define "topodra.imageRef" -}}
-{{- $i := index . 0 }}
-{{- $ref := printf "%s:%s" $i.repository (default (index . 1) $i.tag) }}
+{{- $root := index . 0 }}
+{{- $i := index . 1 }}
+{{- $registry := default $i.registry ($root.Values.global).imageRegistry }}
+{{- $name := $i.repository }}
+{{- $parts := splitList "/" $i.repository }}
+{{- if and $registry (gt (len $parts) 1) (or (contains "." (first $parts)) (eq (first $parts) "localhost")) }}
+{{- fail (printf "repository %q starts with a registry host, and the registry %q would be put in front of it: set the registry to %q and the repository to %q (since chart 0.4 the two are separate values)" $i.repository $registry (first $parts) (join "/" (rest $parts))) }}
+{{- end }}
+{{- if $registry }}
+{{- $name = printf "%s/%s" $registry $i.repository }}
+{{- end }}
+{{- $ref := printf "%s:%s" $name (default $root.Chart.AppVersion $i.tag) }}
 {{- if $i.digest }}
 {{- $ref = printf "%s@%s" $ref $i.digest }}
 {{- end }}
@@ -123,7 +134,18 @@ the pod spec. Called with (list .Values.image .Chart.AppVersion).
 The kubelet plugin's image.
 */}}
 {{- define "topodra.image" -}}
-{{- include "topodra.imageRef" (list .Values.image .Chart.AppVersion) }}
+{{- include "topodra.imageRef" (list . .Values.image) }}
+{{- end }}
+
+{{/*
+The pods' imagePullSecrets as a YAML list: global.imagePullSecrets, then
+imagePullSecrets, each secret once; nothing when there are none.
+*/}}
+{{- define "topodra.imagePullSecrets" -}}
+{{- $all := concat (default list (.Values.global).imagePullSecrets) .Values.imagePullSecrets | uniq }}
+{{- with $all }}
+{{- toYaml . }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -293,5 +315,5 @@ The controller's ServiceAccount name.
 The controller's image.
 */}}
 {{- define "topodra.controller.image" -}}
-{{- include "topodra.imageRef" (list .Values.controller.image .Chart.AppVersion) }}
+{{- include "topodra.imageRef" (list . .Values.controller.image) }}
 {{- end }}
