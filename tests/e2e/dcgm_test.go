@@ -1,6 +1,6 @@
 package e2e
 
-// NVIDIA's DCGM exporter and topodra's drop-in mode (docs/operations.md, "Per-pod GPU
+// NVIDIA's DCGM exporter and topodra's drop-in mode (docs/deployment.md, "Per-pod GPU
 // metrics with NVIDIA's DCGM exporter"). The exporter labels a GPU's metrics with the
 // pod that holds it; under DRA it finds that pod through the kubelet's PodResources
 // API and the ResourceSlices, and only for the driver name gpu.nvidia.com. These tests
@@ -8,6 +8,10 @@ package e2e
 // the exporter's mapping (see exporterMapping for where each step comes from), so
 // what they check is the part between the plugin and the exporter: names, API
 // version and attributes. They run no DCGM and no exporter process.
+//
+// The exporter's files named below are in github.com/NVIDIA/dcgm-exporter as read at
+// commit d5e5f510a1b6 (main after release 4.5.3-4.8.2). Its mapping is an internal/
+// package, so it cannot be imported, and the Go module proxy does not serve the module.
 
 import (
 	"context"
