@@ -64,6 +64,7 @@ func TestChartRefusesValuesThatCannotWork(t *testing.T) {
 		{"no schema: port", []string{"--skip-schema-validation", "--set", "kubeletPlugin.httpPort=70000"}, "kubeletPlugin.httpPort must be a port number from 1 to 65535"},
 		{"no schema: driver root", []string{"--skip-schema-validation", "--set", "kubeletPlugin.driverRoot=/run/nvidia/driver/"}, "without a trailing or doubled slash"},
 		{"no schema: two writers", []string{"--skip-schema-validation", "--set", "controller.leaderElection.enabled=false"}, "enable leader election or run one replica"},
+		{"dashboard namespace not a name", []string{"--set", "metrics.grafanaDashboard.namespace=Monitoring"}, "/metrics/grafanaDashboard/namespace"},
 		{"relative hook path", []string{"--set", "kubeletPlugin.cdiHook.hostPath=usr/bin/nvidia-cdi-hook"}, "/kubeletPlugin/cdiHook/hostPath"},
 		{"hook path with a trailing slash", []string{"--set", "kubeletPlugin.cdiHook.hostPath=/usr/bin/"}, "/kubeletPlugin/cdiHook/hostPath"},
 		{"no schema: hook path", []string{"--skip-schema-validation", "--set", "kubeletPlugin.cdiHook.hostPath=/usr//bin/nvidia-cdi-hook"}, "kubeletPlugin.cdiHook.hostPath must be an absolute path"},

@@ -6,7 +6,8 @@
 # kubelet-plugin/tests/oci_runtime.rs runs a workload container with, and the C
 # compiler and glibc headers of the one cgo build (NVIDIA's nvidia-cdi-hook and
 # nvidia-ctk, tests/tools/build.sh nvidia-ctk; Rust's linker needs them too), and
-# Prometheus' promtool (package prometheus), which checks the chart's alert rules.
+# Prometheus and its promtool (package prometheus), which check the chart's alert
+# rules and evaluate its dashboard's queries against a scraped run.
 # Idempotent and quiet when all is there.
 set -euo pipefail
 
