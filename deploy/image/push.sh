@@ -45,5 +45,5 @@ cat >&2 <<MSG
 push.sh: pushed to $registry; $out/values.yaml pins both images by digest. Install with
   helm install topodra oci://$registry/topodra --version $chart_version$plain \\
     --namespace topodra-system --values $out/values.yaml
-(the chart itself by digest: oci://$registry/topodra@$chart_digest; see docs/deployment.md#install)
+(the chart itself by digest: oci://$registry/topodra@$chart_digest; see docs/deployment.md#install-with-helm)
 MSG
