@@ -17,7 +17,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/types"
@@ -158,15 +157,7 @@ type layoutImage struct {
 // layoutImages are the images of the layout that carry a ref name (name:tag), in
 // name order.
 func layoutImages(dir string) ([]layoutImage, error) {
-	lp, err := layout.FromPath(dir)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w (run make image first)", dir, err)
-	}
-	idx, err := lp.ImageIndex()
-	if err != nil {
-		return nil, err
-	}
-	m, err := idx.IndexManifest()
+	lp, m, err := layoutIndex(dir)
 	if err != nil {
 		return nil, err
 	}

@@ -68,15 +68,7 @@ func pullImage(ref string, insecure bool) (v1.Image, error) {
 
 // imageByRef finds the image whose org.opencontainers.image.ref.name is ref.
 func imageByRef(dir, ref string) (v1.Image, error) {
-	lp, err := layout.FromPath(dir)
-	if err != nil {
-		return nil, err
-	}
-	idx, err := lp.ImageIndex()
-	if err != nil {
-		return nil, err
-	}
-	m, err := idx.IndexManifest()
+	lp, m, err := layoutIndex(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -89,6 +81,23 @@ func imageByRef(dir, ref string) (v1.Image, error) {
 		names = append(names, n)
 	}
 	return nil, fmt.Errorf("no image %q in %s (it has: %s)", ref, dir, strings.Join(names, ", "))
+}
+
+// layoutIndex opens an OCI image layout and reads its index.
+func layoutIndex(dir string) (layout.Path, *v1.IndexManifest, error) {
+	lp, err := layout.FromPath(dir)
+	if err != nil {
+		return "", nil, fmt.Errorf("%s: %w (run make image first)", dir, err)
+	}
+	idx, err := lp.ImageIndex()
+	if err != nil {
+		return "", nil, err
+	}
+	m, err := idx.IndexManifest()
+	if err != nil {
+		return "", nil, err
+	}
+	return lp, m, nil
 }
 
 // unpack writes the image's file system into dest: the layers flattened in order
