@@ -33,7 +33,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	resourcev1beta1 "k8s.io/api/resource/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
@@ -264,36 +263,6 @@ func dropInEnv(t *testing.T, profile string) *env {
 	return e
 }
 
-// slicesOf waits for a complete pool of n devices of driver on the env's node (v1)
-// and returns its devices by name.
-func (e *env) slicesOf(driver string, n int) map[string]resourceapi.Device {
-	e.t.Helper()
-	var got map[string]resourceapi.Device
-	eventually(e.t, time.Minute, func() error {
-		l, err := e.admin.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{
-			FieldSelector: fields.AndSelectors(fields.OneTermEqualSelector("spec.nodeName", e.node),
-				fields.OneTermEqualSelector("spec.driver", driver)).String(),
-		})
-		if err != nil {
-			return err
-		}
-		got = map[string]resourceapi.Device{}
-		for _, s := range l.Items {
-			if int64(len(l.Items)) != s.Spec.Pool.ResourceSliceCount {
-				return fmt.Errorf("%d slices, pool says %d", len(l.Items), s.Spec.Pool.ResourceSliceCount)
-			}
-			for _, d := range s.Spec.Devices {
-				got[d.Name] = d
-			}
-		}
-		if len(got) != n {
-			return fmt.Errorf("%d devices of %s published, want %d", len(got), driver, n)
-		}
-		return nil
-	})
-	return got
-}
-
 // dropInTemplate is a ResourceClaimTemplate for count devices of the gpu.nvidia.com
 // class that pass a CEL selector; attributes are under the driver's own domain,
 // gpu.nvidia.com, in drop-in mode.
@@ -317,34 +286,6 @@ spec:
 `, name, ns, dcgmDriverName, count, selector)
 }
 
-// allocatedTo returns the claim name and devices allocated to the pod's claim
-// "gpus", all of driver on the env's node.
-func (e *env) allocatedTo(pod *v1.Pod, driver string) (string, []string) {
-	e.t.Helper()
-	var name string
-	for _, s := range pod.Status.ResourceClaimStatuses {
-		if s.Name == "gpus" && s.ResourceClaimName != nil {
-			name = *s.ResourceClaimName
-		}
-	}
-	claim, err := e.admin.ResourceV1().ResourceClaims(pod.Namespace).Get(context.Background(), name, metav1.GetOptions{})
-	if err != nil {
-		e.t.Fatalf("claim of pod %s: %v", pod.Name, err)
-	}
-	if claim.Status.Allocation == nil {
-		e.t.Fatalf("claim %s not allocated", name)
-	}
-	var devs []string
-	for _, r := range claim.Status.Allocation.Devices.Results {
-		if r.Driver != driver || r.Pool != e.node {
-			e.t.Fatalf("claim %s: result %+v is not of %s on %s", name, r, driver, e.node)
-		}
-		devs = append(devs, r.Device)
-	}
-	sort.Strings(devs)
-	return name, devs
-}
-
 // v1String is a device's string attribute (bare name, the driver's domain) in v1.
 func v1String(d resourceapi.Device, name string) string {
 	if v, ok := d.Attributes[resourceapi.QualifiedName(name)]; ok && v.StringValue != nil {
@@ -360,7 +301,7 @@ func v1String(d resourceapi.Device, name string) string {
 // MIG UUID, each labelled with the pod, container and claim.
 func TestDCGMExporterMapping(t *testing.T) {
 	e := dropInEnv(t, "dgx-a100-mig")
-	devices := e.slicesOf(dcgmDriverName, 7+3+5)
+	devices := e.waitDevicesOf(dcgmDriverName, 7+3+5, time.Minute)
 
 	const ns = "dcgm"
 	e.createNamespace(ns)
@@ -374,21 +315,21 @@ func TestDCGMExporterMapping(t *testing.T) {
 
 	// What the mapping must find, from the allocations and the v1 slices.
 	want := map[string]dcgmPod{}
-	trainClaim, trainDevs := e.allocatedTo(train, dcgmDriverName)
+	trainClaim, trainDevs := e.allocationOf(train, dcgmDriverName)
 	for _, d := range trainDevs {
 		u := v1String(devices[d], "uuid")
 		if !strings.HasPrefix(u, "GPU-") || v1String(devices[d], "type") != "gpu" {
 			t.Fatalf("train got %s (type %q, uuid %q), want whole GPUs", d, v1String(devices[d], "type"), u)
 		}
-		want[u] = dcgmPod{"pod": "train", "namespace": ns, "container": "main", "dra_claim_name": trainClaim,
+		want[u] = dcgmPod{"pod": "train", "namespace": ns, "container": "main", "dra_claim_name": trainClaim.Name,
 			"dra_claim_namespace": ns, "dra_driver_name": dcgmDriverName, "dra_pool_name": e.node, "dra_device_name": d}
 	}
-	inferClaim, inferDevs := e.allocatedTo(infer, dcgmDriverName)
+	inferClaim, inferDevs := e.allocationOf(infer, dcgmDriverName)
 	if len(inferDevs) != 1 || v1String(devices[inferDevs[0]], "type") != "mig" {
 		t.Fatalf("infer got %v, want one MIG device", inferDevs)
 	}
 	mig := devices[inferDevs[0]]
-	want[v1String(mig, "parentUUID")] = dcgmPod{"pod": "infer", "namespace": ns, "container": "main", "dra_claim_name": inferClaim,
+	want[v1String(mig, "parentUUID")] = dcgmPod{"pod": "infer", "namespace": ns, "container": "main", "dra_claim_name": inferClaim.Name,
 		"dra_claim_namespace": ns, "dra_driver_name": dcgmDriverName, "dra_pool_name": e.node, "dra_device_name": inferDevs[0],
 		"dra_mig_profile": v1String(mig, "profile"), "dra_mig_device_uuid": v1String(mig, "uuid")}
 	if len(want) != 3 {

@@ -374,9 +374,15 @@ func (e *env) waitRegistered(timeout time.Duration) {
 // slices lists this node's slices of our driver.
 func (e *env) slices(ctx context.Context) []resourceapi.ResourceSlice {
 	e.t.Helper()
+	return e.slicesOf(ctx, driverName)
+}
+
+// slicesOf lists this node's slices of driver.
+func (e *env) slicesOf(ctx context.Context, driver string) []resourceapi.ResourceSlice {
+	e.t.Helper()
 	l, err := e.admin.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
 		FieldSelector: fields.AndSelectors(fields.OneTermEqualSelector("spec.nodeName", e.node),
-			fields.OneTermEqualSelector("spec.driver", driverName)).String(),
+			fields.OneTermEqualSelector("spec.driver", driver)).String(),
 	})
 	if err != nil {
 		e.t.Fatal(err)
@@ -387,10 +393,17 @@ func (e *env) slices(ctx context.Context) []resourceapi.ResourceSlice {
 // waitDevices waits until the node's slices (a complete pool) publish n devices.
 func (e *env) waitDevices(n int, timeout time.Duration) map[string]resourceapi.Device {
 	e.t.Helper()
+	return e.waitDevicesOf(driverName, n, timeout)
+}
+
+// waitDevicesOf waits until the node's slices of driver (a complete pool) publish n
+// devices, and returns them by name.
+func (e *env) waitDevicesOf(driver string, n int, timeout time.Duration) map[string]resourceapi.Device {
+	e.t.Helper()
 	var got map[string]resourceapi.Device
 	eventually(e.t, timeout, func() error {
 		got = map[string]resourceapi.Device{}
-		ss := e.slices(context.Background())
+		ss := e.slicesOf(context.Background(), driver)
 		for _, s := range ss {
 			if int64(len(ss)) != s.Spec.Pool.ResourceSliceCount {
 				return fmt.Errorf("%d slices, pool says %d", len(ss), s.Spec.Pool.ResourceSliceCount)
@@ -400,7 +413,7 @@ func (e *env) waitDevices(n int, timeout time.Duration) map[string]resourceapi.D
 			}
 		}
 		if len(got) != n {
-			return fmt.Errorf("%d devices published, want %d", len(got), n)
+			return fmt.Errorf("%d devices of %s published, want %d", len(got), driver, n)
 		}
 		return nil
 	})
@@ -546,6 +559,13 @@ func (e *env) waitEvent(ns, name, reason string, re *regexp.Regexp, timeout time
 // allocation returns the devices allocated to the pod's claim "gpus", with the claim.
 func (e *env) allocation(pod *v1.Pod) (*resourceapi.ResourceClaim, []string) {
 	e.t.Helper()
+	return e.allocationOf(pod, driverName)
+}
+
+// allocationOf returns the devices allocated to the pod's claim "gpus", all of driver
+// on the env's node, with the claim.
+func (e *env) allocationOf(pod *v1.Pod, driver string) (*resourceapi.ResourceClaim, []string) {
+	e.t.Helper()
 	var claimName string
 	for _, s := range pod.Status.ResourceClaimStatuses {
 		if s.Name == "gpus" && s.ResourceClaimName != nil {
@@ -564,8 +584,8 @@ func (e *env) allocation(pod *v1.Pod) (*resourceapi.ResourceClaim, []string) {
 	}
 	var devs []string
 	for _, r := range claim.Status.Allocation.Devices.Results {
-		if r.Driver != driverName || r.Pool != e.node {
-			e.t.Fatalf("claim %s: result %+v is not of %s on %s", claimName, r, driverName, e.node)
+		if r.Driver != driver || r.Pool != e.node {
+			e.t.Fatalf("claim %s: result %+v is not of %s on %s", claimName, r, driver, e.node)
 		}
 		devs = append(devs, r.Device)
 	}
