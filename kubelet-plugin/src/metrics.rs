@@ -286,7 +286,7 @@ mod tests {
         m.claims().set_prepared_devices(8);
         let nodes = http::Request::get("/api/v1/nodes/n").body(()).unwrap();
         for _ in 0..3 {
-            requests.record_request(&nodes);
+            requests.record(&nodes, topodra_ops::requests::Code::Status(200));
         }
         let text = m.encode();
         assert!(
@@ -299,7 +299,9 @@ mod tests {
         );
         assert!(text.contains("topodra_prepared_devices 8"), "{text}");
         assert!(
-            text.contains("topodra_api_requests_total{verb=\"get\",resource=\"nodes\"} 3"),
+            text.contains(
+                "topodra_api_requests_total{verb=\"get\",resource=\"nodes\",code=\"200\"} 3"
+            ),
             "{text}"
         );
         assert!(text.contains("topodra_build_info{version=\""), "{text}");
