@@ -67,7 +67,7 @@ pub(crate) struct Metrics {
 
 impl Metrics {
     pub(crate) fn new(requests: &RequestCounter) -> Self {
-        // `topodra_controller_api_requests_total{verb, resource}` comes with the base.
+        // `topodra_controller_api_requests_total{verb, resource, code}` comes with the base.
         let mut m = Self {
             registry: Registry::new("topodra_controller", requests),
             gpus: Family::default(),

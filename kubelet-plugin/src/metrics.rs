@@ -13,7 +13,9 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use topodra_driver::AllocatableDevice;
 use topodra_driver::health::{HealthState, Status};
+use topodra_driver::prepare::Preparer;
 use topodra_ops::metrics::Registry;
 use topodra_ops::requests::RequestCounter;
 
@@ -26,6 +28,48 @@ struct BuildLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
     state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NumaLabels {
+    numa_node: String,
+    state: &'static str,
+}
+
+/// The states of `topodra_numa_devices`, each GPU in exactly one.
+const NUMA_STATES: [&str; 3] = ["free", "prepared", "unhealthy"];
+
+/// What `topodra_numa_devices` is computed from, kept so that each of its three
+/// sources (the inventory, the prepared claims, the health picture) can change alone.
+#[derive(Debug, Default)]
+struct NumaPicture {
+    /// Each published GPU: its NUMA node label and the devices it publishes (itself,
+    /// or its MIG devices).
+    gpus: Vec<(String, Vec<String>)>,
+    prepared: std::collections::BTreeSet<String>,
+    unhealthy: std::collections::BTreeSet<String>,
+    /// Every NUMA node the family has series for.
+    nodes_seen: std::collections::BTreeSet<String>,
+}
+
+impl NumaPicture {
+    /// GPUs by NUMA node and state. A GPU counts once, by its worst state: unhealthy
+    /// if any of its devices is (a MIG device shares its parent's fate), else
+    /// prepared if any claim holds it or one of its MIG devices, else free.
+    fn counts(&self) -> BTreeMap<(String, &'static str), i64> {
+        let mut out = BTreeMap::new();
+        for (numa, devices) in &self.gpus {
+            let state = if devices.iter().any(|d| self.unhealthy.contains(d)) {
+                "unhealthy"
+            } else if devices.iter().any(|d| self.prepared.contains(d)) {
+                "prepared"
+            } else {
+                "free"
+            };
+            *out.entry((numa.clone(), state)).or_insert(0) += 1;
+        }
+        out
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -51,6 +95,8 @@ pub(crate) struct Metrics {
     registry: Registry,
     claims: Arc<ClaimMetrics>,
     devices: Gauge,
+    numa: Family<NumaLabels, Gauge>,
+    numa_picture: std::sync::Mutex<NumaPicture>,
     read_only: Gauge,
     health: Family<StateLabels, Gauge>,
     unhealthy: Family<CauseLabels, Gauge>,
@@ -71,6 +117,13 @@ impl Metrics {
         let claims = Arc::new(ClaimMetrics::register(registry));
         let devices = Gauge::default();
         registry.register("devices", "GPUs published by this node", devices.clone());
+        let numa = Family::<NumaLabels, Gauge>::default();
+        registry.register(
+            "numa_devices",
+            "Published GPUs by NUMA node (none: the GPU has none) and state: free, prepared (held by a prepared claim), unhealthy. \
+             Counted by physical GPU: a GPU split into MIG devices or shared by several claims is one GPU, prepared if any claim holds it or one of its MIG devices",
+            numa.clone(),
+        );
         let read_only = Gauge::default();
         registry.register(
             "state_read_only",
@@ -135,6 +188,8 @@ impl Metrics {
             registry: base,
             claims,
             devices,
+            numa,
+            numa_picture: std::sync::Mutex::default(),
             read_only,
             health,
             unhealthy,
@@ -191,6 +246,14 @@ impl Metrics {
                 *by_cause.entry(cause.label()).or_default() += 1;
             }
         }
+        self.update_numa(|p| {
+            p.unhealthy = state
+                .devices
+                .iter()
+                .filter(|(_, h)| h.status == Status::Unhealthy)
+                .map(|(name, _)| name.clone())
+                .collect();
+        });
         for (state, n) in by_state {
             self.health
                 .get_or_create(&StateLabels {
@@ -252,8 +315,70 @@ impl Metrics {
         &self.claims
     }
 
-    pub(crate) fn set_devices(&self, n: usize) {
-        self.devices.set(i64::try_from(n).unwrap_or(i64::MAX));
+    /// Takes in the devices this node publishes (whole GPUs and MIG devices).
+    pub(crate) fn set_devices(&self, devices: &[AllocatableDevice]) {
+        self.devices
+            .set(i64::try_from(devices.len()).unwrap_or(i64::MAX));
+        let mut gpus: BTreeMap<String, (String, Vec<String>)> = BTreeMap::new();
+        for d in devices {
+            let numa = d
+                .gpu
+                .numa_node
+                .map_or_else(|| "none".to_owned(), |n| n.to_string());
+            gpus.entry(d.gpu.device_name())
+                .or_insert_with(|| (numa, Vec::new()))
+                .1
+                .push(d.name());
+        }
+        self.update_numa(|p| p.gpus = gpus.into_values().collect());
+    }
+
+    /// Takes in what `preparer` holds now, for `topodra_prepared_devices` and the
+    /// prepared GPUs of `topodra_numa_devices`: both from one copy of the checkpoint,
+    /// preparing claims included, so the two agree.
+    pub(crate) fn set_prepared_from(&self, preparer: &Preparer) {
+        let devices: Vec<String> = preparer
+            .checkpoint()
+            .claims
+            .into_values()
+            .flat_map(|c| c.devices.into_iter().map(|d| d.device))
+            .collect();
+        self.claims.set_prepared_devices(devices.len());
+        self.set_prepared(devices);
+    }
+
+    /// Takes in the devices prepared claims hold.
+    pub(crate) fn set_prepared(&self, devices: impl IntoIterator<Item = String>) {
+        let prepared = devices.into_iter().collect();
+        self.update_numa(|p| p.prepared = prepared);
+    }
+
+    /// Changes one source of `topodra_numa_devices` and sets every series from the
+    /// result, under one lock so that concurrent updates cannot interleave: every
+    /// state of every NUMA node seen gets a value, 0 included, so none vanishes.
+    fn update_numa(&self, change: impl FnOnce(&mut NumaPicture)) {
+        let mut p = self
+            .numa_picture
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        change(&mut p);
+        let counts = p.counts();
+        let nodes: Vec<String> = p.gpus.iter().map(|(n, _)| n.clone()).collect();
+        p.nodes_seen.extend(nodes);
+        for numa_node in &p.nodes_seen {
+            for state in NUMA_STATES {
+                let n = counts
+                    .get(&(numa_node.clone(), state))
+                    .copied()
+                    .unwrap_or(0);
+                self.numa
+                    .get_or_create(&NumaLabels {
+                        numa_node: numa_node.clone(),
+                        state,
+                    })
+                    .set(n);
+            }
+        }
     }
 
     pub(crate) fn set_read_only(&self, read_only: bool) {
@@ -286,7 +411,7 @@ mod tests {
         m.claims().set_prepared_devices(8);
         let nodes = http::Request::get("/api/v1/nodes/n").body(()).unwrap();
         for _ in 0..3 {
-            requests.record_request(&nodes);
+            requests.record(&nodes, topodra_ops::requests::Code::Status(200));
         }
         let text = m.encode();
         assert!(
@@ -299,7 +424,9 @@ mod tests {
         );
         assert!(text.contains("topodra_prepared_devices 8"), "{text}");
         assert!(
-            text.contains("topodra_api_requests_total{verb=\"get\",resource=\"nodes\"} 3"),
+            text.contains(
+                "topodra_api_requests_total{verb=\"get\",resource=\"nodes\",code=\"200\"} 3"
+            ),
             "{text}"
         );
         assert!(text.contains("topodra_build_info{version=\""), "{text}");
@@ -401,5 +528,90 @@ mod tests {
         // A new streak starts from zero.
         m.set_publish(&PublishStatus::InSync { generation: 2 }, &failing(1));
         assert!(m.encode().contains("topodra_publish_failures_total 4"));
+    }
+
+    /// GPUs by NUMA node and state, counted by physical GPU: a MIG GPU is one GPU,
+    /// prepared when a claim holds one of its MIG devices, unhealthy when one of them
+    /// is; a GPU without a NUMA node is under `none`; states that empty stay at 0.
+    #[test]
+    fn numa_devices_count_whole_gpus_by_numa_node_and_state() {
+        use topodra_driver::health::DeviceHealth;
+        use topodra_driver::{Gpu, MigDevice};
+        let gpu = |minor: u32, numa: Option<u32>| {
+            let mut g = Gpu::at(format!("0000:{:02x}:00.0", 0x18 + minor).parse().unwrap());
+            g.minor = Some(minor);
+            g.numa_node = numa;
+            g
+        };
+        let whole = |g: Gpu| AllocatableDevice { gpu: g, mig: None };
+        let mig = |g: &Gpu, gi| AllocatableDevice {
+            gpu: g.clone(),
+            mig: Some(MigDevice {
+                uuid: format!("MIG-{gi}"),
+                gpu_instance: gi,
+                compute_instance: 0,
+                profile: None,
+                memory_bytes: None,
+                multiprocessors: None,
+            }),
+        };
+        let split = gpu(2, Some(1));
+        let devices = vec![
+            whole(gpu(0, Some(0))),
+            whole(gpu(1, Some(0))),
+            mig(&split, 1),
+            mig(&split, 2),
+            whole(gpu(3, Some(1))),
+            whole(gpu(4, None)),
+        ];
+        let m = Metrics::new(&RequestCounter::new());
+        m.set_devices(&devices);
+        let has = |text: &str, numa: &str, state: &str, n: u32| {
+            let line =
+                format!("topodra_numa_devices{{numa_node=\"{numa}\",state=\"{state}\"}} {n}\n");
+            assert!(text.contains(&line), "{line}{text}");
+        };
+        let text = m.encode();
+        assert!(text.contains("topodra_devices 6"), "{text}");
+        has(&text, "0", "free", 2);
+        has(&text, "1", "free", 2);
+        has(&text, "none", "free", 1);
+        has(&text, "0", "prepared", 0);
+        has(&text, "1", "unhealthy", 0);
+
+        // One MIG device of the split GPU prepared (and shared by two claims' worth
+        // of names), gpu-0 prepared, gpu-3 unhealthy.
+        m.set_prepared(["gpu-0", "gpu-2-mig-1-0", "gpu-2-mig-1-0"].map(String::from));
+        let mut health = HealthState::default();
+        for (name, status) in [("gpu-3", Status::Unhealthy), ("gpu-1", Status::Unknown)] {
+            health.devices.insert(
+                name.to_owned(),
+                DeviceHealth {
+                    status,
+                    since: SystemTime::UNIX_EPOCH,
+                    reason: String::new(),
+                    cause: None,
+                },
+            );
+        }
+        m.set_health(&health);
+        let text = m.encode();
+        has(&text, "0", "prepared", 1);
+        // Unknown health is no taint: the GPU can still be allocated.
+        has(&text, "0", "free", 1);
+        has(&text, "1", "prepared", 1);
+        has(&text, "1", "unhealthy", 1);
+        has(&text, "1", "free", 0);
+
+        // The claims go and the GPU recovers: back to free, the other states at 0.
+        m.set_prepared(Vec::new());
+        m.set_health(&HealthState::default());
+        let text = m.encode();
+        has(&text, "0", "free", 2);
+        has(&text, "0", "prepared", 0);
+        has(&text, "1", "free", 2);
+        has(&text, "1", "prepared", 0);
+        has(&text, "1", "unhealthy", 0);
+        has(&text, "none", "unhealthy", 0);
     }
 }

@@ -11,19 +11,28 @@ use topodra_driver::prepare::Preparer;
 
 use topodra_driver::health::{HealthState, Status};
 
+use crate::metrics::Metrics;
+
 #[derive(Debug)]
 pub(crate) struct NodeDriver {
     preparer: Arc<Preparer>,
     health: watch::Receiver<NodeHealth>,
+    metrics: Arc<Metrics>,
 }
 
 impl NodeDriver {
     /// Serves `preparer`, and health as `health` reports it until its sender is
-    /// dropped (which ends the kubelet's health streams).
-    pub(crate) fn new(preparer: Arc<Preparer>, health: watch::Receiver<HealthState>) -> Self {
+    /// dropped (which ends the kubelet's health streams); keeps the prepared GPUs of
+    /// `metrics` current.
+    pub(crate) fn new(
+        preparer: Arc<Preparer>,
+        health: watch::Receiver<HealthState>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Self {
             preparer,
             health: forward_health(health),
+            metrics,
         }
     }
 }
@@ -43,10 +52,10 @@ impl Driver for NodeDriver {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
         };
-        let devices = self
-            .preparer
-            .prepare(&claim_ref, object)
-            .map_err(|e| claim_error(&e))?;
+        let result = self.preparer.prepare(&claim_ref, object);
+        // A failed prepare may have rolled back a record too: taken in either way.
+        self.metrics.set_prepared_from(&self.preparer);
+        let devices = result.map_err(|e| claim_error(&e))?;
         Ok(devices
             .into_iter()
             .map(|d| PreparedDevice {
@@ -60,9 +69,9 @@ impl Driver for NodeDriver {
     }
 
     fn unprepare(&self, claim: &ClaimRef) -> Result<(), ClaimError> {
-        self.preparer
-            .unprepare(&claim.uid)
-            .map_err(|e| claim_error(&e))
+        let result = self.preparer.unprepare(&claim.uid);
+        self.metrics.set_prepared_from(&self.preparer);
+        result.map_err(|e| claim_error(&e))
     }
 
     fn prepared_devices(&self) -> Option<usize> {

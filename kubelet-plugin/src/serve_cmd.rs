@@ -51,8 +51,12 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         sysfs_root: d.sysfs_root.clone(),
     })
     .context("discovering GPUs")?;
-    let devices = inventory.allocatable().len();
-    tracing::info!(gpus = inventory.gpus.len(), devices, "discovered");
+    let devices = inventory.allocatable();
+    tracing::info!(
+        gpus = inventory.gpus.len(),
+        devices = devices.len(),
+        "discovered"
+    );
 
     // Before any spec can name it: the nvidia-cdi-hook the runtime runs for the
     // specs' hooks, installed from the image into the plugin's host directory (or
@@ -103,7 +107,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         .context("building the API client")?;
     let metrics = Arc::new(Metrics::new(&counter));
     host_node_check(&cdi, &inventory, &client, &args.node_name);
-    metrics.set_devices(devices);
+    metrics.set_devices(&devices);
 
     // The HTTP endpoint first, and until the process exits: a pod waiting for the
     // node state, or done with it, must stay live. A bind address that is not the
@@ -397,9 +401,7 @@ async fn serve(
         lifecycle,
         ..
     } = *ctx;
-    metrics
-        .claims()
-        .set_prepared_devices(preparer.prepared_devices());
+    metrics.set_prepared_from(&preparer);
     metrics.set_read_only(preparer.read_only().is_some());
     // What stops after registration, with the plugin's DRA socket.
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -443,10 +445,22 @@ async fn serve(
             interval: Duration::from_secs(args.claims.stale_claim_check_interval_seconds),
             grace: Duration::from_secs(args.claims.stale_claim_grace_seconds),
         },
-        events::stale_claim_unprepared(client.clone(), args.node_name.clone()),
+        {
+            let event = events::stale_claim_unprepared(client.clone(), args.node_name.clone());
+            let (metrics, preparer) = (metrics.clone(), preparer.clone());
+            // The kubelet's calls are not the only ones that free GPUs.
+            move |record: &topodra_driver::checkpoint::ClaimRecord, why: &str| {
+                metrics.set_prepared_from(&preparer);
+                event(record, why);
+            }
+        },
         shutdown(),
     ));
-    let driver = Arc::new(NodeDriver::new(preparer.clone(), health_rx.clone()));
+    let driver = Arc::new(NodeDriver::new(
+        preparer.clone(),
+        health_rx.clone(),
+        metrics.clone(),
+    ));
     let mut plugin = PluginBuilder::new(
         &args.discovery.driver_name,
         &args.node_name,

@@ -825,21 +825,34 @@ async fn a_failing_api_server_sees_only_counted_and_paced_requests() {
     // Backoff from 200 ms doubling to 2 s within a 3 s deadline: a handful, not 15.
     assert!((2..=5).contains(&claim_gets), "{claim_gets} claim GETs");
     let (_, metrics) = http_get(plugin.http, "/metrics").await.unwrap();
-    let metric = |resource: &str| -> u64 {
-        let key = format!("topodra_api_requests_total{{verb=\"get\",resource=\"{resource}\"}} ");
+    // GETs of `resource` answered with `code` (any code: None), summed over the
+    // `code` label.
+    let metric = |resource: &str, code: Option<&str>| -> u64 {
+        let key =
+            format!("topodra_api_requests_total{{verb=\"get\",resource=\"{resource}\",code=\"");
         metrics
             .lines()
-            .find_map(|l| l.strip_prefix(&key))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
+            .filter_map(|l| l.strip_prefix(&key))
+            .filter_map(|rest| rest.split_once("\"} "))
+            .filter(|(c, _)| code.is_none_or(|want| *c == want))
+            .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
+            .sum()
     };
-    // The metric is read after the mock's log, so it may be ahead, never behind.
-    assert!(metric("resourceclaims") >= claim_gets, "{metrics}");
-    assert!(metric("resourceclaims") <= claim_gets + 1, "{metrics}");
+    // The metric is read after the mock's log, and a request counts when its answer
+    // arrives: one the mock has just logged may be missing, one sent since may be
+    // there.
+    let claims_counted = metric("resourceclaims", None);
     assert!(
-        metric("nodes") >= node_gets && metric("nodes") <= node_gets + 1,
+        (claim_gets.saturating_sub(1)..=claim_gets + 1).contains(&claims_counted),
+        "{claim_gets} vs {metrics}"
+    );
+    let nodes_counted = metric("nodes", None);
+    assert!(
+        (node_gets.saturating_sub(1)..=node_gets + 1).contains(&nodes_counted),
         "{node_gets} vs {metrics}"
     );
+    // Every answer was the 503 the failing API server gives.
+    assert!(metric("resourceclaims", Some("503")) >= 1, "{metrics}");
     // The publisher's own backoff paces its Node GETs over these ~5 s.
     assert!(node_gets <= 6, "{node_gets} Node GETs");
 }

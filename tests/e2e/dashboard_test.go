@@ -493,6 +493,10 @@ func TestDashboardQueries(t *testing.T) {
 		`max(topodra_controller_pending_pods) == 1`,
 		`max(topodra_controller_gpus{state="allocated"}) == 8`,
 		`sum(rate(topodra_prepare_duration_seconds_count[5m])) > 0`,
+		// Both 4-GPU claims prepared, counted by NUMA node, and the plugin's
+		// requests by the code of their answers.
+		`sum(topodra_numa_devices{state="prepared"}) == 8`,
+		`sum(topodra_api_requests_total{code="200"}) > 0`,
 	} {
 		waitProm(t, base, expr, time.Minute)
 	}

@@ -1,18 +1,23 @@
-//! Counting our own API requests by verb and resource.
+//! Counting our own API requests by verb, resource and response status.
 //!
 //! The seed lesson is that control planes melt under LIST storms from node agents, so
 //! the plugin counts what it sends, and the metrics module exports it: a LIST or a
-//! WATCHLIST appearing in steady state is a bug to be seen, not guessed at.
+//! WATCHLIST appearing in steady state is a bug to be seen, not guessed at. The status
+//! code tells a server that throttles (429) or conflicts (409) from one that answers.
 //!
 //! The layer wraps the whole kube client stack, so it counts calls as the plugin makes
-//! them; retries that kube's own stack performs on 429/503 are not counted twice.
+//! them; retries that kube's own stack performs on 429/503 are not counted twice. A
+//! request is counted when its response arrives (for a watch: its headers, so a watch
+//! is counted when it starts), or as `error` when none does.
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
-use http::{Method, Request};
+use http::{Method, Request, Response};
 use tower::{Layer, Service};
 
 /// What a request does, in the API server's vocabulary (`apiserver_request_total`),
@@ -59,12 +64,33 @@ impl fmt::Display for Verb {
     }
 }
 
+/// How a request ended: the response's HTTP status, or no response at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Code {
+    Status(u16),
+    /// A transport error or a timeout below the layer, or a caller that gave up
+    /// (dropped the request) before a response came.
+    Error,
+}
+
+/// The `code` label: `200`, `404`, ..., or `error`.
+impl fmt::Display for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Status(s) => write!(f, "{s}"),
+            Self::Error => f.write_str("error"),
+        }
+    }
+}
+
+type Key = (Verb, String, Code);
+
 /// Request counts shared between the client (which adds) and metrics (which read).
 /// Cloning shares the counts.
 #[derive(Debug, Clone, Default)]
 pub struct RequestCounter {
     // A mutex is enough: a node agent sends a handful of requests a minute.
-    counts: Arc<Mutex<BTreeMap<(Verb, String), u64>>>,
+    counts: Arc<Mutex<BTreeMap<Key, u64>>>,
 }
 
 impl RequestCounter {
@@ -73,15 +99,33 @@ impl RequestCounter {
     }
 
     /// Counts so far, keyed by verb and resource (`resourceslices`, `nodes`,
-    /// `pods/status`; the path itself for non-resource URLs).
+    /// `pods/status`; the path itself for non-resource URLs), whatever the response.
     pub fn snapshot(&self) -> BTreeMap<(Verb, String), u64> {
+        let mut out = BTreeMap::new();
+        for ((verb, resource, _), n) in self.lock().iter() {
+            *out.entry((*verb, resource.clone())).or_insert(0) += n;
+        }
+        out
+    }
+
+    /// Counts so far, keyed by verb, resource and how the request ended.
+    pub fn snapshot_by_code(&self) -> BTreeMap<(Verb, String, Code), u64> {
         self.lock().clone()
     }
 
-    /// The count for one verb and resource.
+    /// The count for one verb and resource, whatever the response.
     pub fn get(&self, verb: Verb, resource: &str) -> u64 {
         self.lock()
-            .get(&(verb, resource.to_owned()))
+            .iter()
+            .filter(|((v, r, _), _)| *v == verb && r == resource)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// The count for one verb, resource and code.
+    pub fn get_code(&self, verb: Verb, resource: &str, code: Code) -> u64 {
+        self.lock()
+            .get(&(verb, resource.to_owned(), code))
             .copied()
             .unwrap_or(0)
     }
@@ -93,13 +137,17 @@ impl RequestCounter {
         }
     }
 
-    /// Counts one request, classified as the API server would.
-    pub fn record_request<B>(&self, req: &Request<B>) {
+    /// Counts one request, classified as the API server would, that ended with `code`.
+    pub fn record<B>(&self, req: &Request<B>, code: Code) {
         let (verb, resource) = classify(req);
-        *self.lock().entry((verb, resource)).or_insert(0) += 1;
+        self.add((verb, resource, code));
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(Verb, String), u64>> {
+    fn add(&self, key: Key) {
+        *self.lock().entry(key).or_insert(0) += 1;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Key, u64>> {
         // Counting never panics while holding the lock, and a count is still
         // meaningful after someone else's panic.
         self.counts.lock().unwrap_or_else(PoisonError::into_inner)
@@ -136,9 +184,10 @@ pub fn counted_client(
 struct ApiLabels {
     verb: &'static str,
     resource: String,
+    code: String,
 }
 
-/// Exported as `api_requests_total{verb, resource}` (prefixed by the registry), read
+/// Exported as `api_requests_total{verb, resource, code}` (prefixed by the registry), read
 /// from the counts at each scrape: the counter is the only record, nothing to keep in
 /// step.
 impl prometheus_client::collector::Collector for RequestCounter {
@@ -151,14 +200,15 @@ impl prometheus_client::collector::Collector for RequestCounter {
         use prometheus_client::metrics::counter::ConstCounter;
         let mut family = encoder.encode_descriptor(
             "api_requests",
-            "Requests to the Kubernetes API server by verb and resource",
+            "Requests to the Kubernetes API server by verb, resource and response status code (error: no response)",
             None,
             MetricType::Counter,
         )?;
-        for ((verb, resource), n) in self.snapshot() {
+        for ((verb, resource, code), n) in self.snapshot_by_code() {
             let labels = ApiLabels {
                 verb: verb.as_str(),
                 resource,
+                code: code.to_string(),
             };
             ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
         }
@@ -189,21 +239,62 @@ pub struct CountingService<S> {
     counter: RequestCounter,
 }
 
-impl<S, B> Service<Request<B>> for CountingService<S>
+/// The future of a counted request. Boxed because naming the wrapping future would
+/// take a pin-projection dependency, for a handful of requests a minute.
+pub type CountingFuture<R, E> = Pin<Box<dyn Future<Output = Result<R, E>> + Send>>;
+
+impl<S, B, RB> Service<Request<B>> for CountingService<S>
 where
-    S: Service<Request<B>>,
+    S: Service<Request<B>, Response = Response<RB>>,
+    S::Future: Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = CountingFuture<S::Response, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        self.counter.record_request(&req);
-        self.inner.call(req)
+        let (verb, resource) = classify(&req);
+        // Armed before the inner call: a request whose future is dropped unresolved
+        // (the caller's timeout) still counts, as `error`.
+        let pending = Pending {
+            counter: self.counter.clone(),
+            key: Some((verb, resource)),
+        };
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let res = fut.await;
+            pending.finish(match &res {
+                Ok(resp) => Code::Status(resp.status().as_u16()),
+                Err(_) => Code::Error,
+            });
+            res
+        })
+    }
+}
+
+/// A request sent and not counted yet; counted as `error` if dropped unfinished.
+struct Pending {
+    counter: RequestCounter,
+    key: Option<(Verb, String)>,
+}
+
+impl Pending {
+    fn finish(mut self, code: Code) {
+        if let Some((verb, resource)) = self.key.take() {
+            self.counter.add((verb, resource, code));
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some((verb, resource)) = self.key.take() {
+            self.counter.add((verb, resource, Code::Error));
+        }
     }
 }
 
@@ -377,6 +468,10 @@ mod tests {
         }
     }
 
+    fn status(code: u16) -> http::Response<()> {
+        http::Response::builder().status(code).body(()).unwrap()
+    }
+
     #[tokio::test]
     async fn the_layer_counts_and_clones_share_counts() {
         use tower::ServiceExt;
@@ -385,7 +480,7 @@ mod tests {
         let svc = counter
             .layer()
             .layer(tower::service_fn(|_: Request<()>| async {
-                Ok::<_, std::convert::Infallible>(())
+                Ok::<_, std::convert::Infallible>(status(200))
             }));
         for _ in 0..2 {
             svc.clone()
@@ -400,5 +495,72 @@ mod tests {
             reader.snapshot(),
             BTreeMap::from([((Verb::Get, "nodes".to_owned()), 2)])
         );
+    }
+
+    /// A 200, a 404 and a transport error are counted apart, each when it ends;
+    /// snapshot() and get() still sum over the codes.
+    #[tokio::test]
+    async fn requests_are_counted_by_status_code_when_they_end() {
+        use tower::ServiceExt;
+
+        let counter = RequestCounter::new();
+        let svc = counter
+            .layer()
+            .layer(tower::service_fn(|r: Request<()>| async move {
+                match r.uri().path() {
+                    "/api/v1/nodes/n1" => Ok(status(200)),
+                    "/api/v1/nodes/gone" => Ok(status(404)),
+                    _ => Err("connection refused"),
+                }
+            }));
+        for path in ["/api/v1/nodes/n1", "/api/v1/nodes/gone", "/api/v1/nodes/n2"] {
+            let pending = svc.clone().oneshot(req(Method::GET, path, None));
+            let _ = pending.await;
+        }
+        assert_eq!(
+            counter.snapshot_by_code(),
+            BTreeMap::from([
+                ((Verb::Get, "nodes".to_owned(), Code::Status(200)), 1),
+                ((Verb::Get, "nodes".to_owned(), Code::Status(404)), 1),
+                ((Verb::Get, "nodes".to_owned(), Code::Error), 1),
+            ])
+        );
+        assert_eq!(counter.get(Verb::Get, "nodes"), 3);
+        assert_eq!(counter.get_code(Verb::Get, "nodes", Code::Status(404)), 1);
+
+        let text = {
+            let mut r = prometheus_client::registry::Registry::with_prefix("t");
+            r.register_collector(Box::new(counter.clone()));
+            let mut out = String::new();
+            prometheus_client::encoding::text::encode(&mut out, &r).unwrap();
+            out
+        };
+        for line in [
+            "t_api_requests_total{verb=\"get\",resource=\"nodes\",code=\"200\"} 1",
+            "t_api_requests_total{verb=\"get\",resource=\"nodes\",code=\"404\"} 1",
+            "t_api_requests_total{verb=\"get\",resource=\"nodes\",code=\"error\"} 1",
+        ] {
+            assert!(text.contains(line), "{line}\n{text}");
+        }
+    }
+
+    /// Nothing is counted while the response is outstanding; a request given up on
+    /// (its future dropped, as a caller's timeout does) counts as `error`.
+    #[tokio::test]
+    async fn an_unanswered_request_counts_as_error_when_dropped() {
+        let counter = RequestCounter::new();
+        let mut svc = counter.layer().layer(tower::service_fn(|_: Request<()>| {
+            std::future::pending::<Result<http::Response<()>, std::convert::Infallible>>()
+        }));
+        let mut fut = svc.call(req(Method::GET, "/api/v1/nodes/n1", None));
+        let waker = std::task::Waker::noop();
+        assert!(
+            fut.as_mut()
+                .poll(&mut Context::from_waker(waker))
+                .is_pending()
+        );
+        assert_eq!(counter.get(Verb::Get, "nodes"), 0);
+        drop(fut);
+        assert_eq!(counter.get_code(Verb::Get, "nodes", Code::Error), 1);
     }
 }
