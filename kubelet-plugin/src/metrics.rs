@@ -20,12 +20,6 @@ use topodra_ops::metrics::Registry;
 use topodra_ops::requests::RequestCounter;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct BuildLabels {
-    version: String,
-    revision: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
     state: String,
 }
@@ -130,18 +124,6 @@ impl Metrics {
             "1 while the plugin serves read-only because it cannot use its state directory (no claim can be prepared)",
             read_only.clone(),
         );
-        let build = Family::<BuildLabels, Gauge>::default();
-        registry.register(
-            "build_info",
-            "Always 1; the labels say which build runs (the version and commit of --version)",
-            build.clone(),
-        );
-        build
-            .get_or_create(&BuildLabels {
-                version: topodra_ops::version::VERSION.to_owned(),
-                revision: topodra_ops::version::REVISION.to_owned(),
-            })
-            .set(1);
         let health = Family::<StateLabels, Gauge>::default();
         registry.register(
             "device_health",

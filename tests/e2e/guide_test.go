@@ -263,7 +263,13 @@ func (s *guideShell) run(step string, b docBlock, wantErr string) string {
 	var all strings.Builder
 	for _, script := range scripts {
 		script = s.apply(answersChecked(script))
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		// make push runs make release, which rebuilds what changed since make e2e's
+		// own release build: nothing in make test, minutes after an edit by hand.
+		timeout := 5 * time.Minute
+		if step == "push" {
+			timeout = 20 * time.Minute
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		cmd := exec.CommandContext(ctx, "bash", "-c", "set -euo pipefail\n"+guidePrelude+script)
 		cmd.Dir = repoRoot(s.t)
 		cmd.Env = s.env

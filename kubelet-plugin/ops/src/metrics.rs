@@ -1,12 +1,21 @@
 //! The Prometheus registry every topodra binary starts from: its own prefix, the count
-//! of API requests it sent ([`RequestCounter`], as `<prefix>_api_requests_total`), and
-//! the connections its HTTP endpoint turned away ([`crate::http::HttpLimits`]). Each
-//! binary registers its own metrics on top.
+//! of API requests it sent ([`RequestCounter`], as `<prefix>_api_requests_total`), the
+//! connections its HTTP endpoint turned away ([`crate::http::HttpLimits`]), and
+//! `<prefix>_build_info`. Each binary registers its own metrics on top.
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry as PromRegistry;
 
 use crate::requests::RequestCounter;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+    revision: &'static str,
+}
 
 /// A binary's metrics registry with the metrics all binaries share.
 pub struct Registry {
@@ -31,6 +40,20 @@ impl Registry {
             connections_rejected.clone(),
         );
         registry.register_collector(Box::new(requests.clone()));
+        // A constant series whose labels tell the dashboards and alerts which build
+        // runs where, during a rollout for instance.
+        let build = Family::<BuildLabels, Gauge>::default();
+        registry.register(
+            "build_info",
+            "Always 1; the labels say which build runs (the version and commit of --version)",
+            build.clone(),
+        );
+        build
+            .get_or_create(&BuildLabels {
+                version: crate::version::VERSION,
+                revision: crate::version::REVISION,
+            })
+            .set(1);
         Self {
             registry,
             connections_rejected,
@@ -70,5 +93,11 @@ mod tests {
             text.contains("topodra_test_http_connections_rejected_total 1"),
             "{text}"
         );
+        let build = format!(
+            "topodra_test_build_info{{version=\"{}\",revision=\"{}\"}} 1",
+            crate::version::VERSION,
+            crate::version::REVISION
+        );
+        assert!(text.contains(&build), "{text}");
     }
 }
