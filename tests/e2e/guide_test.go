@@ -63,9 +63,9 @@ func TestDeploymentGuide(t *testing.T) {
 	sh := newGuideShell(t, e)
 	sh.substitute("registry.example.com/gpu", reg,
 		"the page's example registry is the one served in the test")
-	sh.substitute("--values target/push/values.yaml", "--values target/push/values.yaml --values "+d.values+" --plain-http",
+	sh.substitute("--values target/push/values.yaml", "--values target/push/values.yaml --values "+d.values+" --plain-http --set nodeResourceTopology.installCRD=true",
 		"the simulated node keeps its kubelet, driver and /dev under the test's directory, "+
-			"and the test registry speaks plain HTTP on loopback")
+			"the test registry speaks plain HTTP on loopback, and the cluster has no NFD to bring the NodeResourceTopology CRD")
 
 	sh.run("label-node", steps["label-node"], "")
 	out := sh.run("push", steps["push"], "")
