@@ -3,10 +3,11 @@
 //! from the mock API server over loopback HTTP, NodePrepareResources and
 //! NodeUnprepareResources called over the real DRA Unix socket.
 //!
-//! Every prepare includes the claim GET from the API server, two checkpoint saves
-//! (started, completed; each a temp file fsync, a rename and a directory fsync) and the
-//! CDI spec write (temp file fsync, rename, directory fsync). Every unprepare removes
-//! the spec and saves the checkpoint once.
+//! Every prepare includes the claim GET from the API server, one synced checkpoint
+//! save (the started record: a temp file fsync, a rename and a directory fsync) and
+//! the CDI spec write (temp file, rename, no fsync); its completion rides on the next
+//! save (`docs/design.md`, "Crash safety of prepare"). Every unprepare removes the spec
+//! and saves the checkpoint once.
 //!
 //! Speed is reported as ratios to references measured in the same run, so numbers stay
 //! comparable across machines:
@@ -562,7 +563,7 @@ impl Report {
                 "empty_call": "NodePrepareResources with zero claims, same socket and connection",
                 "claim_get": "GET of the claim from the mock API server, kept-alive HTTP/1.1 on loopback",
             },
-            "prepare_includes": "claim GET, checkpoint save x2 (file fsync + rename + dir fsync), CDI spec write (file fsync + rename + dir fsync)",
+            "prepare_includes": "claim GET, checkpoint save x1 (file fsync + rename + dir fsync), CDI spec write (rename, no fsync)",
             "series": series,
             "plugin_rss_kib": {
                 "peak_after_runs": self.rss_after.hwm_kib,

@@ -277,6 +277,8 @@ impl Setup<'_> {
         tracing::info!(
             rebooted = report.rebooted,
             rolled_back = report.rolled_back.len(),
+            rolled_forward = report.rolled_forward.len(),
+            stale_specs_removed = report.stale_specs_removed.len(),
             orphan_specs_removed = report.orphan_specs_removed.len(),
             quarantined = report.quarantined.is_some(),
             bad_records = report.bad_records.len(),

@@ -2,9 +2,16 @@
 //!
 //! Runtimes watch the directory and load every `*.json` and `*.yaml` file, so a file
 //! must appear complete or not at all: it is written to a hidden temp name that
-//! runtimes ignore, synced, renamed over the final name, and the directory synced so
-//! the rename survives a crash. Any failure removes the temp file, so a full disk
-//! leaves neither a partial spec nor litter behind.
+//! runtimes ignore and renamed over the final name. Any failure removes the temp file,
+//! so a full disk leaves neither a partial spec nor litter behind.
+//!
+//! Nothing here is synced to disk. Within one boot the page cache is what every
+//! reader sees, a crashed plugin included, so a spec is there or not as soon as the
+//! rename returns; across a reboot no spec is trusted (recovery removes them all and
+//! the kubelet prepares every claim again), so making one survive a power loss would
+//! buy nothing. On real nodes the directory is `/var/run/cdi`, a tmpfs, where a sync
+//! does nothing anyway. What must survive a power loss is the checkpoint, which is
+//! synced (`checkpoint::store`).
 
 use std::fs::{self, File, OpenOptions, Permissions};
 use std::io::{self, Write};
@@ -86,15 +93,13 @@ impl SpecWriter {
         })?;
         let path = self.path_for(claim_uid);
         let tmp = self.dir.join(self.temp_name(claim_uid));
-        let result = write_file(&tmp, &data, wrap)
-            .and_then(|()| {
-                fs::rename(&tmp, &path).map_err(|source| CdiError::Io {
-                    op: "rename spec into place",
-                    path: path.clone(),
-                    source,
-                })
+        let result = write_file(&tmp, &data, wrap).and_then(|()| {
+            fs::rename(&tmp, &path).map_err(|source| CdiError::Io {
+                op: "rename spec into place",
+                path: path.clone(),
+                source,
             })
-            .and_then(|()| sync_dir(&self.dir));
+        });
         if result.is_err() {
             // The rename may already have happened; then this finds nothing.
             let _ = fs::remove_file(&tmp);
@@ -108,7 +113,7 @@ impl SpecWriter {
         check_claim_uid(claim_uid)?;
         let path = self.path_for(claim_uid);
         match fs::remove_file(&path) {
-            Ok(()) => sync_dir(&self.dir),
+            Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             Err(source) => Err(CdiError::Io {
                 op: "remove spec",
@@ -224,18 +229,7 @@ fn write_file(path: &Path, data: &[u8], wrap: Wrap) -> Result<(), CdiError> {
     let mut w = wrap(&file);
     w.write_all(data).map_err(io_err("write spec"))?;
     w.flush().map_err(io_err("write spec"))?;
-    drop(w);
-    file.sync_all().map_err(io_err("sync spec"))
-}
-
-fn sync_dir(dir: &Path) -> Result<(), CdiError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|source| CdiError::Io {
-            op: "sync spec directory",
-            path: dir.to_owned(),
-            source,
-        })
+    Ok(())
 }
 
 #[cfg(test)]

@@ -4,8 +4,12 @@
 //! claim object is gone, so everything unprepare needs (devices, CDI spec path) is
 //! recorded here. Prepare is two-phase: a record is written in
 //! [`ClaimState::PrepareStarted`] *before* any side effect (CDI spec, sharing setup),
-//! and turned into [`ClaimState::PrepareCompleted`] after them. A crash in between
-//! leaves a started record, which `rollback_candidates` hands back at startup.
+//! and turned into [`ClaimState::PrepareCompleted`] after them. The completion is only
+//! made in memory and reaches disk with the next save of any kind: the spec itself,
+//! which appears by an atomic rename after the started record is on disk, is the
+//! durable mark that the prepare finished (see `prepare::recovery`). A crash therefore
+//! leaves a started record, which `rollback_candidates` hands back at startup to be
+//! rolled forward (its spec is there) or back (it is not).
 //!
 //! # Reboots
 //!
@@ -14,10 +18,13 @@
 //! state across restarts). A completed record whose spec vanished must therefore not
 //! answer prepare from the record alone. `after_reboot` keeps every record, so the
 //! devices stay reserved and unprepare still finds what to clean up, but turns
-//! completed records into [`ClaimState::NeedsReprepare`]: the next prepare redoes the
-//! work, and the startup rollback leaves them alone (their pods may still be bound
-//! here and about to be restarted). Records still in `PrepareStarted` stay rollback
-//! candidates: a reboot finished nothing for them either.
+//! completed *and started* records into [`ClaimState::NeedsReprepare`]: the next
+//! prepare redoes the work, and the startup rollback leaves them alone (their pods may
+//! still be bound here and about to be restarted). A started record may be a prepare
+//! the kubelet was told had succeeded, since the completion is not saved before the
+//! answer; across a power loss the spec is no evidence either way, so the record keeps
+//! its devices until the claim is prepared again or the stale-claim check finds it
+//! gone. Holding a GPU too long is the safe direction; handing it out twice is not.
 //!
 //! # Layout
 //!
@@ -86,12 +93,13 @@ pub struct ClaimRecord {
 /// removed (unprepare or rollback).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ClaimState {
-    /// Prepare began and may have left partial side effects.
+    /// Prepare began and may have left partial side effects; or it finished, was
+    /// answered, and the completion is not saved yet (the spec on disk says which).
     PrepareStarted,
     /// Prepare finished; the recorded CDI ids are valid.
     PrepareCompleted,
-    /// Prepare finished in an earlier boot; its side effects may be gone, so the next
-    /// prepare must redo them.
+    /// Prepare finished (or started) in an earlier boot; its side effects may be gone,
+    /// so the next prepare must redo them.
     NeedsReprepare,
 }
 
@@ -132,8 +140,9 @@ pub struct ClaimRef {
 }
 
 /// A device that another claim's record holds. The one place the plugin checks
-/// exclusivity: `begin_prepare`, under the same lock as the save that records the
-/// new claim, so two prepares racing for a GPU cannot both pass.
+/// exclusivity: `begin_prepare`, under the lock of the checkpoint in memory that
+/// holds every pending change (`prepare::commit`), so two prepares racing for a GPU
+/// cannot both pass.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "device {device} is already prepared for claim {}/{} ({}): delete the pod using that claim first; \
@@ -276,8 +285,8 @@ pub(crate) fn complete_prepare<'a>(
     Ok(record)
 }
 
-/// Claims a crash left half-prepared: their side effects must be undone and their
-/// records removed before new prepares are served.
+/// Claims a crash left in the middle of a prepare, or after its answer but before the
+/// completion was saved: each is rolled forward or back before new prepares are served.
 pub(crate) fn rollback_candidates(checkpoint: &Checkpoint) -> Vec<ClaimRecord> {
     checkpoint
         .claims
@@ -297,7 +306,7 @@ pub(crate) fn after_reboot(checkpoint: &mut Checkpoint, current_boot_id: &str) -
     checkpoint.boot_id = current_boot_id.to_owned();
     let mut marked = Vec::new();
     for record in checkpoint.claims.values_mut() {
-        if record.state == ClaimState::PrepareCompleted {
+        if record.state != ClaimState::NeedsReprepare {
             record.state = ClaimState::NeedsReprepare;
             marked.push(record.uid.clone());
         }

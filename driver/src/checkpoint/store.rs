@@ -38,6 +38,9 @@ pub enum CheckpointError {
     },
     #[error("checkpoint: cannot encode: {0}")]
     Encode(#[from] serde_json::Error),
+    /// The save that carried this change together with others failed (group commit).
+    #[error("checkpoint: the save carrying this change failed: {0}")]
+    SavedWithOthers(String),
 }
 
 fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> CheckpointError {

@@ -12,8 +12,9 @@ pub enum CrashPoint {
     AfterStartedRecord,
     /// The CDI spec is written; the claim is still recorded as started.
     AfterCdiWrite,
-    /// The completed record is on disk; the kubelet never got the answer.
-    AfterCompletedRecord,
+    /// The claim is completed in memory (on disk it is still started, with its
+    /// spec); the kubelet never got the answer.
+    BeforeAnswer,
 }
 
 impl std::str::FromStr for CrashPoint {
@@ -22,9 +23,9 @@ impl std::str::FromStr for CrashPoint {
         match s {
             "after-started-record" => Ok(Self::AfterStartedRecord),
             "after-cdi-write" => Ok(Self::AfterCdiWrite),
-            "after-completed-record" => Ok(Self::AfterCompletedRecord),
+            "before-answer" => Ok(Self::BeforeAnswer),
             other => Err(format!(
-                "unknown crash point {other:?}: after-started-record, after-cdi-write, after-completed-record"
+                "unknown crash point {other:?}: after-started-record, after-cdi-write, before-answer"
             )),
         }
     }

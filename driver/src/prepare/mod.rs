@@ -1,21 +1,31 @@
 //! The prepare/unprepare state machine behind the kubelet's DRA calls.
 //!
-//! A claim is prepared in two recorded phases: the checkpoint first records the claim
-//! as started (with the CDI spec path it is about to write), then the spec is written
-//! atomically, then the claim is recorded as completed. A crash at any point leaves
-//! either a started record, which the next start rolls back, or a completed one, which
-//! a retried prepare returns as is. Unprepare needs nothing but the checkpoint.
+//! A claim is prepared in two phases: the checkpoint first records the claim as
+//! started (with the CDI spec path it is about to write) and is synced, then the spec
+//! is renamed into place, then the claim is marked completed in memory and the
+//! kubelet answered. The completion reaches disk with the next save of any kind
+//! (another prepare, an unprepare, the fence): the spec, which only appears after the
+//! started record is durable, is the mark that the prepare finished. A crash at any
+//! point leaves a started record, which the next start rolls forward when its spec is
+//! there and back when it is not; a completed one, which a retried prepare returns as
+//! is; or nothing. One synced save per prepare instead of two is what makes a prepare
+//! cost two fsyncs (see `docs/design.md`, "Crash safety of prepare"). Unprepare needs
+//! nothing but the checkpoint.
 //!
 //! Devices are locked one by one, so claims on disjoint GPUs proceed in parallel;
-//! checkpoint writes are serialized, and memory is only updated after the disk is.
+//! their checkpoint changes share saves (`commit`), and a call returns only once a
+//! save holding its change is on disk, but for the completions above, which memory
+//! holds ahead of it.
 //! Every error is per claim: the caller answers each claim of a batch separately.
 //!
 //! A handover is a fence ([`Preparer::fence`]): once it returns, every prepare and
-//! unprepare that was under way has finished, and every later one is refused
-//! without touching the checkpoint or the CDI directory. A prepare that was still
-//! waiting for its claim on a slow API server when this process gave the node's
-//! state away can therefore never overwrite what the new owner recorded since.
+//! unprepare that was under way has finished, the completions are saved, and every
+//! later one is refused without touching the checkpoint or the CDI directory. A
+//! prepare that was still waiting for its claim on a slow API server when this
+//! process gave the node's state away can therefore never overwrite what the new
+//! owner recorded since.
 
+mod commit;
 #[cfg(feature = "crash-points")]
 mod crash;
 mod error;
@@ -25,7 +35,7 @@ mod recovery;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard};
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
@@ -64,8 +74,8 @@ pub struct Preparer {
     writer: SpecWriter,
     nodes: Box<dyn DeviceNodes + Send + Sync>,
     files: DriverFiles,
-    store: CheckpointStore,
-    state: Mutex<Checkpoint>,
+    /// The checkpoint, in memory and saved (group commit).
+    state: commit::Committer,
     /// `Some(new owner)` once the state is handed over. Every prepare and unprepare
     /// holds the read side for as long as it runs, so taking the write side (in
     /// `fence`) waits for all of them.
@@ -139,6 +149,8 @@ impl Preparer {
             tracing::error!(error = %why, "checkpoint not readable; serving read-only with no known claims");
         }
         checkpoint::after_reboot(&mut checkpoint, &config.boot_id);
+        // In memory only, as a start that owns the state would do it on disk.
+        recovery::roll_forward(&mut checkpoint, &writer, &config.node_name);
         Self {
             read_only: Some(reason),
             ..Self::assemble(
@@ -175,8 +187,7 @@ impl Preparer {
             writer,
             nodes,
             files,
-            store,
-            state: Mutex::new(checkpoint),
+            state: commit::Committer::new(store, checkpoint),
             fence: RwLock::new(None),
             read_only: None,
             #[cfg(feature = "crash-points")]
@@ -189,32 +200,43 @@ impl Preparer {
         self.read_only.as_deref()
     }
 
-    fn state(&self) -> MutexGuard<'_, Checkpoint> {
-        // The checkpoint in memory is only replaced after a successful save, so a
-        // panic elsewhere cannot have left it half-updated.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Applies `change` to a copy of the checkpoint, saves the copy, and only then
-    /// makes it current, so memory never runs ahead of disk. A refused change saves
-    /// nothing.
+    /// Applies `change` (to at most the record of `uid`) and saves it; see
+    /// `commit` for how saves are shared. A refused change saves nothing.
     fn update<T, E: From<CheckpointError>>(
         &self,
+        uid: Option<&str>,
         change: impl FnOnce(&mut Checkpoint) -> Result<T, E>,
     ) -> Result<T, E> {
-        let mut state = self.state();
-        let mut next = state.clone();
-        let out = change(&mut next)?;
-        self.store.save(&next)?;
-        *state = next;
-        Ok(out)
+        self.state.update(uid, change)
+    }
+
+    /// Records a prepare as completed in memory only; the spec on disk stands for
+    /// the completion until the next save carries it.
+    fn complete_in_memory(&self, claim_ref: &ClaimRef) -> Result<(), ClaimError> {
+        self.state
+            .in_memory(true, |cp| {
+                checkpoint::complete_prepare(cp, &claim_ref.uid, checkpoint::unix_now()).map(|_| ())
+            })
+            .map_err(|e| ClaimError::transition(claim_ref, e))
+    }
+
+    /// Saves the completions memory holds ahead of disk, so that the checkpoint alone
+    /// says what is prepared (for a handover, or an older version after a rollback).
+    /// Best effort: what is not saved the next start rolls forward from the specs.
+    fn save_completions(&self) {
+        if self.read_only.is_some() || !self.state.has_unsaved() {
+            return;
+        }
+        if let Err(e) = self.update(None, |_| Ok::<_, CheckpointError>(())) {
+            tracing::warn!(error = %e, "could not save completed prepares; the next start rolls them forward");
+        }
     }
 
     /// Brings a completed record's answer up to date (request names after a
     /// rebuild). Best effort: the answer given is right either way; the record only
     /// matters again after a restart.
     fn refresh_record(&self, uid: &str, prepared: &[PreparedDevice]) {
-        let result = self.update(|cp| {
+        let result = self.update(Some(uid), |cp| {
             if let Some(record) = cp.claims.get_mut(uid) {
                 record.devices = prepared.to_vec();
             }
@@ -232,6 +254,7 @@ impl Preparer {
     pub fn fence(&self, to: &str) {
         let mut fence = self.fence.write().unwrap_or_else(PoisonError::into_inner);
         if fence.is_none() {
+            self.save_completions();
             *fence = Some(to.to_owned());
         }
     }
@@ -256,12 +279,13 @@ impl Preparer {
 
     /// A copy of the current checkpoint.
     pub fn checkpoint(&self) -> Checkpoint {
-        self.state().clone()
+        self.state.read(Checkpoint::clone)
     }
 
     /// Number of devices held by prepared (or preparing) claims.
     pub fn prepared_devices(&self) -> usize {
-        self.state().claims.values().map(|c| c.devices.len()).sum()
+        self.state
+            .read(|cp| cp.claims.values().map(|c| c.devices.len()).sum())
     }
 
     /// Prepares one claim whose object the caller has read from the API server.
@@ -300,20 +324,20 @@ impl Preparer {
             })
             .collect();
 
+        let done = self.state.read(|cp| {
+            cp.get(&claim_ref.uid)
+                .filter(|done| {
+                    done.state == ClaimState::PrepareCompleted && same_devices(done, &names)
+                })
+                .map(|done| done.devices != prepared)
+        });
+        if let Some(stale) = done
+            && self.writer.path_for(&claim_ref.uid).exists()
         {
-            let state = self.state();
-            if let Some(done) = state.get(&claim_ref.uid)
-                && done.state == ClaimState::PrepareCompleted
-                && same_devices(done, &names)
-                && self.writer.path_for(&claim_ref.uid).exists()
-            {
-                let stale = done.devices != prepared;
-                drop(state);
-                if stale {
-                    self.refresh_record(&claim_ref.uid, &prepared);
-                }
-                return Ok(prepared);
+            if stale {
+                self.refresh_record(&claim_ref.uid, &prepared);
             }
+            return Ok(prepared);
         }
 
         // Build the spec before recording anything: if the node cannot describe the
@@ -341,8 +365,14 @@ impl Preparer {
         let files = self.files.current()?;
         let spec = cdi::claim_spec(&request, self.nodes.as_ref(), &files)?;
         let spec_path = self.writer.path_for(&claim_ref.uid);
+        // A spec already at the path (a claim prepared again after a reboot, or with
+        // other devices) goes first: a spec found next to a started record must be
+        // the one this prepare wrote, or the next start would roll forward to it.
+        if spec_path.exists() {
+            self.writer.remove(&claim_ref.uid)?;
+        }
 
-        self.update(|cp| {
+        self.update(Some(&claim_ref.uid), |cp| {
             checkpoint::begin_prepare(
                 cp,
                 claim_ref.clone(),
@@ -358,9 +388,14 @@ impl Preparer {
 
         if let Err(e) = self.writer.write(&claim_ref.uid, &spec) {
             // Nothing was handed out: forget the claim so its devices are free again.
-            if let Err(rollback) =
-                self.update(|cp| Ok::<_, CheckpointError>(cp.remove(&claim_ref.uid)))
-            {
+            // The rename may have happened before the failure; a spec left next to
+            // the started record would be rolled forward by the next start.
+            if let Err(remove) = self.writer.remove(&claim_ref.uid) {
+                tracing::error!(claim = %claim_ref.uid, error = %remove, "removing the spec of a failed prepare");
+            }
+            if let Err(rollback) = self.update(Some(&claim_ref.uid), |cp| {
+                Ok::<_, CheckpointError>(cp.remove(&claim_ref.uid))
+            }) {
                 tracing::error!(claim = %claim_ref.uid, error = %rollback, "rolling back a failed prepare");
             }
             return Err(e.into());
@@ -368,13 +403,9 @@ impl Preparer {
         #[cfg(feature = "crash-points")]
         self.crash(CrashPoint::AfterCdiWrite)?;
 
-        self.update(|cp| {
-            checkpoint::complete_prepare(cp, &claim_ref.uid, checkpoint::unix_now())
-                .map(|_| ())
-                .map_err(|e| ClaimError::transition(claim_ref, e))
-        })?;
+        self.complete_in_memory(claim_ref)?;
         #[cfg(feature = "crash-points")]
-        self.crash(CrashPoint::AfterCompletedRecord)?;
+        self.crash(CrashPoint::BeforeAnswer)?;
         Ok(prepared)
     }
 
@@ -382,17 +413,17 @@ impl Preparer {
     /// claim is already unprepared.
     pub fn unprepare(&self, uid: &str) -> Result<(), ClaimError> {
         let _owned = self.owned()?;
-        let devices: Vec<String> = match self.state().get(uid) {
+        let devices: Vec<String> = self.state.read(|cp| match cp.get(uid) {
             Some(record) => record.devices.iter().map(|d| d.device.clone()).collect(),
             None => Vec::new(),
-        };
+        });
         let _held = self.locks.lock(&devices);
         // The spec goes first: a crash between the two steps leaves a record whose
         // spec is gone, which the next unprepare finishes; the reverse would leave a
         // spec that no record owns until the next start.
         self.writer.remove(uid)?;
         if self.read_only.is_some() {
-            if self.state().remove(uid).is_some() {
+            if self.state.in_memory(false, |cp| cp.remove(uid)).is_some() {
                 tracing::warn!(
                     claim = uid,
                     "unprepared read-only: the record stays in the checkpoint on disk"
@@ -400,8 +431,8 @@ impl Preparer {
             }
             return Ok(());
         }
-        if self.state().get(uid).is_some() {
-            self.update(|cp| Ok::<_, ClaimError>(cp.remove(uid)))?;
+        if self.state.read(|cp| cp.get(uid).is_some()) {
+            self.update(Some(uid), |cp| Ok::<_, ClaimError>(cp.remove(uid)))?;
         }
         Ok(())
     }

@@ -17,8 +17,14 @@ pub struct StartupReport {
     pub rebuilt: Vec<String>,
     /// The node rebooted since the checkpoint was written.
     pub rebooted: bool,
-    /// Claims whose prepare had started but not completed: spec removed, record dropped.
+    /// Claims whose prepare had started but not written its spec: spec removed,
+    /// record dropped.
     pub rolled_back: Vec<String>,
+    /// Claims recorded as started whose spec was written, so the prepare finished
+    /// (and was likely answered) before the completion was saved: completed.
+    pub rolled_forward: Vec<String>,
+    /// After a reboot: specs of ours removed, since every claim is prepared again.
+    pub stale_specs_removed: Vec<String>,
     /// CDI specs of ours that no claim owned: removed.
     pub orphan_specs_removed: Vec<String>,
     /// Records the checkpoint's checksum vouched for that cannot be acted on (a claim
@@ -81,8 +87,15 @@ pub(super) fn recover(
             claims = reprepare.len(),
             "node rebooted; prepared claims will be prepared again"
         );
+        // A spec that outlived the reboot (a CDI directory that is not a tmpfs) is
+        // not synced and may be torn; the next prepare of its claim writes it anew.
+        for uid in writer.list_owned()? {
+            writer.remove(&uid)?;
+            report.stale_specs_removed.push(uid);
+        }
     }
 
+    report.rolled_forward = roll_forward(&mut checkpoint, writer, pool);
     for record in checkpoint::rollback_candidates(&checkpoint) {
         writer.remove(&record.uid)?;
         checkpoint.remove(&record.uid);
@@ -104,6 +117,44 @@ pub(super) fn recover(
         report.save_failed = Some(e.to_string());
     }
     Ok((checkpoint, report))
+}
+
+/// Completes the started records whose spec is in place, and returns their UIDs. The
+/// spec is only renamed into place after the started record is durable, and a
+/// prepare that finds one already there removes it first, so it is the spec this
+/// prepare wrote, whole: the prepare finished, and the kubelet may have been answered.
+pub(super) fn roll_forward(
+    checkpoint: &mut Checkpoint,
+    writer: &SpecWriter,
+    pool: &str,
+) -> Vec<String> {
+    let mut done = Vec::new();
+    for record in checkpoint::rollback_candidates(checkpoint) {
+        // Completing a started record cannot be refused.
+        if spec_matches(writer, &record, pool)
+            && checkpoint::complete_prepare(checkpoint, &record.uid, checkpoint::unix_now()).is_ok()
+        {
+            done.push(record.uid);
+        }
+    }
+    done
+}
+
+/// Whether the claim's spec is on disk, readable, and names exactly the record's
+/// devices (anything else is not a finished prepare of this record).
+fn spec_matches(writer: &SpecWriter, record: &ClaimRecord, pool: &str) -> bool {
+    let Some(from_spec) = record_from_spec(writer, &record.uid, pool) else {
+        return false;
+    };
+    let mut want: Vec<&str> = record.devices.iter().map(|d| d.device.as_str()).collect();
+    let mut have: Vec<&str> = from_spec
+        .devices
+        .iter()
+        .map(|d| d.device.as_str())
+        .collect();
+    want.sort_unstable();
+    have.sort_unstable();
+    want == have
 }
 
 /// A completed record recovered from a spec we wrote. The spec names the claim in its

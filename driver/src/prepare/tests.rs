@@ -426,9 +426,10 @@ fn the_fence_waits_for_calls_in_flight() {
 #[test]
 fn a_read_only_start_prepares_nothing_and_unprepares_known_claims() {
     let node = Node::new(2);
-    node.start()
-        .prepare(&claim_ref("u1"), &claim("u1", &[0]))
-        .unwrap();
+    let owner = node.start();
+    owner.prepare(&claim_ref("u1"), &claim("u1", &[0])).unwrap();
+    owner.fence("a read-only instance");
+    drop(owner);
     // A leftover temp file and a stale spec stay: recovery is the next owner's.
     let state = node.dir.path().join("state");
     std::fs::write(state.join("checkpoint.json.tmp-1"), "half").unwrap();
@@ -599,7 +600,7 @@ fn a_crash_at_any_step_then_a_restart_leaks_nothing_and_the_retry_succeeds() {
     for point in [
         CrashPoint::AfterStartedRecord,
         CrashPoint::AfterCdiWrite,
-        CrashPoint::AfterCompletedRecord,
+        CrashPoint::BeforeAnswer,
     ] {
         let node = Node::new(4);
         let armed = Arc::new(AtomicBool::new(true));
@@ -614,15 +615,25 @@ fn a_crash_at_any_step_then_a_restart_leaks_nothing_and_the_retry_succeeds() {
         drop(p);
 
         let (restarted, report) = node.start_with_boot("boot-1");
-        match point {
-            CrashPoint::AfterCompletedRecord => assert!(report.rolled_back.is_empty()),
-            _ => assert_eq!(report.rolled_back, vec!["u1"], "{point:?}"),
+        // Once the spec is in place the prepare has finished: it is rolled
+        // forward, whether or not the kubelet got the answer.
+        let spec_written = point != CrashPoint::AfterStartedRecord;
+        if spec_written {
+            assert_eq!(report.rolled_forward, ["u1"], "{point:?}");
+            assert!(report.rolled_back.is_empty(), "{point:?}");
+            assert_eq!(
+                restarted.checkpoint().get("u1").unwrap().state,
+                ClaimState::PrepareCompleted
+            );
+        } else {
+            assert_eq!(report.rolled_back, ["u1"], "{point:?}");
+            assert!(report.rolled_forward.is_empty(), "{point:?}");
+            assert!(restarted.checkpoint().claims.is_empty());
         }
         assert!(report.orphan_specs_removed.is_empty());
-        let expected_specs = usize::from(point == CrashPoint::AfterCompletedRecord);
         assert_eq!(
             node.spec_files().len(),
-            expected_specs,
+            usize::from(spec_written),
             "{point:?}: {:?}",
             node.spec_files()
         );
@@ -636,6 +647,105 @@ fn a_crash_at_any_step_then_a_restart_leaks_nothing_and_the_retry_succeeds() {
         assert!(node.spec_files().is_empty(), "{point:?}");
         assert!(restarted.checkpoint().claims.is_empty());
     }
+}
+
+/// The checkpoint as the next start would read it.
+fn on_disk(node: &Node) -> crate::checkpoint::Checkpoint {
+    crate::checkpoint::CheckpointStore::new(node.dir.path().join("state"))
+        .load("boot-1")
+        .unwrap()
+        .checkpoint
+}
+
+#[test]
+fn a_completion_reaches_disk_with_the_next_save_or_the_fence() {
+    let node = Node::new(4);
+    let p = node.start();
+    p.prepare(&claim_ref("u1"), &claim("u1", &[0])).unwrap();
+    assert_eq!(
+        p.checkpoint().get("u1").unwrap().state,
+        ClaimState::PrepareCompleted
+    );
+    // One synced save per prepare: the spec stands for the completion.
+    assert_eq!(
+        on_disk(&node).get("u1").unwrap().state,
+        ClaimState::PrepareStarted
+    );
+    p.prepare(&claim_ref("u2"), &claim("u2", &[1])).unwrap();
+    let disk = on_disk(&node);
+    assert_eq!(disk.get("u1").unwrap().state, ClaimState::PrepareCompleted);
+    assert_eq!(disk.get("u2").unwrap().state, ClaimState::PrepareStarted);
+    // A handover (or a stop) leaves a checkpoint that says it all by itself, for
+    // the next owner and for an older version after a rollback.
+    p.fence("the next instance");
+    assert_eq!(on_disk(&node), p.checkpoint());
+}
+
+#[test]
+fn a_started_record_is_only_rolled_forward_to_a_whole_spec_of_its_devices() {
+    // A spec the record's prepare cannot have written: torn, another claim's
+    // content, or naming other devices. Each is rolled back, never trusted.
+    let other_devices: fn(&Node) -> String = |node| {
+        let p = node.start();
+        p.prepare(&claim_ref("u9"), &claim("u9", &[2, 3])).unwrap();
+        let spec =
+            std::fs::read_to_string(node.cdi_dir().join("k8s.gpu.topodra.dev-claim_u9.json"))
+                .unwrap()
+                .replace("u9", "u1");
+        p.unprepare("u9").unwrap();
+        spec
+    };
+    type SpecFor = fn(&Node) -> String;
+    let cases: [(&str, SpecFor); 3] = [
+        ("empty", |_| String::new()),
+        ("garbage", |_| "{\"cdiVersion\":".to_owned()),
+        ("other devices", other_devices),
+    ];
+    for (what, spec) in cases {
+        let node = Node::new(4);
+        node.start()
+            .prepare(&claim_ref("u1"), &claim("u1", &[0, 1]))
+            .unwrap();
+        let content = spec(&node);
+        save_checkpoint_with(&node, |cp| {
+            let mut r = cp.get("u1").cloned().unwrap();
+            r.state = ClaimState::PrepareStarted;
+            cp.insert(r);
+        });
+        std::fs::write(
+            node.cdi_dir().join("k8s.gpu.topodra.dev-claim_u1.json"),
+            content,
+        )
+        .unwrap();
+        let (p, report) = node.start_with_boot("boot-1");
+        assert_eq!(report.rolled_back, ["u1"], "{what}");
+        assert!(report.rolled_forward.is_empty(), "{what}");
+        assert!(
+            node.spec_files().is_empty(),
+            "{what}: {:?}",
+            node.spec_files()
+        );
+        p.prepare(&claim_ref("u2"), &claim("u2", &[0])).unwrap();
+    }
+}
+
+#[test]
+fn a_prepare_over_an_old_spec_removes_it_before_recording_the_start() {
+    // The claim was prepared with other devices; its new prepare crashes right
+    // after the started record. The old spec must not be taken for the new one.
+    let node = Node::new(4);
+    node.start()
+        .prepare(&claim_ref("u1"), &claim("u1", &[0]))
+        .unwrap();
+    let p = node
+        .start()
+        .with_crash_hook(Arc::new(|at| at == CrashPoint::AfterStartedRecord));
+    let err = p.prepare(&claim_ref("u1"), &claim("u1", &[1])).unwrap_err();
+    assert!(matches!(err, ClaimError::Crashed(_)), "{err}");
+    assert!(node.spec_files().is_empty(), "{:?}", node.spec_files());
+    drop(p);
+    let (_p, report) = node.start_with_boot("boot-1");
+    assert_eq!(report.rolled_back, ["u1"]);
 }
 
 #[test]
@@ -671,10 +781,15 @@ fn after_a_reboot_claims_are_prepared_again_and_unprepare_still_works() {
     std::fs::remove_dir_all(node.cdi_dir()).unwrap();
     let (p, report) = node.start_with_boot("boot-2");
     assert!(report.rebooted);
-    assert_eq!(
-        p.checkpoint().get("u1").unwrap().state,
-        ClaimState::NeedsReprepare
-    );
+    // u2's completion was never saved: it may have been answered, so it is held
+    // like u1, not rolled back.
+    assert!(report.rolled_back.is_empty(), "{report:?}");
+    for uid in ["u1", "u2"] {
+        assert_eq!(
+            p.checkpoint().get(uid).unwrap().state,
+            ClaimState::NeedsReprepare
+        );
+    }
     p.prepare(&claim_ref("u1"), &claim("u1", &[0])).unwrap();
     assert_eq!(
         p.checkpoint().get("u1").unwrap().state,
@@ -684,6 +799,26 @@ fn after_a_reboot_claims_are_prepared_again_and_unprepare_still_works() {
     assert!(p.prepare(&claim_ref("u3"), &claim("u3", &[1])).is_err());
     p.unprepare("u2").unwrap();
     assert!(p.checkpoint().get("u2").is_none());
+}
+
+#[test]
+fn after_a_reboot_specs_that_outlived_it_are_removed() {
+    // A CDI directory that is not a tmpfs keeps its files over a reboot; they were
+    // never synced, so they may be torn, and every claim is prepared again anyway.
+    let node = Node::new(2);
+    let p = node.start();
+    p.prepare(&claim_ref("u1"), &claim("u1", &[0])).unwrap();
+    p.fence("the next instance");
+    drop(p);
+    let (p, report) = node.start_with_boot("boot-2");
+    assert_eq!(report.stale_specs_removed, ["u1"]);
+    assert!(node.spec_files().is_empty());
+    assert!(
+        p.prepare(&claim_ref("u3"), &claim("u3", &[0])).is_err(),
+        "still held"
+    );
+    p.prepare(&claim_ref("u1"), &claim("u1", &[0])).unwrap();
+    assert_eq!(node.spec_files(), ["k8s.gpu.topodra.dev-claim_u1.json"]);
 }
 
 #[test]
@@ -897,9 +1032,10 @@ fn a_directory_in_place_of_the_checkpoint_is_quarantined() {
 #[test]
 fn a_start_that_cannot_save_keeps_serving() {
     let node = Node::new(2);
-    node.start()
-        .prepare(&claim_ref("u1"), &claim("u1", &[0]))
-        .unwrap();
+    let p = node.start();
+    p.prepare(&claim_ref("u1"), &claim("u1", &[0])).unwrap();
+    p.fence("the next instance");
+    drop(p);
     // A directory where the checkpoint's temp file goes: every save fails, as on a
     // full or read-only disk.
     let store = crate::checkpoint::CheckpointStore::new(node.dir.path().join("state"));
@@ -912,14 +1048,16 @@ fn a_start_that_cannot_save_keeps_serving() {
     assert!(p.checkpoint().get("u1").is_some());
     drop(p);
 
-    // Something to change (a prepare interrupted before it completed): rolled back
-    // in memory and on the CDI directory, reported, and the plugin still starts.
+    // Something to change (a prepare interrupted before its spec was written):
+    // rolled back in memory and on the CDI directory, reported, and the plugin
+    // still starts.
     std::fs::remove_dir_all(block.parent().unwrap()).unwrap();
     save_checkpoint_with(&node, |cp| {
         let mut r = cp.get("u1").cloned().unwrap();
         r.state = ClaimState::PrepareStarted;
         cp.insert(r);
     });
+    std::fs::remove_file(node.cdi_dir().join("k8s.gpu.topodra.dev-claim_u1.json")).unwrap();
     std::fs::create_dir_all(&block).unwrap();
     let (p, report) = node.start_with_boot("boot-1");
     assert_eq!(report.rolled_back, ["u1"]);

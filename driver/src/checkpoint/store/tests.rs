@@ -207,7 +207,7 @@ fn boot_id_change_is_detected() {
     assert!(loaded.rebooted);
 
     let mut cp = loaded.checkpoint;
-    assert_eq!(after_reboot(&mut cp, "boot-b"), ["u1"]);
+    assert_eq!(after_reboot(&mut cp, "boot-b"), ["u1", "u2"]);
     store.save(&cp).unwrap();
     let loaded = store.load("boot-b").unwrap();
     assert!(!loaded.rebooted);
