@@ -368,9 +368,8 @@ impl Preparer {
         // A spec already at the path (a claim prepared again after a reboot, or with
         // other devices) goes first: a spec found next to a started record must be
         // the one this prepare wrote, or the next start would roll forward to it.
-        if spec_path.exists() {
-            self.writer.remove(&claim_ref.uid)?;
-        }
+        // (Removing a spec that is not there is a no-op.)
+        self.writer.remove(&claim_ref.uid)?;
 
         self.update(Some(&claim_ref.uid), |cp| {
             checkpoint::begin_prepare(

@@ -143,18 +143,10 @@ pub(super) fn roll_forward(
 /// Whether the claim's spec is on disk, readable, and names exactly the record's
 /// devices (anything else is not a finished prepare of this record).
 fn spec_matches(writer: &SpecWriter, record: &ClaimRecord, pool: &str) -> bool {
-    let Some(from_spec) = record_from_spec(writer, &record.uid, pool) else {
-        return false;
-    };
-    let mut want: Vec<&str> = record.devices.iter().map(|d| d.device.as_str()).collect();
-    let mut have: Vec<&str> = from_spec
-        .devices
-        .iter()
-        .map(|d| d.device.as_str())
-        .collect();
-    want.sort_unstable();
-    have.sort_unstable();
-    want == have
+    record_from_spec(writer, &record.uid, pool).is_some_and(|from_spec| {
+        let names: Vec<String> = from_spec.devices.into_iter().map(|d| d.device).collect();
+        super::same_devices(record, &names)
+    })
 }
 
 /// A completed record recovered from a spec we wrote. The spec names the claim in its
