@@ -153,22 +153,28 @@ bench-scale: setup
 	eval "$$(bash tests/tools/build.sh --env kube etcd kwok helm topo-sched)" && cd tests/scale && \
 		CGO_ENABLED=0 go run -trimpath . -nodes $(SCALE_NODES) -out target/bench-scale $(SCALE_ARGS)
 
-## bench-node: the node path against the reference driver (sigs.k8s.io/dra-example-driver,
-## built from its Go module at the version tests/nodebench/exampledriver/go.mod pins):
-## each plugin registered by the kubelet's plugin-manager code, then prepare/unprepare
-## latency over its DRA socket, RSS and start to slices published; writes
-## target/bench/nodebench.json and .md (docs/benchmarks.md). NODE_BENCH_ARGS passes flags.
+## bench-node: the node path against the reference driver (sigs.k8s.io/dra-example-driver)
+## and NVIDIA's GPU kubelet plugin (sigs.k8s.io/dra-driver-nvidia-gpu, on the same
+## simulated node as topodra), each built from its Go module at the version
+## tests/nodebench/{exampledriver,nvidiadriver}/go.mod pins: each plugin registered by
+## the kubelet's plugin-manager code, then prepare/unprepare latency over its DRA
+## socket, RSS, start to slices published and slice bytes per device; writes
+## target/bench/nodebench.json, .md and .slices.json (docs/benchmarks.md).
+## NODE_BENCH_ARGS passes flags.
 NODE_BENCH_ARGS ?=
 bench-node: setup
 	$(CARGO) build --release -p topodra-kubelet-plugin -p topodra-fake-nvml
-	@bash tests/tools/build.sh kube etcd
+	@bash tests/tools/build.sh kube etcd nvidia-ctk
 	bash tests/nodebench/build-example-driver.sh >/dev/null
+	bash tests/nodebench/build-nvidia-driver.sh >/dev/null
 	eval "$$(bash tests/tools/build.sh --env kube etcd)" && cd tests/nodebench && \
 		CGO_ENABLED=0 go run -trimpath . -out $(CURDIR)/target/bench/nodebench.json \
 		-topodra-plugin $(CURDIR)/target/release/topodra-kubelet-plugin \
 		-sim-node $(CURDIR)/target/release/topodra-sim-node \
 		-example-plugin "$$(bash build-example-driver.sh --check)" \
 		-example-version "$$(awk '$$1 == "require" && $$2 == "sigs.k8s.io/dra-example-driver" { print $$3 }' exampledriver/go.mod)" \
+		-nvidia-plugin "$$(bash build-nvidia-driver.sh --check)" \
+		-nvidia-cdi-hook "$$(bash ../tools/build.sh --print-path nvidia-ctk 2>/dev/null)/nvidia-cdi-hook" \
 		$(NODE_BENCH_ARGS)
 
 ## bench-plots: PNG plots of the committed scale results, in docs/benchmarks: latency

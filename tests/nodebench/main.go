@@ -19,6 +19,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -86,9 +87,12 @@ type driverResult struct {
 	EmptyPrepare Summary `json:"emptyPrepare"`
 	// StartToRegisteredMs: process start to the kubelet's DRA handler accepting
 	// the registration; StartToSlicesMs: to the node's slices all listed by the API.
-	StartToRegisteredMs float64            `json:"startToRegisteredMs"`
-	StartToSlicesMs     float64            `json:"startToSlicesMs"`
-	SliceDevices        int                `json:"sliceDevices"`
+	StartToRegisteredMs float64 `json:"startToRegisteredMs"`
+	StartToSlicesMs     float64 `json:"startToSlicesMs"`
+	SliceDevices        int     `json:"sliceDevices"`
+	// SliceBytesPerDevice is the JSON size of the published slices' specs per
+	// device, as the scale benchmark counts it (tests/scale sliceBytesPerGPU).
+	SliceBytesPerDevice float64            `json:"sliceBytesPerDevice"`
 	Sizes               []sizeResult       `json:"sizes"`
 	Concurrent          concurrentResult   `json:"concurrent"`
 	RSSIdleKiB          int64              `json:"rssIdleKiB"`
@@ -96,6 +100,8 @@ type driverResult struct {
 	HWMKiB              int64              `json:"vmHWMKiB"`
 	Notes               []string           `json:"notes,omitempty"`
 	Extra               map[string]float64 `json:"extra,omitempty"`
+	// slices are what the driver published, written to <out>.slices.json.
+	slices []resourceapi.ResourceSlice
 }
 
 type report struct {
@@ -125,7 +131,9 @@ func main() {
 		profile    = flag.String("profile", "dgx-h100", "simulated node profile for topodra")
 		exampleBin = flag.String("example-plugin", "", "dra-example-kubeletplugin binary (tests/nodebench/build-example-driver.sh)")
 		exampleVer = flag.String("example-version", "", "its version, for the report")
-		only       = flag.String("drivers", "topodra,example,example-unthrottled", "drivers to run, in order")
+		nvidiaBin  = flag.String("nvidia-plugin", "", "NVIDIA's gpu-kubelet-plugin binary (tests/nodebench/build-nvidia-driver.sh)")
+		cdiHook    = flag.String("nvidia-cdi-hook", "", "nvidia-cdi-hook for NVIDIA's plugin to write into its CDI specs (tests/tools/build.sh nvidia-ctk)")
+		only       = flag.String("drivers", "topodra,example,example-unthrottled,nvidia,nvidia-unthrottled", "drivers to run, in order")
 		workDir    = flag.String("work-dir", "", "where the cluster and node directories go (default: a new temp dir, removed on success)")
 	)
 	klog.InitFlags(nil)
@@ -134,7 +142,8 @@ func main() {
 	// plugin stops: expected here, and kept in harness.log with the rest.
 	_ = flag.Set("stderrthreshold", "FATAL")
 	flag.Parse()
-	if err := run(*out, *iters, *warmup, *conc, *rounds, *topodraBin, *simBin, *profile, *exampleBin, *exampleVer, *only, *workDir); err != nil {
+	bins := binaries{topodra: *topodraBin, sim: *simBin, profile: *profile, example: *exampleBin, exampleVer: *exampleVer, nvidia: *nvidiaBin, cdiHook: *cdiHook}
+	if err := run(*out, *iters, *warmup, *conc, *rounds, bins, *only, *workDir); err != nil {
 		fmt.Fprintln(os.Stderr, "nodebench:", err)
 		os.Exit(1)
 	}
@@ -144,7 +153,14 @@ func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "[nodebench %s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
 }
 
-func run(out string, iters, warmup, conc, rounds int, topodraBin, simBin, profile, exampleBin, exampleVer, only, workDir string) error {
+// binaries are the plugins under test and what they need to run.
+type binaries struct {
+	topodra, sim, profile string
+	example, exampleVer   string
+	nvidia, cdiHook       string
+}
+
+func run(out string, iters, warmup, conc, rounds int, bins binaries, only, workDir string) error {
 	began := time.Now()
 	// On SIGINT/SIGTERM the calls fail, run returns and its defers stop the
 	// plugins and the control plane.
@@ -174,12 +190,17 @@ func run(out string, iters, warmup, conc, rounds int, topodraBin, simBin, profil
 	for _, k := range strings.Split(only, ",") {
 		switch strings.TrimSpace(k) {
 		case "topodra":
-			drivers = append(drivers, topodraDriver(topodraBin, simBin, profile))
+			drivers = append(drivers, topodraDriver(bins.topodra, bins.sim, bins.profile))
 		case "example", "example-unthrottled":
-			if exampleBin == "" {
+			if bins.example == "" {
 				return errors.New("--example-plugin is required for the example driver")
 			}
-			drivers = append(drivers, exampleDriver(exampleBin, exampleVer, strings.TrimSpace(k)))
+			drivers = append(drivers, exampleDriver(bins.example, bins.exampleVer, strings.TrimSpace(k)))
+		case "nvidia", "nvidia-unthrottled":
+			if bins.nvidia == "" || bins.cdiHook == "" {
+				return errors.New("--nvidia-plugin and --nvidia-cdi-hook are required for NVIDIA's driver")
+			}
+			drivers = append(drivers, nvidiaDriver(bins.nvidia, bins.sim, bins.profile, bins.cdiHook, strings.TrimSpace(k)))
 		case "":
 		default:
 			return fmt.Errorf("unknown driver %q", k)
@@ -226,8 +247,25 @@ func run(out string, iters, warmup, conc, rounds int, topodraBin, simBin, profil
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return err
 	}
-	b, _ := json.MarshalIndent(rep, "", "  ")
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encoding the report: %w", err)
+	}
 	if err := os.WriteFile(out, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	// The published slices' specs, by driver: what the size figures count, and
+	// real slices of the other drivers for anyone to compare attribute sets.
+	specs := map[string][]resourceapi.ResourceSliceSpec{}
+	for _, d := range rep.Drivers {
+		for _, sl := range d.slices {
+			specs[d.Driver.Key] = append(specs[d.Driver.Key], sl.Spec)
+		}
+	}
+	if b, err = json.MarshalIndent(specs, "", "  "); err != nil {
+		return fmt.Errorf("encoding the slices: %w", err)
+	}
+	if err := os.WriteFile(strings.TrimSuffix(out, ".json")+".slices.json", append(b, '\n'), 0o644); err != nil {
 		return err
 	}
 	md := markdown(&rep)
@@ -249,9 +287,9 @@ func topodraDriver(bin, simBin, profile string) driver {
 		args: func(dir, node, kubeconfig string) ([]string, []string, error) {
 			// The simulated node: fake NVML with the profile's GPUs, its hwloc
 			// topology, device nodes and driver root, as `make demo` sets it up.
-			simOut, err := exec.Command(simBin, profile, filepath.Join(dir, "sim")).Output()
+			simFlags, err := simNode(simBin, profile, dir)
 			if err != nil {
-				return nil, nil, fmt.Errorf("%s %s: %w", simBin, profile, err)
+				return nil, nil, err
 			}
 			if err := os.WriteFile(filepath.Join(dir, "boot_id"), []byte("6d7a3c8e-0b1f-4c59-9e0a-2f4b1d3c5a77\n"), 0o644); err != nil {
 				return nil, nil, err
@@ -268,7 +306,7 @@ func topodraDriver(bin, simBin, profile string) driver {
 				"--http-addr=" + addr,
 				"--boot-id-file=" + filepath.Join(dir, "boot_id"),
 			}
-			args = append(args, strings.Fields(string(simOut))...)
+			args = append(args, simFlags...)
 			return args, []string{"KUBECONFIG=" + kubeconfig, "TOPODRA_LOG=info"}, nil
 		},
 	}
@@ -285,21 +323,80 @@ func exampleDriver(bin, ver, key string) driver {
 		args: func(dir, node, kubeconfig string) ([]string, []string, error) {
 			// Its gpu profile simulates the GPUs itself; 8 of them, like the DGX H100
 			// topodra runs on. Health and metrics endpoints stay off (their defaults).
-			args := []string{
-				"--node-name=" + node,
-				"--kubeconfig=" + kubeconfig,
-				"--cdi-root=" + filepath.Join(dir, "cdi"),
-				"--num-devices=8",
-				"--device-profile=gpu",
-				"--kubelet-registrar-directory-path=" + filepath.Join(dir, "plugins_registry"),
-				"--kubelet-plugins-directory-path=" + filepath.Join(dir, "plugins"),
-			}
-			if key == "example-unthrottled" {
-				args = append(args, "--kube-api-qps=10000", "--kube-api-burst=10000")
-			}
+			args := append(goPluginFlags(key, dir, node, kubeconfig), "--num-devices=8", "--device-profile=gpu")
 			return args, nil, nil
 		},
 	}
+}
+
+// nvidiaDriver is NVIDIA's own GPU kubelet plugin on the same simulated node as
+// topodra: the sim node's driver root holds the fake NVML (with the profile beside
+// it) as libnvidia-ml.so.1 and an nvidia-smi, which is what the plugin looks up in
+// its driver root, and here also the device nodes (the plugin's CDI specs name
+// <driver-root>/dev/nvidia* when the root has a dev/). "nvidia" keeps its kube
+// client's defaults (5 QPS, burst 10; its Helm chart sets neither flag);
+// "nvidia-unthrottled" lifts them, as for the example driver. Feature gates stay
+// at their defaults.
+func nvidiaDriver(bin, simBin, profile, cdiHook, key string) driver {
+	return driver{
+		Key: key, DriverName: "gpu.nvidia.com", Binary: bin, Version: version(bin, "--version"),
+		args: func(dir, node, kubeconfig string) ([]string, []string, error) {
+			simFlags, err := simNode(simBin, profile, dir, "--driver-root-device-nodes")
+			if err != nil {
+				return nil, nil, err
+			}
+			driverRoot := ""
+			for _, f := range simFlags {
+				if v, ok := strings.CutPrefix(f, "--driver-root="); ok {
+					driverRoot = v
+				}
+			}
+			if driverRoot == "" {
+				return nil, nil, fmt.Errorf("%s printed no --driver-root: %q", simBin, simFlags)
+			}
+			args := append(goPluginFlags(key, dir, node, kubeconfig),
+				"--namespace="+namespace,
+				"--nvidia-driver-root="+driverRoot,
+				// The plugin runs on the host here, not in a container that
+				// mounts the driver root elsewhere: both roots are the same path.
+				"--container-driver-root="+driverRoot,
+				"--nvidia-cdi-hook-path="+cdiHook,
+				// Required; only used to render MPS daemon templates, which
+				// stay off.
+				"--image-name=nodebench.invalid/unused",
+			)
+			return args, nil, nil
+		},
+	}
+}
+
+// goPluginFlags are the flags both Go drivers take, named as the kubelet plugin
+// helper of k8s.io/dynamic-resource-allocation has them: node, kubeconfig, CDI root
+// and the kubelet's directories; the "-unthrottled" keys add a client limit that
+// never binds.
+func goPluginFlags(key, dir, node, kubeconfig string) []string {
+	args := []string{
+		"--node-name=" + node,
+		"--kubeconfig=" + kubeconfig,
+		"--cdi-root=" + filepath.Join(dir, "cdi"),
+		"--kubelet-registrar-directory-path=" + filepath.Join(dir, "plugins_registry"),
+		"--kubelet-plugins-directory-path=" + filepath.Join(dir, "plugins"),
+	}
+	if strings.HasSuffix(key, "-unthrottled") {
+		args = append(args, "--kube-api-qps=10000", "--kube-api-burst=10000")
+	}
+	return args
+}
+
+// simNode lays out the simulated node under dir/sim with topodra-sim-node and
+// returns the flags it prints (topodra's plugin flags for that node).
+func simNode(simBin, profile, dir string, extra ...string) ([]string, error) {
+	args := append(append([]string{}, extra...), profile, filepath.Join(dir, "sim"))
+	out, err := exec.Command(simBin, args...).Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", simBin, strings.Join(args, " "), err)
+	}
+	return strings.Fields(string(out)), nil
 }
 
 func version(bin string, arg string) string {
@@ -388,7 +485,7 @@ func benchDriver(ctx context.Context, c *cluster.Cluster, admin kubernetes.Inter
 		res.StartToRegisteredMs = ms(time.Since(t0))
 		regDone <- err
 	}()
-	pool, devices, sliceAt, err := waitSlices(regCtx, admin, node, d.DriverName, exited)
+	pool, slices, sliceAt, err := waitSlices(regCtx, admin, node, d.DriverName, exited)
 	res.StartToSlicesMs = ms(sliceAt.Sub(t0))
 	if err != nil {
 		cancel()
@@ -399,7 +496,10 @@ func benchDriver(ctx context.Context, c *cluster.Cluster, admin kubernetes.Inter
 		return fail(err)
 	}
 	cancel()
+	devices := deviceNames(slices)
 	res.SliceDevices = len(devices)
+	res.SliceBytesPerDevice = specBytesPerDevice(slices)
+	res.slices = slices
 	logf("%s: registered after %.0f ms, %d devices in slices after %.0f ms; endpoint %s",
 		d.Key, res.StartToRegisteredMs, len(devices), res.StartToSlicesMs, endpoint)
 	if len(devices) < 8 {
@@ -529,7 +629,7 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
 // waitSlices polls the API for the node's slices of driver until the pool is
 // complete (all resourceSliceCount slices of its newest generation listed) and
 // has devices. Polling every 10 ms bounds the error of the timestamp.
-func waitSlices(ctx context.Context, admin kubernetes.Interface, node, driverName string, exited <-chan error) (string, []string, time.Time, error) {
+func waitSlices(ctx context.Context, admin kubernetes.Interface, node, driverName string, exited <-chan error) (string, []resourceapi.ResourceSlice, time.Time, error) {
 	sel := fields.AndSelectors(
 		fields.OneTermEqualSelector("spec.nodeName", node),
 		fields.OneTermEqualSelector("spec.driver", driverName)).String()
@@ -543,22 +643,17 @@ func waitSlices(ctx context.Context, admin kubernetes.Interface, node, driverNam
 			for _, s := range list.Items {
 				gen = max(gen, s.Spec.Pool.Generation)
 			}
-			var devs []string
-			count, want := 0, int64(0)
-			pool := ""
+			var current []resourceapi.ResourceSlice
+			want, pool := int64(0), ""
 			for _, s := range list.Items {
 				if s.Spec.Pool.Generation != gen {
 					continue
 				}
-				count++
+				current = append(current, s)
 				want, pool = s.Spec.Pool.ResourceSliceCount, s.Spec.Pool.Name
-				for _, d := range s.Spec.Devices {
-					devs = append(devs, d.Name)
-				}
 			}
-			if int64(count) == want && len(devs) > 0 {
-				sort.Slice(devs, func(i, j int) bool { return natLess(devs[i], devs[j]) })
-				return pool, devs, now, nil
+			if int64(len(current)) == want && len(deviceNames(current)) > 0 {
+				return pool, current, now, nil
 			}
 		}
 		select {
@@ -569,6 +664,32 @@ func waitSlices(ctx context.Context, admin kubernetes.Interface, node, driverNam
 		case <-tick.C:
 		}
 	}
+}
+
+// deviceNames are the slices' devices in natural order.
+func deviceNames(slices []resourceapi.ResourceSlice) []string {
+	var devs []string
+	for _, s := range slices {
+		for _, d := range s.Spec.Devices {
+			devs = append(devs, d.Name)
+		}
+	}
+	sort.Slice(devs, func(i, j int) bool { return natLess(devs[i], devs[j]) })
+	return devs
+}
+
+// specBytesPerDevice is the JSON size of the slices' specs per device.
+func specBytesPerDevice(slices []resourceapi.ResourceSlice) float64 {
+	var bytes, devices int
+	for _, s := range slices {
+		b, _ := json.Marshal(s.Spec)
+		bytes += len(b)
+		devices += len(s.Spec.Devices)
+	}
+	if devices == 0 {
+		return 0
+	}
+	return float64(bytes) / float64(devices)
 }
 
 // natLess orders gpu-2 before gpu-10, so "the first n devices" is the same set
@@ -824,6 +945,13 @@ func ratios(rs []driverResult) map[string]any {
 		out["rss_idle"] = ratio(float64(t.RSSIdleKiB), float64(e.RSSIdleKiB))
 		out["rss_peak_under_load"] = ratio(float64(t.RSSPeakLoadKiB), float64(e.RSSPeakLoadKiB))
 		out["start_to_slices"] = ratio(t.StartToSlicesMs, e.StartToSlicesMs)
+		out["slice_bytes_per_device"] = ratio(t.SliceBytesPerDevice, e.SliceBytesPerDevice)
+		// A ratio over nothing (no concurrent rounds asked for) has no JSON form.
+		for k, v := range out {
+			if math.IsNaN(v) {
+				delete(out, k)
+			}
+		}
 		all[e.Driver.Key] = out
 	}
 	return all
@@ -845,10 +973,10 @@ func markdown(r *report) string {
 		row(&b, d.Driver.Key, fmt.Sprintf("unprepare, %d concurrent", c.Claims), c.Unprepare)
 		row(&b, d.Driver.Key, fmt.Sprintf("all %d prepared (wall)", c.Claims), c.RoundPrepare)
 	}
-	w("\n| driver | start → registered ms | start → slices ms | devices | RSS idle MiB | RSS peak under load MiB | VmHWM MiB |\n|---|--:|--:|--:|--:|--:|--:|\n")
+	w("\n| driver | start → registered ms | start → slices ms | devices | slice bytes / device | RSS idle MiB | RSS peak under load MiB | VmHWM MiB |\n|---|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, d := range r.Drivers {
-		w("| %s | %.0f | %.0f | %d | %.1f | %.1f | %.1f |\n", d.Driver.Key, d.StartToRegisteredMs, d.StartToSlicesMs, d.SliceDevices,
-			mib(d.RSSIdleKiB), mib(d.RSSPeakLoadKiB), mib(d.HWMKiB))
+		w("| %s | %.0f | %.0f | %d | %.0f | %.1f | %.1f | %.1f |\n", d.Driver.Key, d.StartToRegisteredMs, d.StartToSlicesMs, d.SliceDevices,
+			d.SliceBytesPerDevice, mib(d.RSSIdleKiB), mib(d.RSSPeakLoadKiB), mib(d.HWMKiB))
 	}
 	if len(r.Ratios) > 0 {
 		var refs []string
@@ -857,16 +985,26 @@ func markdown(r *report) string {
 				refs = append(refs, d.Driver.Key)
 			}
 		}
+		seen := map[string]bool{}
 		var keys []string
-		for k := range r.Ratios[refs[0]].(map[string]float64) {
-			keys = append(keys, k)
+		for _, ref := range refs {
+			for k := range r.Ratios[ref].(map[string]float64) {
+				if !seen[k] {
+					seen[k] = true
+					keys = append(keys, k)
+				}
+			}
 		}
 		sort.Strings(keys)
 		w("\n| topodra / | %s |\n|---|%s\n", strings.Join(refs, " | "), strings.Repeat("--:|", len(refs)))
 		for _, k := range keys {
 			w("| %s |", k)
 			for _, ref := range refs {
-				w(" %.2f |", r.Ratios[ref].(map[string]float64)[k])
+				if v, ok := r.Ratios[ref].(map[string]float64)[k]; ok {
+					w(" %.2f |", v)
+				} else {
+					w(" – |")
+				}
 			}
 			w("\n")
 		}

@@ -15,7 +15,9 @@
 #                                  returns (exits) when nothing is to be built
 #   tool_go_build BIN DIR WANT SRC -- GO-BUILD-ARGS...
 #                                  go build in SRC into a temporary file, then moves it
-#                                  to BIN and writes the stamp WANT
+#                                  to BIN and writes the stamp WANT; a static
+#                                  CGO_ENABLED=0 build unless the array tool_go_env
+#                                  (NAME=VALUE words) says otherwise
 #
 # Progress goes to stderr, the binary's path to stdout, so callers can do
 # `bin="$(script)"`.
@@ -105,7 +107,8 @@ tool_go_build() {
 	trap 'rm -f "$tool_tmp"' EXIT
 	(
 		cd "$src"
-		CGO_ENABLED=0 GOWORK=off GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=readonly" go build -o "$tool_tmp" "$@"
+		env CGO_ENABLED=0 ${tool_go_env[@]+"${tool_go_env[@]}"} GOWORK=off GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=readonly" \
+			go build -o "$tool_tmp" "$@"
 	) || { tool_log "build FAILED after $((SECONDS - start))s"; exit 1; }
 	chmod 755 "$tool_tmp"
 	mv -f "$tool_tmp" "$bin"

@@ -125,12 +125,32 @@ impl SimNode {
     }
 }
 
+/// Choices of [`materialize_with`] that callers other than topodra's plugin need.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SimOptions {
+    /// Also make the driver's device nodes under `<driver-root>/dev` (needs
+    /// `CAP_MKNOD`; refused, it is an error). NVIDIA's GPU kubelet plugin takes
+    /// its driver root as the device root when the root has a `dev/`, and
+    /// otherwise looks in the host's `/dev`.
+    pub driver_root_device_nodes: bool,
+}
+
 /// Lays out a simulated node for `profile_yaml` under `dir`, installing `nvml_lib_src`
 /// (a built `libtopodra_fake_nvml.so`) as its NVML.
 pub fn materialize(
     dir: &Path,
     profile_yaml: &str,
     nvml_lib_src: &Path,
+) -> std::io::Result<SimNode> {
+    materialize_with(dir, profile_yaml, nvml_lib_src, SimOptions::default())
+}
+
+/// [`materialize`] with [`SimOptions`].
+pub fn materialize_with(
+    dir: &Path,
+    profile_yaml: &str,
+    nvml_lib_src: &Path,
+    options: SimOptions,
 ) -> std::io::Result<SimNode> {
     let profile = Profile::from_yaml_str(profile_yaml).map_err(std::io::Error::other)?;
     let nvml_dir = dir.join("nvml");
@@ -145,11 +165,11 @@ pub fn materialize(
     // A driver root of real ELF files (see `driver_root`): the R570 file list with
     // the profile's driver version, its NVML this node's fake with the profile
     // beside it, so whatever dlopens the root's `libnvidia-ml.so.1` (the NVIDIA
-    // Container Toolkit, a container) sees this machine. No device nodes: the
-    // plugin takes their numbers from `proc-devices`, and tests that need nodes
-    // make them in the dev root themselves.
+    // Container Toolkit, a container) sees this machine. No device nodes unless
+    // asked for: topodra's plugin takes their numbers from `proc-devices`, and
+    // tests that need nodes make them in the dev root themselves.
     let driver_root = dir.join("driver-root");
-    DriverRoot::build(
+    let built = DriverRoot::build(
         &driver_root,
         Layout::Debian,
         &profile.driver_version,
@@ -163,10 +183,16 @@ pub fn materialize(
             cuda_driver_version: profile.cuda_driver_version,
             nvml_lib: Some(nvml_lib_src.to_owned()),
             nvml_profile: Some(profile_yaml.to_owned()),
-            device_nodes: false,
+            device_nodes: options.driver_root_device_nodes,
             ..driver_root::Options::default()
         },
     )?;
+    if let driver_root::DeviceNodes::Skipped { reason } = built.device_nodes {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            reason,
+        ));
+    }
 
     let dev_root = dir.join("dev-root");
     std::fs::create_dir_all(dev_root.join("dev"))?;

@@ -190,3 +190,30 @@ fn mig_devices_of_a_lost_gpu() {
     assert!(matches!(mig.memory_info(), Err(NvmlError::GpuLost)));
     assert!(matches!(mig.attributes(), Err(NvmlError::GpuLost)));
 }
+
+/// GPU instance profiles: this library models none, so every id below
+/// `NVML_GPU_INSTANCE_PROFILE_COUNT` reads as not supported (with MIG or
+/// without) and the enumeration stops at the count with INVALID_ARGUMENT,
+/// the way nvml.h tells callers to walk them.
+#[test]
+fn gpu_instance_profiles_are_not_modelled() {
+    let query = |yaml: &str, profile: u32| {
+        let (_dir, lib) = setup(yaml);
+        let nvml = open(&lib).expect("init");
+        let gpu = nvml.device_by_index(0).expect("gpu");
+        // SAFETY: plain integers.
+        let mut info: sys::nvmlGpuInstanceProfileInfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: valid handle of this library and a valid out pointer.
+        unsafe {
+            nvml.lib()
+                .nvmlDeviceGetGpuInstanceProfileInfo(handle(&gpu), profile, &mut info)
+        }
+    };
+    let invalid = sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    let last = sys::NVML_GPU_INSTANCE_PROFILE_COUNT;
+    for yaml in [builtin_yaml("dgx-a100-mig"), builtin_yaml("l40s-pcie")] {
+        assert_eq!(query(&yaml, 0), NOT_SUPPORTED);
+        assert_eq!(query(&yaml, last - 1), NOT_SUPPORTED);
+        assert_eq!(query(&yaml, last), invalid);
+    }
+}

@@ -137,3 +137,49 @@ fn cpu_sysfs_under_the_host_root() {
             .any(|a| a.contains(&sim.cpu_host_root.display().to_string()))
     );
 }
+
+/// `driver_root_device_nodes`: the driver's nodes under `<driver-root>/dev`, with
+/// the numbers the node's `/proc/devices` registers; without it, no `dev/` there.
+#[test]
+fn device_nodes_in_the_driver_root_on_request() {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+
+    let (_plain_dir, plain) = node("dgx-h100");
+    assert!(!plain.driver_root.join("dev").exists());
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = std::fs::read_to_string(profiles_dir().join("dgx-h100.yaml")).expect("read");
+    let options = sim::SimOptions {
+        driver_root_device_nodes: true,
+    };
+    let sim = match sim::materialize_with(dir.path(), &yaml, &cdylib_path(), options) {
+        Ok(sim) => sim,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            eprintln!("skipped: {e}");
+            return;
+        }
+        Err(e) => panic!("materialize: {e}"),
+    };
+    let dev = sim.driver_root.join("dev");
+    let proc_devices = read(&sim.proc_devices);
+    for (name, major, minor) in [
+        ("nvidiactl", 195, 255),
+        ("nvidia0", 195, 0),
+        ("nvidia7", 195, 7),
+        ("nvidia-uvm", 509, 0),
+        ("nvidia-uvm-tools", 509, 1),
+    ] {
+        let md = std::fs::metadata(dev.join(name)).expect(name);
+        assert!(md.file_type().is_char_device(), "{name}");
+        let rdev = md.rdev();
+        assert_eq!(
+            (libc::major(rdev), libc::minor(rdev)),
+            (major, minor),
+            "{name}"
+        );
+        assert!(
+            proc_devices.contains(&format!("\n{major} nvidia")),
+            "{name}"
+        );
+    }
+}

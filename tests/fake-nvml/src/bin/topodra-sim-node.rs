@@ -1,8 +1,9 @@
-//! `topodra-sim-node [--cdi-hook PATH] [--print-cpu-host-root] <profile> <dir>`: lays
-//! out a simulated GPU node and prints the `topodra-kubelet-plugin` flags that point at
-//! it, one per line; with `--print-cpu-host-root` also a last line
-//! `HOST_ROOT=<dir>/host-root`, the root of the node's CPU sysfs for a CPU DRA driver
-//! (opt-in, so that callers that pass every line to the plugin keep working).
+//! `topodra-sim-node [--cdi-hook PATH] [--print-cpu-host-root] [--driver-root-device-nodes]
+//! <profile> <dir>`: lays out a simulated GPU node and prints the
+//! `topodra-kubelet-plugin` flags that point at it, one per line; with
+//! `--print-cpu-host-root` also a last line `HOST_ROOT=<dir>/host-root`, the root of
+//! the node's CPU sysfs for a CPU DRA driver (opt-in, so that callers that pass every
+//! line to the plugin keep working).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -33,6 +34,12 @@ struct Args {
     /// variable kubernetes-sigs' dra-driver-cpu reads its topology under).
     #[arg(long)]
     print_cpu_host_root: bool,
+
+    /// Also make the driver's device nodes (nvidiactl, nvidia<minor>, nvidia-uvm, ...)
+    /// under <driver-root>/dev, where NVIDIA's GPU kubelet plugin looks for them when
+    /// its driver root has a dev/. Needs CAP_MKNOD.
+    #[arg(long)]
+    driver_root_device_nodes: bool,
 }
 
 fn main() -> ExitCode {
@@ -57,7 +64,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let node = match sim::materialize(&args.dir, &yaml, &lib) {
+    let options = sim::SimOptions {
+        driver_root_device_nodes: args.driver_root_device_nodes,
+    };
+    let node = match sim::materialize_with(&args.dir, &yaml, &lib, options) {
         Ok(node) => node,
         Err(e) => {
             eprintln!(

@@ -152,3 +152,26 @@ pub unsafe extern "C" fn nvmlDeviceGetAttributes_v2(
         unsafe { put(attributes, v) }
     })
 }
+
+/// nvml.h: NOT_SUPPORTED "if device doesn't support MIG or profile isn't
+/// supported", INVALID_ARGUMENT "if device, profile or info are invalid", and
+/// profiles are enumerated "starting from 0, until the API returns
+/// NVML_ERROR_INVALID_ARGUMENT". This library carries no GPU instance profile
+/// table: a GPU without MIG (profile `mig` unset) and every profile of a
+/// MIG-capable one answer NOT_SUPPORTED, a profile id at or past
+/// `NVML_GPU_INSTANCE_PROFILE_COUNT` INVALID_ARGUMENT. NVIDIA's GPU kubelet
+/// plugin asks for every profile of every GPU at start-up and skips both codes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
+    device: nvmlDevice_t,
+    profile: c_uint,
+    info: *mut nvmlGpuInstanceProfileInfo_t,
+) -> nvmlReturn_t {
+    guard(|| {
+        live_gpu(device)?;
+        if profile >= NVML_GPU_INSTANCE_PROFILE_COUNT || info.is_null() {
+            return Err(INVALID_ARGUMENT);
+        }
+        Err(NOT_SUPPORTED)
+    })
+}
