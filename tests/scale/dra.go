@@ -61,9 +61,12 @@ type stackResult struct {
 	IdleSeconds       float64                   `json:"idleSeconds"`
 	SliceBytesPerGPU  float64                   `json:"sliceBytesPerGPU,omitempty"`
 	NvidiaBytesPerGPU float64                   `json:"nvidiaSliceBytesPerGPU,omitempty"`
-	ControllerMetrics map[string]float64        `json:"controllerMetrics,omitempty"`
-	Plugins           *pluginFigures            `json:"plugins,omitempty"`
-	Notes             []string                  `json:"notes,omitempty"`
+	// NvidiaPluginBytesPerGPU: the slices NVIDIA's plugin itself published
+	// (-nvidia-slices), as replicated over the fleet for the peer waves.
+	NvidiaPluginBytesPerGPU float64            `json:"nvidiaPluginSliceBytesPerGPU,omitempty"`
+	ControllerMetrics       map[string]float64 `json:"controllerMetrics,omitempty"`
+	Plugins                 *pluginFigures     `json:"plugins,omitempty"`
+	Notes                   []string           `json:"notes,omitempty"`
 }
 
 // clientQPS is the API client rate of every scheduler and the controller-manager
@@ -249,6 +252,16 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 		}
 	}
 
+	if c.nvidiaSlices != "" {
+		sampler.mark("nvidia-peer")
+		kinds, bytesPerGPU, err := nvidiaPeerWaves(ctx, cs, c, ns, ordered)
+		if err != nil {
+			return res, err
+		}
+		res.Kinds = append(res.Kinds, kinds...)
+		res.NvidiaPluginBytesPerGPU = bytesPerGPU
+	}
+
 	var plugins *pluginFleet
 	if k := min(c.plugins, c.nodes); k > 0 {
 		sampler.mark("plugins")
@@ -354,8 +367,14 @@ type pluginFigures struct {
 }
 
 // draKind runs the waves of one claim size and kind; variant names the slices'
-// form ("", "shuffled", "list").
+// form ("", "shuffled", "list", or the peer waves' "topodra-a", "nvidia",
+// "topodra-b").
 func draKind(ctx context.Context, cs kubernetes.Interface, c config, ns string, k int, kind, variant string) (kindResult, error) {
+	return classKind(ctx, cs, c, ns, driverName, k, kind, variant)
+}
+
+// classKind is draKind for the devices of DeviceClass `class`.
+func classKind(ctx context.Context, cs kubernetes.Interface, c config, ns, class string, k int, kind, variant string) (kindResult, error) {
 	attribute := ""
 	if kind == "aligned" {
 		// Four GPUs share a NUMA node on this layout; eight share only the NVLink domain.
@@ -365,7 +384,10 @@ func draKind(ctx context.Context, cs kubernetes.Interface, c config, ns string, 
 		}
 	}
 	name := fmt.Sprintf("gpu-%d-%s", k, kind)
-	if err := ensureTemplate(ctx, cs, claimTemplate(ns, name, k, attribute)); err != nil {
+	if class != driverName {
+		name += "-" + strings.ReplaceAll(class, ".", "-")
+	}
+	if err := ensureTemplate(ctx, cs, classTemplate(ns, name, class, k, attribute)); err != nil {
 		return kindResult{}, err
 	}
 	label := kind
@@ -438,7 +460,13 @@ func draPrecreated(ctx context.Context, cs kubernetes.Interface, c config, ns st
 
 // republish replaces every slice of our driver.
 func republish(ctx context.Context, cs kubernetes.Interface, slices [][]resourcev1.ResourceSlice) error {
-	sel := metav1.ListOptions{FieldSelector: "spec.driver=" + driverName}
+	return republishDriver(ctx, cs, driverName, slices)
+}
+
+// republishDriver deletes every slice of `driver`, waits until none is listed,
+// then publishes `slices`.
+func republishDriver(ctx context.Context, cs kubernetes.Interface, driver string, slices [][]resourcev1.ResourceSlice) error {
+	sel := metav1.ListOptions{FieldSelector: "spec.driver=" + driver}
 	if err := cs.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{}, sel); err != nil {
 		return err
 	}

@@ -40,6 +40,10 @@ type config struct {
 	goaway     float64
 	bins       bins
 	repo       string
+	// nvidiaSlices is a make bench-node slices file whose "nvidia-unthrottled"
+	// entry (NVIDIA's plugin's own published slice) is replicated over the fleet
+	// for the peer waves; "" skips them.
+	nvidiaSlices string
 }
 
 type bins struct {
@@ -71,6 +75,8 @@ func main() {
 	flag.StringVar(&c.bins.controller, "controller", "", "topodra-controller binary")
 	flag.StringVar(&c.bins.topoSched, "topology-aware-scheduler", "", "the scheduler-plugins kube-scheduler (default: from TOPODRA_TOOLS_BIN)")
 	flag.StringVar(&c.repo, "repo", "../..", "the repository root")
+	flag.StringVar(&c.nvidiaSlices, "nvidia-slices", "docs/benchmarks/node-path.slices.json",
+		"slices NVIDIA's GPU kubelet plugin published in make bench-node (relative to -repo): the same fleet with them against topodra's, unconstrained waves (\"\": skipped)")
 	flag.Parse()
 	for _, s := range strings.Split(sizes, ",") {
 		k, err := strconv.Atoi(strings.TrimSpace(s))
@@ -95,6 +101,9 @@ func run(ctx context.Context, c config) error {
 	}
 	if !filepath.IsAbs(c.out) {
 		c.out = filepath.Join(c.repo, c.out)
+	}
+	if c.nvidiaSlices != "" && !filepath.IsAbs(c.nvidiaSlices) {
+		c.nvidiaSlices = filepath.Join(c.repo, c.nvidiaSlices)
 	}
 	if err := os.MkdirAll(c.out, 0o755); err != nil {
 		return err

@@ -84,8 +84,23 @@ func (r results) markdown() string {
 			fmt.Fprintf(&b, "| int / list numaNode throughput | %d | %s |\n", k.Size, ratio(k.PodsPerSec, l.PodsPerSec))
 		}
 	}
+	for _, k := range r.DRA.Kinds {
+		if k.Kind != "any-nvidia" {
+			continue
+		}
+		a, okA := r.DRA.kind(k.Size, "any-topodra-a")
+		bb, okB := r.DRA.kind(k.Size, "any-topodra-b")
+		if okA && okB {
+			fmt.Fprintf(&b, "| topodra's slices (before, after) / NVIDIA's plugin's, unconstrained throughput | %d | %s, %s |\n",
+				k.Size, ratio(a.PodsPerSec, k.PodsPerSec), ratio(bb.PodsPerSec, k.PodsPerSec))
+		}
+	}
 	fmt.Fprintf(&b, "\nResourceSlice bytes per GPU: topodra %.0f, NVIDIA's attribute set for the same GPUs %.0f (ratio %s).\n\n",
 		r.DRA.SliceBytesPerGPU, r.DRA.NvidiaBytesPerGPU, ratio(r.DRA.SliceBytesPerGPU, r.DRA.NvidiaBytesPerGPU))
+	if r.DRA.NvidiaPluginBytesPerGPU > 0 {
+		fmt.Fprintf(&b, "The slices NVIDIA's plugin itself published (make bench-node), replicated over the fleet for the peer waves: %.0f bytes per GPU (topodra / NVIDIA %s).\n\n",
+			r.DRA.NvidiaPluginBytesPerGPU, ratio(r.DRA.SliceBytesPerGPU, r.DRA.NvidiaPluginBytesPerGPU))
+	}
 
 	if r.Legacy != nil {
 		b.WriteString("## Scheduling, legacy stack (topology-aware scheduler, NodeResourceTopology)\n\n")

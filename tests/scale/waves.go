@@ -176,11 +176,16 @@ func clearWave(ctx context.Context, cs kubernetes.Interface, ns, wave string) er
 
 // claimTemplate asks for k GPUs, aligned on attribute when it is not empty.
 func claimTemplate(ns, name string, k int, attribute string) *resourcev1.ResourceClaimTemplate {
+	return classTemplate(ns, name, driverName, k, attribute)
+}
+
+// classTemplate asks for k devices of the DeviceClass `class`.
+func classTemplate(ns, name, class string, k int, attribute string) *resourcev1.ResourceClaimTemplate {
 	t := &resourcev1.ResourceClaimTemplate{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: resourcev1.ResourceClaimTemplateSpec{Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{
 			Requests: []resourcev1.DeviceRequest{{Name: "gpus", Exactly: &resourcev1.ExactDeviceRequest{
-				DeviceClassName: driverName, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: int64(k),
+				DeviceClassName: class, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: int64(k),
 			}}},
 		}}},
 	}
