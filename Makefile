@@ -164,17 +164,17 @@ bench-scale: setup
 NODE_BENCH_ARGS ?=
 bench-node: setup
 	$(CARGO) build --release -p topodra-kubelet-plugin -p topodra-fake-nvml
-	@bash tests/tools/build.sh kube etcd nvidia-ctk
+	@bash tests/tools/build.sh kube etcd
 	bash tests/nodebench/build-example-driver.sh >/dev/null
 	bash tests/nodebench/build-nvidia-driver.sh >/dev/null
-	eval "$$(bash tests/tools/build.sh --env kube etcd)" && cd tests/nodebench && \
+	eval "$$(bash tests/tools/build.sh --env kube etcd)" && $(CTK_ENV) && cd tests/nodebench && \
 		CGO_ENABLED=0 go run -trimpath . -out $(CURDIR)/target/bench/nodebench.json \
 		-topodra-plugin $(CURDIR)/target/release/topodra-kubelet-plugin \
 		-sim-node $(CURDIR)/target/release/topodra-sim-node \
 		-example-plugin "$$(bash build-example-driver.sh --check)" \
 		-example-version "$$(awk '$$1 == "require" && $$2 == "sigs.k8s.io/dra-example-driver" { print $$3 }' exampledriver/go.mod)" \
 		-nvidia-plugin "$$(bash build-nvidia-driver.sh --check)" \
-		-nvidia-cdi-hook "$$(bash ../tools/build.sh --print-path nvidia-ctk 2>/dev/null)/nvidia-cdi-hook" \
+		-nvidia-cdi-hook "$$TOPODRA_NVIDIA_CDI_HOOK" \
 		$(NODE_BENCH_ARGS)
 
 ## bench-plots: PNG plots of the committed scale results, in docs/benchmarks: latency
