@@ -133,6 +133,9 @@ type Cluster struct {
 	done     chan struct{} // closed when a component dies unexpectedly
 	doneOnce sync.Once
 	err      error
+
+	metrics     *http.Client      // admin client certificate, for Scrape
+	metricsURLs map[string]string // component -> its /metrics, once ready
 }
 
 // State is what cluster.json holds, for shell scripts (make demo/bench) and for
@@ -320,6 +323,9 @@ func (c *Cluster) start(ctx context.Context, bins map[string]string) error {
 	if err != nil {
 		return err
 	}
+	if c.metrics, err = metricsClient(adminCert, adminKey); err != nil {
+		return err
+	}
 	var apiPort int
 	if err := c.startWithRetry(ctx, APIServer, func() ([]string, error) {
 		var err error
@@ -370,6 +376,7 @@ func (c *Cluster) start(ctx context.Context, bins map[string]string) error {
 		return err
 	}
 	c.Server = fmt.Sprintf("https://127.0.0.1:%d", apiPort)
+	c.setMetricsURL(APIServer, c.Server+"/metrics")
 	logf("cluster: kube-apiserver ready at %s (%s)", c.Server, since(t0))
 
 	if err := c.PKI.WriteKubeconfig(c.Kubeconfig, c.Server, "admin", "kubernetes-admin", []string{"system:masters"}); err != nil {
@@ -423,6 +430,7 @@ func (c *Cluster) start(ctx context.Context, bins map[string]string) error {
 				return waitHTTP(ctx, insecureClient(), fmt.Sprintf("https://127.0.0.1:%d/healthz", port), "ok")
 			})
 			if errs[0] == nil {
+				c.setMetricsURL(ControllerManager, fmt.Sprintf("https://127.0.0.1:%d/metrics", port))
 				logf("cluster: kube-controller-manager healthy (%s)", since(t0))
 			}
 		}()
@@ -463,6 +471,7 @@ leaderElection:
 				return waitHTTP(ctx, insecureClient(), fmt.Sprintf("https://127.0.0.1:%d/healthz", port), "ok")
 			})
 			if errs[1] == nil {
+				c.setMetricsURL(Scheduler, fmt.Sprintf("https://127.0.0.1:%d/metrics", port))
 				logf("cluster: kube-scheduler healthy (%s)", since(t0))
 			}
 		}()
@@ -498,6 +507,7 @@ leaderElection:
 				return waitHTTP(ctx, insecureClient(), fmt.Sprintf("http://127.0.0.1:%d/healthz", port), "ok")
 			})
 			if errs[2] == nil {
+				c.setMetricsURL(Kwok, fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
 				logf("cluster: kwok healthy (%s)", since(t0))
 			}
 		}()

@@ -50,6 +50,29 @@ func TestClusterLifecycle(t *testing.T) {
 		t.Errorf("server version %s, want %s", sv.GitVersion, KubernetesVersion)
 	}
 
+	// Every component's /metrics answers the admin user: the scale benchmark
+	// reads its Go heap, its client limiter and the scheduler's own figures.
+	for _, n := range []string{APIServer, ControllerManager, Scheduler} {
+		url := c.MetricsURL(n)
+		if url == "" {
+			t.Errorf("%s: no metrics URL", n)
+			continue
+		}
+		page, err := c.Scrape(ctx, url)
+		if err != nil {
+			t.Errorf("%s: %v", n, err)
+			continue
+		}
+		for _, want := range []string{"go_memstats_heap_inuse_bytes ", "rest_client_rate_limiter_duration_seconds_count"} {
+			if n == APIServer && strings.HasPrefix(want, "rest_client") {
+				continue // its loopback client has no limiter
+			}
+			if !strings.Contains(string(page), want) {
+				t.Errorf("%s /metrics lacks %s", n, want)
+			}
+		}
+	}
+
 	// A Node object, as kwok or the kubelet-side harness would own it.
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a", Labels: map[string]string{"topodra.dev/test": "true"}}}
 	node, err = cs.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})

@@ -32,9 +32,62 @@ type kindResult struct {
 	P99Ms       float64      `json:"p99Ms"`
 	Unscheduled float64      `json:"unscheduled"`
 	Misaligned  float64      `json:"misaligned,omitempty"`
+	// Rate is the steady arrival rate of the waves, pods a second (0: as fast
+	// as the client allows, a saturating wave).
+	Rate float64 `json:"ratePerSec,omitempty"`
+	// CPUMsPerPod is each process's CPU time per bound pod, create to bound,
+	// and TeardownCPUMsPerPod that of deleting them (medians over the waves);
+	// LimiterWaitSeconds the most any wave's requests waited on each process's
+	// client rate limiter; BoundBy what held each wave back.
+	CPUMsPerPod         map[string]float64 `json:"cpuMsPerPod,omitempty"`
+	TeardownCPUMsPerPod map[string]float64 `json:"teardownCPUMsPerPod,omitempty"`
+	LimiterWaitSeconds  map[string]float64 `json:"limiterWaitSeconds,omitempty"`
+	BoundBy             []string           `json:"boundBy,omitempty"`
+}
+
+// perPod is the median over waves of a cost's CPU per bound pod, by process.
+func perPod(ws []waveResult, of func(waveResult) *cost) map[string]float64 {
+	byProc := map[string][]float64{}
+	for _, w := range ws {
+		c := of(w)
+		if c == nil || w.Bound == 0 {
+			continue
+		}
+		for name, s := range c.CPUSeconds {
+			// What the pods cost: the process's background over the same
+			// time taken off, never below zero.
+			s = max(0, s-c.BackgroundCPUSeconds[name])
+			byProc[name] = append(byProc[name], s*1000/float64(w.Bound))
+		}
+	}
+	if len(byProc) == 0 {
+		return nil
+	}
+	out := map[string]float64{}
+	for name, v := range byProc {
+		out[name] = medianOf(v)
+	}
+	return out
 }
 
 func summarize(k kindResult) kindResult {
+	k.CPUMsPerPod = perPod(k.Waves, func(w waveResult) *cost { return w.Cost })
+	k.TeardownCPUMsPerPod = perPod(k.Waves, func(w waveResult) *cost { return w.Teardown })
+	k.BoundBy = nil
+	for _, w := range k.Waves {
+		if w.BoundBy != "" {
+			k.BoundBy = append(k.BoundBy, w.BoundBy)
+		}
+		if w.Cost == nil {
+			continue
+		}
+		for name, v := range w.Cost.LimiterWaitSeconds {
+			if k.LimiterWaitSeconds == nil {
+				k.LimiterWaitSeconds = map[string]float64{}
+			}
+			k.LimiterWaitSeconds[name] = max(k.LimiterWaitSeconds[name], v)
+		}
+	}
 	k.PodsPerSec = median(k.Waves, func(r waveResult) float64 { return r.PodsPerSec })
 	k.P50Ms = median(k.Waves, func(r waveResult) float64 { return r.P50Ms })
 	k.P99Ms = median(k.Waves, func(r waveResult) float64 { return r.P99Ms })
@@ -51,6 +104,22 @@ type stackResult struct {
 	MemoryIdle      map[string]int64   `json:"memoryIdleBytes"`      // RSS at its end
 	GoHeap          map[string]float64 `json:"goHeapBytes"`          // go_memstats_heap_inuse_bytes at the end of the waves
 	GoHeapIdle      map[string]float64 `json:"goHeapIdleBytes,omitempty"`
+	// GoHeapPeak is the highest go_memstats_heap_inuse_bytes of each Go
+	// component over the readings of the common waves, HeapSeries every reading.
+	GoHeapPeak map[string]float64 `json:"goHeapPeakBytes,omitempty"`
+	HeapSeries *heapSeries        `json:"heapSeries,omitempty"`
+	// MemoryPeakDRAOnly is the RSS peak of the waves only the DRA stack runs,
+	// after the common readings.
+	MemoryPeakDRAOnly map[string]int64 `json:"memoryPeakDRAOnlyBytes,omitempty"`
+	// IdleCost is what every process spent in the idle period.
+	IdleCost     *cost  `json:"idleCost,omitempty"`
+	FeatureGates string `json:"featureGates"`
+	// BackgroundCores is each process's CPU, in cores, over a quiet window
+	// before the waves; the per-pod CPU figures have it taken off.
+	BackgroundCores map[string]float64 `json:"backgroundCores,omitempty"`
+	// PodsBound counts the pods bound in the common waves, which Requests and
+	// RequestsByClient cover: the divisor of the per-pod figures.
+	PodsBound int `json:"podsBound"`
 	// The API server's process_cpu_seconds_total spent during the waves and
 	// during the idle period.
 	APIServerCPU      map[string]float64        `json:"apiserverCPUSeconds,omitempty"`
@@ -65,15 +134,20 @@ type stackResult struct {
 	// (-nvidia-slices), as replicated over the fleet for the peer waves.
 	NvidiaPluginBytesPerGPU float64            `json:"nvidiaPluginSliceBytesPerGPU,omitempty"`
 	ControllerMetrics       map[string]float64 `json:"controllerMetrics,omitempty"`
-	Plugins                 *pluginFigures     `json:"plugins,omitempty"`
-	Notes                   []string           `json:"notes,omitempty"`
+	// ControllerWaves is what the controller's counters moved by over the
+	// common waves (and the write delay after them).
+	ControllerWaves map[string]float64 `json:"controllerWaves,omitempty"`
+	Plugins         *pluginFigures     `json:"plugins,omitempty"`
+	Notes           []string           `json:"notes,omitempty"`
 }
 
-// clientQPS is the API client rate of every scheduler and the controller-manager
-// in both stacks: their defaults (50, 20) would make the waves measure those limits
-// (the DRA path has the controller-manager create each pod's claim). Large
-// clusters raise them the same way.
-const clientQPS = 200
+// clientQPS is the API client rate (and half the burst) of every scheduler, the
+// controller-manager and the harness in both stacks, lifted so far that no
+// client limiter shapes a wave: kube-scheduler sends 4 requests per DRA pod on
+// its client against 1 per legacy pod, so at 200 QPS the DRA waves measured
+// the limiter. Each wave records rest_client_rate_limiter_duration_seconds of
+// every component to show the limiters did not wait (boundBy names one that did).
+const clientQPS = 5000
 
 func startCluster(ctx context.Context, c config, name string) (*cluster.Cluster, string, error) {
 	dir, err := os.MkdirTemp("", "topodra-scale-"+name+"-")
@@ -100,6 +174,11 @@ func startCluster(ctx context.Context, c config, name string) (*cluster.Cluster,
 		Env:       env,
 		Verbosity: 1,
 		ClientQPS: clientQPS,
+		// Kubernetes' own defaults: the alpha DRAListTypeAttributes gate
+		// switches kube-scheduler to its experimental allocator, so the list
+		// form of numaNode runs apart (-list-form), with the gate on for both
+		// stacks.
+		FeatureGates: map[string]bool{"DRAListTypeAttributes": c.listForm},
 	})
 	return cl, auditLog, err
 }
@@ -124,7 +203,8 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 		return res, err
 	}
 	defer func() { _ = cl.Stop() }()
-	cs, err := cl.Client()
+	res.FeatureGates = cl.FeatureGatesFlag()
+	cs, err := fastClient(cl)
 	if err != nil {
 		return res, err
 	}
@@ -168,6 +248,7 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 
 	sampler := newMemSampler(clusterPids(cl))
 	defer sampler.close()
+	m := newMeter(cl)
 	var ctrl *controllerProc
 	if c.bins.controller != "" {
 		if ctrl, err = startController(ctx, cl, c); err != nil {
@@ -175,6 +256,7 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 		} else {
 			defer ctrl.stop()
 			sampler.add("topodra-controller", ctrl.cmd.Process.Pid)
+			m.add("topodra-controller", ctrl.cmd.Process.Pid, "")
 		}
 	} else {
 		res.Notes = append(res.Notes, "controller not built: no controller figures")
@@ -187,80 +269,127 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 	if err := waitServiceAccount(ctx, cs, ns); err != nil {
 		return res, err
 	}
+	progress("dra: %s of background CPU, nothing asked of the stack", backgroundWindow)
+	res.BackgroundCores = m.measureBackground(ctx, backgroundWindow)
 	sampler.reset()
+	m.takeHeapPeaks()
+	var ctrlBefore map[string]float64
+	if ctrl != nil {
+		ctrlBefore = ctrl.metrics()
+	}
 	before, err := apiserverMetrics(ctx, cs, "apiserver_request_total", cpuMetric)
 	if err != nil {
 		return res, err
 	}
 	from := time.Now()
 	sampler.mark("waves")
-	for _, k := range c.sizes {
-		for _, kind := range []string{"aligned", "any"} {
-			kr, err := draKind(ctx, cs, c, ns, k, kind, "")
+	// The workload both stacks run before their memory is read: NUMA-aligned
+	// pods of the sizes one NUMA zone holds, in saturating waves, then at a
+	// steady rate.
+	for _, rate := range waveRates(c) {
+		for _, k := range commonSizes(c.sizes) {
+			kr, err := draKind(ctx, cs, c, m, ns, k, "aligned", "", rate)
 			if err != nil {
 				return res, err
 			}
 			res.Kinds = append(res.Kinds, kr)
 		}
 	}
-	// The same aligned claims created beforehand: the waves then time the
-	// scheduler alone, without the controller-manager making each pod's claim.
-	for _, k := range c.sizes {
-		kr, err := draPrecreated(ctx, cs, c, ns, k)
+	if c.churn > 0 {
+		kr, err := draChurn(ctx, cs, c, m, ns)
 		if err != nil {
 			return res, err
 		}
 		res.Kinds = append(res.Kinds, kr)
 	}
-	if err := res.wavesDone(ctx, cs, sampler, auditLog, before, from); err != nil {
+	if err := res.wavesDone(ctx, cs, sampler, m, auditLog, before, from); err != nil {
 		return res, err
+	}
+	if ctrl != nil {
+		// Its writes are delayed (10 s by default) to batch them: the common
+		// waves' share is in once the count stops moving.
+		ctrl.settle(ctx, 15*time.Second, 2*time.Minute)
+		res.ControllerWaves = diff(ctrl.metrics(), ctrlBefore)
+	}
+	if !c.draOnly {
+		res.HeapSeries = m.series()
+		res.MemorySeries = sampler.series()
+		return res, nil
+	}
+
+	// What only the DRA stack runs, after the readings above.
+	sampler.mark("dra-only")
+	sampler.reset()
+	for _, k := range c.sizes {
+		if k > gpusPerZone {
+			kr, err := draKind(ctx, cs, c, m, ns, k, "aligned", "", 0)
+			if err != nil {
+				return res, err
+			}
+			res.Kinds = append(res.Kinds, kr)
+		}
+	}
+	for _, k := range c.sizes {
+		kr, err := draKind(ctx, cs, c, m, ns, k, "any", "", 0)
+		if err != nil {
+			return res, err
+		}
+		res.Kinds = append(res.Kinds, kr)
+	}
+	// The same aligned claims created beforehand: the waves then time the
+	// scheduler alone, without the controller-manager making each pod's claim.
+	for _, k := range c.sizes {
+		kr, err := draPrecreated(ctx, cs, c, m, ns, k)
+		if err != nil {
+			return res, err
+		}
+		res.Kinds = append(res.Kinds, kr)
 	}
 
 	if c.variants {
-		variantSizes := []int{}
-		for _, k := range c.sizes {
-			if k <= 4 {
-				variantSizes = append(variantSizes, k)
-			}
-		}
-		sampler.mark("variants")
 		progress("dra: the same slices with their devices shuffled")
 		if err := republish(ctx, cs, shuffled(ordered, 42)); err != nil {
 			return res, err
 		}
-		for _, k := range variantSizes {
-			kr, err := draKind(ctx, cs, c, ns, k, "aligned", "shuffled")
+		for _, k := range commonSizes(c.sizes) {
+			kr, err := draKind(ctx, cs, c, m, ns, k, "aligned", "shuffled", 0)
 			if err != nil {
 				return res, err
 			}
 			res.Kinds = append(res.Kinds, kr)
 		}
-		progress("dra: numaNode in its list form")
-		list, err := simulatedSlices(c.bins.plugin, flags, c.nodes, "list")
-		if err != nil {
-			return res, err
-		}
-		if err := republish(ctx, cs, list); err != nil {
-			return res, err
-		}
-		for _, k := range variantSizes {
-			kr, err := draKind(ctx, cs, c, ns, k, "aligned", "list")
+		if c.listForm {
+			progress("dra: numaNode in its list form")
+			list, err := simulatedSlices(c.bins.plugin, flags, c.nodes, "list")
 			if err != nil {
 				return res, err
 			}
-			res.Kinds = append(res.Kinds, kr)
+			if err := republish(ctx, cs, list); err != nil {
+				return res, err
+			}
+			for _, k := range commonSizes(c.sizes) {
+				kr, err := draKind(ctx, cs, c, m, ns, k, "aligned", "list", 0)
+				if err != nil {
+					return res, err
+				}
+				res.Kinds = append(res.Kinds, kr)
+			}
+		}
+		if err := republish(ctx, cs, ordered); err != nil {
+			return res, err
 		}
 	}
 
 	if c.nvidiaSlices != "" {
 		sampler.mark("nvidia-peer")
-		kinds, bytesPerGPU, err := nvidiaPeerWaves(ctx, cs, c, ns, ordered)
+		kinds, bytesPerGPU, err := nvidiaPeerWaves(ctx, cs, c, m, ns, ordered)
 		if err != nil {
 			return res, err
 		}
 		res.Kinds = append(res.Kinds, kinds...)
 		res.NvidiaPluginBytesPerGPU = bytesPerGPU
 	}
+	res.MemoryPeakDRAOnly, _ = sampler.snapshot()
 
 	var plugins *pluginFleet
 	if k := min(c.plugins, c.nodes); k > 0 {
@@ -295,7 +424,7 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 		ctrl.settle(ctx, 15*time.Second, 2*time.Minute)
 	}
 	progress("dra: idle for %s, counting every client's requests", c.idle)
-	if err := res.idle(ctx, cs, c.idle, sampler, auditLog); err != nil {
+	if err := res.idle(ctx, cs, c.idle, sampler, m, auditLog); err != nil {
 		return res, err
 	}
 	if ctrl != nil {
@@ -307,11 +436,58 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 	return res, nil
 }
 
+// backgroundWindow is the quiet window before the waves in which each
+// process's background CPU is measured.
+const backgroundWindow = 15 * time.Second
+
+// commonSizes are the claim sizes both stacks run: what one NUMA zone of the
+// layout holds (the legacy single-numa-node policy refuses larger pods).
+func commonSizes(sizes []int) []int {
+	var out []int
+	for _, k := range sizes {
+		if k <= gpusPerZone {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// waveRates are the saturating waves (0) and, when -steady-rate is set, the
+// steady ones.
+func waveRates(c config) []float64 {
+	if c.steadyRate > 0 {
+		return []float64{0, c.steadyRate}
+	}
+	return []float64{0}
+}
+
+// wavePods is how many pods of k GPUs ask for the -fill share of the fleet.
+func wavePods(c config, k int) int { return int(float64(c.nodes*gpusPerNode) * c.fill / float64(k)) }
+
+// fastClient is the admin client with the same lifted rate limit as the
+// components: the harness creates the waves' pods, and a limiter there would
+// cap every stack alike.
+func fastClient(cl *cluster.Cluster) (kubernetes.Interface, error) {
+	cfg, err := cl.RESTConfig()
+	if err != nil {
+		return nil, err
+	}
+	cfg.QPS, cfg.Burst = clientQPS, 2*clientQPS
+	return kubernetes.NewForConfig(cfg)
+}
+
 // wavesDone records what the waves since `from` cost: peak memory, the API
 // server's requests (against `before`) and Go heap, requests by client.
-func (res *stackResult) wavesDone(ctx context.Context, cs kubernetes.Interface, sampler *memSampler, auditLog string, before map[string]float64, from time.Time) error {
+func (res *stackResult) wavesDone(ctx context.Context, cs kubernetes.Interface, sampler *memSampler, m *meter, auditLog string, before map[string]float64, from time.Time) error {
 	to := time.Now()
 	res.MemoryPeak, _ = sampler.snapshot()
+	res.GoHeapPeak = m.takeHeapPeaks()
+	res.PodsBound = 0
+	for _, k := range res.Kinds {
+		for _, w := range k.Waves {
+			res.PodsBound += w.Bound
+		}
+	}
 	after, err := apiserverMetrics(ctx, cs, "apiserver_request_total", "go_memstats_heap_inuse_bytes", cpuMetric)
 	if err != nil {
 		return err
@@ -325,10 +501,11 @@ func (res *stackResult) wavesDone(ctx context.Context, cs kubernetes.Interface, 
 
 // idle waits `d` doing nothing and records memory at both ends and every
 // client's requests in between.
-func (res *stackResult) idle(ctx context.Context, cs kubernetes.Interface, d time.Duration, sampler *memSampler, auditLog string) error {
+func (res *stackResult) idle(ctx context.Context, cs kubernetes.Interface, d time.Duration, sampler *memSampler, m *meter, auditLog string) error {
 	sampler.reset()
 	sampler.mark("idle")
 	_, res.MemoryIdleStart = sampler.snapshot()
+	a := m.read(ctx)
 	before, err := apiserverMetrics(ctx, cs, cpuMetric)
 	if err != nil {
 		return err
@@ -342,6 +519,9 @@ func (res *stackResult) idle(ctx context.Context, cs kubernetes.Interface, d tim
 	to := time.Now()
 	res.IdleSeconds = to.Sub(from).Seconds()
 	_, res.MemoryIdle = sampler.snapshot()
+	idle := between(a, m.read(ctx), peaks{})
+	res.IdleCost = &idle
+	res.HeapSeries = m.series()
 	// Scraped after the window closes: the scrape itself is not counted.
 	after, err := apiserverMetrics(ctx, cs, cpuMetric, "go_memstats_heap_inuse_bytes")
 	if err != nil {
@@ -368,20 +548,25 @@ type pluginFigures struct {
 
 // draKind runs the waves of one claim size and kind; variant names the slices'
 // form ("", "shuffled", "list", or the peer waves' "topodra-a", "nvidia",
-// "topodra-b").
-func draKind(ctx context.Context, cs kubernetes.Interface, c config, ns string, k int, kind, variant string) (kindResult, error) {
-	return classKind(ctx, cs, c, ns, driverName, k, kind, variant)
+// "topodra-b"); rate > 0 makes them steady waves.
+func draKind(ctx context.Context, cs kubernetes.Interface, c config, m *meter, ns string, k int, kind, variant string, rate float64) (kindResult, error) {
+	return classKind(ctx, cs, c, m, ns, driverName, k, kind, variant, rate)
+}
+
+// alignOn is the attribute an aligned claim of k GPUs matches: four GPUs share
+// a NUMA node on this layout, eight only the NVLink domain.
+func alignOn(k int) string {
+	if k > gpusPerZone {
+		return driverName + "/nvlinkDomain"
+	}
+	return "resource.kubernetes.io/numaNode"
 }
 
 // classKind is draKind for the devices of DeviceClass `class`.
-func classKind(ctx context.Context, cs kubernetes.Interface, c config, ns, class string, k int, kind, variant string) (kindResult, error) {
+func classKind(ctx context.Context, cs kubernetes.Interface, c config, m *meter, ns, class string, k int, kind, variant string, rate float64) (kindResult, error) {
 	attribute := ""
 	if kind == "aligned" {
-		// Four GPUs share a NUMA node on this layout; eight share only the NVLink domain.
-		attribute = "resource.kubernetes.io/numaNode"
-		if k > 4 {
-			attribute = driverName + "/nvlinkDomain"
-		}
+		attribute = alignOn(k)
 	}
 	name := fmt.Sprintf("gpu-%d-%s", k, kind)
 	if class != driverName {
@@ -390,37 +575,53 @@ func classKind(ctx context.Context, cs kubernetes.Interface, c config, ns, class
 	if err := ensureTemplate(ctx, cs, classTemplate(ns, name, class, k, attribute)); err != nil {
 		return kindResult{}, err
 	}
-	label := kind
-	if variant != "" {
-		label = kind + "-" + variant
-	}
-	kr := kindResult{Size: k, Kind: label, Attribute: attribute}
-	pods := int(float64(c.nodes*gpusPerNode) * c.fill / float64(k))
+	label := kindLabel(kind, variant, rate)
+	kr := kindResult{Size: k, Kind: label, Attribute: attribute, Rate: rate}
+	pods := wavePods(c, k)
 	for w := 0; w < c.waves; w++ {
 		wave := fmt.Sprintf("w%d-%s-%d", w, label, k)
-		r, _, err := runWave(ctx, cs, ns, wave, pods, draPod(ns, wave, name), c.stall)
+		r, err := m.wave(ctx, func() (waveResult, error) {
+			r, _, err := runWave(ctx, cs, ns, wave, pods, draPod(ns, wave, name), c.stall, rate)
+			return r, err
+		}, func() error { return clearWave(ctx, cs, ns, wave) })
 		if err != nil {
 			return kr, fmt.Errorf("wave %s: %w", wave, err)
 		}
-		progress("dra %-16s %d GPUs, wave %d: %d/%d bound in %.1fs, %.1f pods/s, p50 %.0f ms, p99 %.0f ms",
-			label, k, w+1, r.Bound, r.Pods, r.Seconds, r.PodsPerSec, r.P50Ms, r.P99Ms)
+		waveProgress("dra", label, k, w, r)
 		kr.Waves = append(kr.Waves, r)
-		if err := clearWave(ctx, cs, ns, wave); err != nil {
-			return kr, err
-		}
 	}
 	return summarize(kr), nil
 }
 
-// draPrecreated runs aligned waves whose claims exist before the pods.
-func draPrecreated(ctx context.Context, cs kubernetes.Interface, c config, ns string, k int) (kindResult, error) {
-	attribute := "resource.kubernetes.io/numaNode"
-	if k > 4 {
-		attribute = driverName + "/nvlinkDomain"
+// kindLabel is the row name: the kind, its slices' variant, "steady" for waves
+// at a steady rate.
+func kindLabel(kind, variant string, rate float64) string {
+	label := kind
+	if variant != "" {
+		label += "-" + variant
 	}
+	if rate > 0 {
+		label += "-steady"
+	}
+	return label
+}
+
+func waveProgress(stack, label string, k, w int, r waveResult) {
+	extra := ""
+	if r.Misaligned > 0 {
+		extra = fmt.Sprintf(", %d refused (TopologyAffinityError)", r.Misaligned)
+	}
+	progress("%s %-22s %s GPUs, wave %d: %d/%d bound in %.1fs, %.1f pods/s, p50 %.0f ms, p99 %.0f ms%s; bound by %s",
+		stack, label, sizeText(k), w+1, r.Bound, r.Pods, r.Seconds, r.PodsPerSec, r.P50Ms, r.P99Ms, extra, r.BoundBy)
+}
+
+// draPrecreated runs aligned waves whose claims exist before the pods (and
+// before the wave's first reading).
+func draPrecreated(ctx context.Context, cs kubernetes.Interface, c config, m *meter, ns string, k int) (kindResult, error) {
+	attribute := alignOn(k)
 	spec := claimTemplate(ns, "unused", k, attribute).Spec.Spec
 	kr := kindResult{Size: k, Kind: "aligned-precreated", Attribute: attribute}
-	pods := int(float64(c.nodes*gpusPerNode) * c.fill / float64(k))
+	pods := wavePods(c, k)
 	for w := 0; w < c.waves; w++ {
 		wave := fmt.Sprintf("w%d-pre-%d", w, k)
 		if err := parallel(pods, 16, func(i int) error {
@@ -437,23 +638,24 @@ func draPrecreated(ctx context.Context, cs kubernetes.Interface, c config, ns st
 			p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpus", ResourceClaimName: ptr.To(fmt.Sprintf("%s-%04d", wave, i))}}
 			return p
 		}
-		r, _, err := runWave(ctx, cs, ns, wave, pods, newPod, c.stall)
+		r, err := m.wave(ctx, func() (waveResult, error) {
+			r, _, err := runWave(ctx, cs, ns, wave, pods, newPod, c.stall, 0)
+			return r, err
+		}, func() error {
+			sel := metav1.ListOptions{LabelSelector: waveLabel + "=" + wave}
+			if err := cs.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, sel); err != nil {
+				return err
+			}
+			if err := cs.ResourceV1().ResourceClaims(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, sel); err != nil {
+				return err
+			}
+			return clearWave(ctx, cs, ns, wave)
+		})
 		if err != nil {
 			return kr, fmt.Errorf("wave %s: %w", wave, err)
 		}
-		progress("dra %-18s %d GPUs, wave %d: %d/%d bound in %.1fs, %.1f pods/s, p50 %.0f ms, p99 %.0f ms",
-			"aligned-precreated", k, w+1, r.Bound, r.Pods, r.Seconds, r.PodsPerSec, r.P50Ms, r.P99Ms)
+		waveProgress("dra", kr.Kind, k, w, r)
 		kr.Waves = append(kr.Waves, r)
-		sel := metav1.ListOptions{LabelSelector: waveLabel + "=" + wave}
-		if err := cs.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, sel); err != nil {
-			return kr, err
-		}
-		if err := cs.ResourceV1().ResourceClaims(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, sel); err != nil {
-			return kr, err
-		}
-		if err := clearWave(ctx, cs, ns, wave); err != nil {
-			return kr, err
-		}
 	}
 	return summarize(kr), nil
 }
@@ -516,7 +718,8 @@ func startController(ctx context.Context, cl *cluster.Cluster, c config) (*contr
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(c.bins.controller, "--leader-elect=false", "--http-bind-address="+host, "--http-port="+port, "--log-format=json")
+	args := append([]string{"--leader-elect=false", "--http-bind-address=" + host, "--http-port=" + port, "--log-format=json"}, c.controllerArgs...)
+	cmd := exec.Command(c.bins.controller, args...)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+cl.Kubeconfig)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

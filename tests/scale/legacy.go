@@ -34,13 +34,21 @@ var nrtGVR = schema.GroupVersionResource{Group: "topology.node.k8s.io", Version:
 // 4 GPUs, 112 CPUs and 1 TiB.
 const numaZones, gpusPerZone = 2, 4
 
-// updater plays the NFD topology updater of every legacy node: it learns where
-// each pod's GPUs went as the kubelet's Topology Manager (single-numa-node, pod
-// scope) would place them, first fitting NUMA zone, and publishes each node's
-// NodeResourceTopology at its interval. A pod bound where no zone has room is what
-// the kubelet refuses (TopologyAffinityError): counted as misaligned, holding no GPU.
+// topologyAffinityError is the status reason a kubelet gives a pod its Topology
+// Manager cannot place (pod phase Failed, message "Resources cannot be
+// allocated with Topology locality").
+const topologyAffinityError = "TopologyAffinityError"
+
+// updater plays the NFD topology updater and the kubelet's Topology Manager on
+// every legacy node: it learns where each pod's GPUs went as the Topology
+// Manager (single-numa-node, pod scope) would place them, first fitting NUMA
+// zone, and publishes each node's NodeResourceTopology at its interval. A pod
+// bound where no zone has room is refused as the kubelet refuses it at
+// admission: its status becomes Failed with reason TopologyAffinityError, it
+// holds no GPU, and it is counted.
 type updater struct {
 	dyn      dynamic.Interface
+	kubelet  kubernetes.Interface // writes the refusals, as the node's kubelet
 	mu       sync.Mutex
 	free     map[string]*[numaZones]int
 	pods     map[string]map[string]bool // node -> namespace/name of its pods
@@ -48,6 +56,14 @@ type updater struct {
 	dirty    map[string]bool
 	misalign int
 	writes   int
+	refused  map[types.UID]bool // status already set to Failed
+	// triggered are the nodes where a pod was admitted since their last
+	// write: NFD's updater watches the kubelet's state directory
+	// (-kubelet-state-dir, on by default) and writes when the device
+	// manager's checkpoint changes, which it does when it allocates. A pod's
+	// removal frees its devices in that checkpoint only at the node's next
+	// allocation, so removals wait for a trigger or the interval.
+	triggered map[string]bool
 }
 
 type placement struct {
@@ -56,9 +72,9 @@ type placement struct {
 	k    int
 }
 
-func newUpdater(dyn dynamic.Interface, nodes int) *updater {
-	u := &updater{dyn: dyn, free: map[string]*[numaZones]int{}, pods: map[string]map[string]bool{},
-		placed: map[types.UID]placement{}, dirty: map[string]bool{}}
+func newUpdater(dyn dynamic.Interface, kubelet kubernetes.Interface, nodes int) *updater {
+	u := &updater{dyn: dyn, kubelet: kubelet, free: map[string]*[numaZones]int{}, pods: map[string]map[string]bool{},
+		placed: map[types.UID]placement{}, dirty: map[string]bool{}, refused: map[types.UID]bool{}, triggered: map[string]bool{}}
 	for i := 0; i < nodes; i++ {
 		u.free[nodeName(i)] = &[numaZones]int{gpusPerZone, gpusPerZone}
 		u.pods[nodeName(i)] = map[string]bool{}
@@ -90,6 +106,7 @@ func (u *updater) bound(p *corev1.Pod) {
 	}
 	u.pods[p.Spec.NodeName][p.Namespace+"/"+p.Name] = true
 	u.dirty[p.Spec.NodeName] = true
+	u.triggered[p.Spec.NodeName] = true
 	for z := range zones {
 		if zones[z] >= k {
 			zones[z] -= k
@@ -110,11 +127,39 @@ func (u *updater) gone(p *corev1.Pod) {
 		return
 	}
 	delete(u.placed, p.UID)
+	delete(u.refused, p.UID)
 	delete(u.pods[pl.node], p.Namespace+"/"+p.Name)
 	u.dirty[pl.node] = true
 	if pl.zone >= 0 {
 		u.free[pl.node][pl.zone] += pl.k
 		u.dirty[pl.node] = true
+	}
+}
+
+// mustRefuse says whether p is a pod placed where no zone had room whose
+// status is still kwok's Running. The refusal waits for kwok's first status
+// (its pod IP): kwok makes a pod ready only while it has no IP, so it leaves
+// the Failed status alone afterwards, where writing first would race it.
+func (u *updater) mustRefuse(p *corev1.Pod) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	pl, ok := u.placed[p.UID]
+	if !ok || pl.zone >= 0 || u.refused[p.UID] || p.Status.PodIP == "" || p.Status.Phase == corev1.PodFailed {
+		return false
+	}
+	u.refused[p.UID] = true
+	return true
+}
+
+// refuse fails the pod as the kubelet's admission does.
+func (u *updater) refuse(ctx context.Context, p *corev1.Pod) {
+	p = p.DeepCopy()
+	p.Status.Phase = corev1.PodFailed
+	p.Status.Reason = topologyAffinityError
+	p.Status.Message = "Resources cannot be allocated with Topology locality"
+	p.Status.Conditions = nil
+	if _, err := u.kubelet.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) && ctx.Err() == nil {
+		progress("legacy: refusing %s: %v", p.Name, err)
 	}
 }
 
@@ -145,13 +190,17 @@ func (u *updater) watchPods(ctx context.Context, cs kubernetes.Interface, ns str
 				u.gone(p)
 			case p.Spec.NodeName != "":
 				u.bound(p)
+				if u.mustRefuse(p) {
+					go u.refuse(ctx, p)
+				}
 			}
 		}
 	}
 }
 
-// publish writes the objects of the nodes that changed since the last publish.
-func (u *updater) publish(ctx context.Context) error {
+// publish writes the objects of the nodes that changed since the last publish;
+// onlyTriggered limits it to the nodes where a pod was admitted since.
+func (u *updater) publish(ctx context.Context, onlyTriggered bool) error {
 	u.mu.Lock()
 	type obj struct {
 		node        string
@@ -160,6 +209,11 @@ func (u *updater) publish(ctx context.Context) error {
 	}
 	var todo []obj
 	for n := range u.dirty {
+		if onlyTriggered && !u.triggered[n] {
+			continue
+		}
+		delete(u.dirty, n)
+		delete(u.triggered, n)
 		fp := podfingerprint.NewFingerprint(len(u.pods[n]))
 		for key := range u.pods[n] {
 			ns, name, _ := strings.Cut(key, "/")
@@ -167,7 +221,6 @@ func (u *updater) publish(ctx context.Context) error {
 		}
 		todo = append(todo, obj{n, *u.free[n], fp.Sign()})
 	}
-	u.dirty = map[string]bool{}
 	u.mu.Unlock()
 	return parallel(len(todo), 8, func(i int) error {
 		return u.write(ctx, todo[i].node, todo[i].free, todo[i].fingerprint)
@@ -240,15 +293,30 @@ func legacy(ctx context.Context, c config, bin string) (*stackResult, error) {
 		return nil, err
 	}
 	defer func() { _ = cl.Stop() }()
-	cs, err := cl.Client()
+	res.FeatureGates = cl.FeatureGatesFlag()
+	cs, err := fastClient(cl)
 	if err != nil {
 		return nil, err
 	}
+	// The simulated updater and kubelet admission send their requests under
+	// their own names, so the audit log charges them to what they stand for,
+	// not to the harness.
 	rest, err := cl.RESTConfig()
 	if err != nil {
 		return nil, err
 	}
+	rest.QPS, rest.Burst, rest.UserAgent = clientQPS, 2*clientQPS, "nfd-topology-updater"
 	dyn, err := dynamic.NewForConfig(rest)
+	if err != nil {
+		return nil, err
+	}
+	updaterCS, err := kubernetes.NewForConfig(rest)
+	if err != nil {
+		return nil, err
+	}
+	kubeletRest := *rest
+	kubeletRest.UserAgent = "kubelet"
+	kubeletCS, err := kubernetes.NewForConfig(&kubeletRest)
 	if err != nil {
 		return nil, err
 	}
@@ -258,14 +326,14 @@ func legacy(ctx context.Context, c config, bin string) (*stackResult, error) {
 	if err := createNodes(ctx, cs, c.nodes, true); err != nil {
 		return nil, err
 	}
-	up := newUpdater(dyn, c.nodes)
+	up := newUpdater(dyn, kubeletCS, c.nodes)
 	// Every node of that stack runs the updater itself as a DaemonSet pod; its pods
 	// are part of the node's pod set, which the scheduler's cache checks the
 	// objects' fingerprints against.
 	if err := startDaemonPods(ctx, cs, up, c.nodes); err != nil {
 		return nil, err
 	}
-	if err := up.publish(ctx); err != nil {
+	if err := up.publish(ctx, false); err != nil {
 		return nil, fmt.Errorf("first NodeResourceTopology objects: %w", err)
 	}
 	progress("legacy: %d nodes with nvidia.com/gpu capacity and NodeResourceTopology objects", c.nodes)
@@ -285,18 +353,29 @@ func legacy(ctx context.Context, c config, bin string) (*stackResult, error) {
 	}
 	uctx, stopUpdater := context.WithCancel(ctx)
 	defer stopUpdater()
-	go up.watchPods(uctx, cs, ns)
+	go up.watchPods(uctx, updaterCS, ns)
 	go func() {
 		t := time.NewTicker(c.updaterInt)
 		defer t.Stop()
+		// The state-directory trigger, checked once a second: NFD debounces its
+		// file events too.
+		notify := time.NewTicker(time.Second)
+		defer notify.Stop()
+		if !c.updaterNotify {
+			notify.Stop()
+		}
 		for {
+			var err error
 			select {
 			case <-uctx.Done():
 				return
 			case <-t.C:
-				if err := up.publish(uctx); err != nil && uctx.Err() == nil {
-					progress("legacy: updater: %v", err)
-				}
+				err = up.publish(uctx, false)
+			case <-notify.C:
+				err = up.publish(uctx, true)
+			}
+			if err != nil && uctx.Err() == nil {
+				progress("legacy: updater: %v", err)
 			}
 		}
 	}()
@@ -305,62 +384,73 @@ func legacy(ctx context.Context, c config, bin string) (*stackResult, error) {
 	pids[topoScheduler] = sched.cmd.Process.Pid
 	sampler := newMemSampler(pids)
 	defer sampler.close()
+	m := newMeter(cl)
+	m.add(topoScheduler, sched.cmd.Process.Pid, sched.metricsURL)
+	progress("legacy: %s of background CPU, nothing asked of the stack", backgroundWindow)
+	res.BackgroundCores = m.measureBackground(ctx, backgroundWindow)
 	before, err := apiserverMetrics(ctx, cs, "apiserver_request_total", cpuMetric)
 	if err != nil {
 		return nil, err
 	}
 	from := time.Now()
 	sampler.mark("waves")
+	// One scheduler for the whole run, and objects written only at the
+	// updater's interval: a wave that starts while the objects still count the
+	// last wave's pods waits, as a real cluster does, until the next write and
+	// the cache's resync. A wave gives up only after a silence longer than the
+	// interval.
+	stall := max(c.stall, c.updaterInt+2*topoResync)
 	for _, k := range c.sizes {
 		if k > gpusPerZone {
 			res.Notes = append(res.Notes, fmt.Sprintf("legacy: %d-GPU pods skipped: under the single-numa-node policy no NUMA zone of this layout has %d GPUs", k, k))
-			continue
 		}
-		kr := kindResult{Size: k, Kind: "single-numa-node"}
-		pods := int(float64(c.nodes*gpusPerNode) * c.fill / float64(k))
-		for w := 0; w < c.waves; w++ {
-			wave := fmt.Sprintf("w%d-legacy-%d", w, k)
-			// Each wave gets a scheduler whose NodeResourceTopology cache starts from
-			// the current objects: a cache left over-reserved by the last wave
-			// recovers only when its resync finds matching fingerprints and the
-			// pods are retried, which measures that recovery rather than
-			// scheduling (the first wave after a change shows it: see the notes).
-			if w > 0 || k != c.sizes[0] {
-				sched.stop()
-				if sched, err = startTopoScheduler(ctx, cl, c.repo, bin); err != nil {
-					return nil, err
-				}
-				sampler.add(topoScheduler, sched.cmd.Process.Pid)
-			}
-			up.takeMisaligned()
-			r, _, err := runWave(ctx, cs, ns, wave, pods, legacyPod(ns, wave, topoScheduler, k), c.stall)
-			if err != nil {
-				return nil, fmt.Errorf("wave %s: %w", wave, err)
-			}
-			time.Sleep(time.Second) // the updater's watch sees the last binds
-			r.Misaligned = up.takeMisaligned()
-			progress("legacy %-16s %d GPUs, wave %d: %d/%d bound in %.1fs, %.1f pods/s, p50 %.0f ms, p99 %.0f ms, %d misaligned",
-				"single-numa-node", k, w+1, r.Bound, r.Pods, r.Seconds, r.PodsPerSec, r.P50Ms, r.P99Ms, r.Misaligned)
-			kr.Waves = append(kr.Waves, r)
-			if err := clearWave(ctx, cs, ns, wave); err != nil {
-				return nil, err
-			}
-			// A wave starts on a fleet whose objects are current, as after an idle minute.
-			time.Sleep(time.Second)
-			if err := up.publish(ctx); err != nil {
-				return nil, err
-			}
-		}
-		res.Kinds = append(res.Kinds, summarize(kr))
 	}
-	if err := res.wavesDone(ctx, cs, sampler, auditLog, before, from); err != nil {
+	for _, rate := range waveRates(c) {
+		for _, k := range commonSizes(c.sizes) {
+			label := kindLabel("single-numa-node", "", rate)
+			kr := kindResult{Size: k, Kind: label, Rate: rate}
+			for w := 0; w < c.waves; w++ {
+				wave := fmt.Sprintf("w%d-%s-%d", w, label, k)
+				up.takeMisaligned()
+				r, err := m.wave(ctx, func() (waveResult, error) {
+					r, _, err := runWave(ctx, cs, ns, wave, wavePods(c, k), legacyPod(ns, wave, topoScheduler, k), stall, rate)
+					time.Sleep(time.Second) // the updater's watch sees the last binds
+					r.Misaligned = up.takeMisaligned()
+					return r, err
+				}, func() error { return clearWave(ctx, cs, ns, wave) })
+				if err != nil {
+					return nil, fmt.Errorf("wave %s: %w", wave, err)
+				}
+				waveProgress("legacy", label, k, w, r)
+				kr.Waves = append(kr.Waves, r)
+			}
+			res.Kinds = append(res.Kinds, summarize(kr))
+		}
+	}
+	if c.churn > 0 {
+		kr, err := churnKind(ctx, cs, c, m, ns, "legacy", stall, func(name string, k int) *corev1.Pod {
+			p := legacyPod(ns, "", topoScheduler, k)(0)
+			p.Name = name
+			return p
+		})
+		if err != nil {
+			return nil, err
+		}
+		res.Kinds = append(res.Kinds, kr)
+	}
+	if err := res.wavesDone(ctx, cs, sampler, m, auditLog, before, from); err != nil {
 		return nil, err
+	}
+	res.Notes = append(res.Notes, fmt.Sprintf("legacy: the simulated topology updater wrote %d NodeResourceTopology objects (interval %s, only changed nodes; on admissions too: %v)", up.writes, c.updaterInt, c.updaterNotify))
+	if !c.draOnly {
+		res.HeapSeries = m.series()
+		res.MemorySeries = sampler.series()
+		return res, nil
 	}
 	progress("legacy: idle for %s", c.idle)
-	if err := res.idle(ctx, cs, c.idle, sampler, auditLog); err != nil {
+	if err := res.idle(ctx, cs, c.idle, sampler, m, auditLog); err != nil {
 		return nil, err
 	}
-	res.Notes = append(res.Notes, fmt.Sprintf("legacy: the simulated topology updater wrote %d NodeResourceTopology objects (interval %s, only changed nodes)", up.writes, c.updaterInt))
 	return res, nil
 }
 
@@ -408,9 +498,14 @@ func startDaemonPods(ctx context.Context, cs kubernetes.Interface, up *updater, 
 	}
 }
 
+// topoResync is the topology-aware scheduler's cache resync period
+// (cacheResyncPeriodSeconds).
+const topoResync = 5 * time.Second
+
 type schedProc struct {
-	cmd  *exec.Cmd
-	done chan struct{}
+	cmd        *exec.Cmd
+	done       chan struct{}
+	metricsURL string
 }
 
 // startTopoScheduler runs scheduler-plugins' kube-scheduler as a second scheduler
@@ -420,7 +515,7 @@ func startTopoScheduler(ctx context.Context, cl *cluster.Cluster, repo, bin stri
 	if err != nil {
 		return nil, err
 	}
-	cfg := strings.NewReplacer("@KUBECONFIG@", cl.Kubeconfig, "@CACHE_RESYNC_PERIOD_SECONDS@", "5", "@DISCARD_RESERVED_NODES@", "false").Replace(string(tmpl))
+	cfg := strings.NewReplacer("@KUBECONFIG@", cl.Kubeconfig, "@CACHE_RESYNC_PERIOD_SECONDS@", fmt.Sprint(int(topoResync.Seconds())), "@DISCARD_RESERVED_NODES@", "false").Replace(string(tmpl))
 	// The same client rate as the DRA stack's scheduler.
 	cfg = strings.Replace(cfg, "clientConnection:\n", fmt.Sprintf("clientConnection:\n  qps: %d\n  burst: %d\n", clientQPS, 2*clientQPS), 1)
 	cfgPath := filepath.Join(cl.Dir, "topology-aware-scheduler.yaml")
@@ -443,7 +538,7 @@ func startTopoScheduler(ctx context.Context, cl *cluster.Cluster, repo, bin stri
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	p := &schedProc{cmd: cmd, done: make(chan struct{})}
+	p := &schedProc{cmd: cmd, done: make(chan struct{}), metricsURL: "https://127.0.0.1:" + port + "/metrics"}
 	go func() { _ = cmd.Wait(); logf.Close(); close(p.done) }()
 	select {
 	case <-p.done:

@@ -35,11 +35,31 @@ type config struct {
 	variants   bool
 	legacy     bool
 	updaterInt time.Duration
-	plugins    int
-	gogc       int
-	goaway     float64
-	bins       bins
-	repo       string
+	// updaterNotify also writes a node's object when a pod is admitted there,
+	// as NFD's updater does watching the kubelet's state directory.
+	updaterNotify bool
+	plugins       int
+	gogc          int
+	goaway        float64
+	bins          bins
+	repo          string
+	// steadyRate is the arrival rate of the steady waves, pods a second (0:
+	// none); churn the length of the mixed-size workload with churn (0: none),
+	// churnRate its arrival rate.
+	steadyRate float64
+	churn      time.Duration
+	churnRate  float64
+	// listForm turns the alpha DRAListTypeAttributes gate on in both stacks
+	// and adds the list-form numaNode waves: a run of its own.
+	listForm bool
+	// runs is how many times each stack runs, alternated DRA, legacy, DRA, ...;
+	// draOnly is set for the first DRA run only (its DRA-only waves, plugins and
+	// idle period).
+	runs    int
+	draOnly bool
+	// controllerArgs are more flags for topodra-controller, e.g.
+	// --node-resource-topology=false.
+	controllerArgs []string
 	// nvidiaSlices is a make bench-node slices file whose "nvidia-unthrottled"
 	// entry (NVIDIA's plugin's own published slice) is replicated over the fleet
 	// for the peer waves; "" skips them.
@@ -56,7 +76,7 @@ func progress(format string, args ...any) {
 
 func main() {
 	var c config
-	var sizes string
+	var sizes, controllerArgs string
 	flag.IntVar(&c.nodes, "nodes", 100, "kwok nodes of the DGX H100 layout (8 GPUs, 2 NUMA nodes)")
 	flag.IntVar(&c.waves, "waves", 3, "waves per claim size and kind; figures are medians over them")
 	flag.Float64Var(&c.fill, "fill", 0.5, "share of the fleet's GPUs one wave asks for")
@@ -64,12 +84,18 @@ func main() {
 	flag.StringVar(&c.out, "out", "target/bench-scale", "directory for results.json and report.md")
 	flag.DurationVar(&c.idle, "idle", 2*time.Minute, "idle period in which topodra's requests are counted")
 	flag.DurationVar(&c.stall, "stall", 30*time.Second, "a wave gives up when no pod was bound for this long")
-	flag.BoolVar(&c.variants, "variants", true, "also run shuffled device order and list-form numaNode (aligned waves)")
+	flag.BoolVar(&c.variants, "variants", true, "also run shuffled device order (and with -list-form the list-form numaNode) in aligned waves, on the DRA stack")
+	flag.BoolVar(&c.listForm, "list-form", false, "turn the alpha DRAListTypeAttributes gate on in both stacks and add list-form numaNode waves (a run of its own: the gate switches kube-scheduler's allocator)")
+	flag.Float64Var(&c.steadyRate, "steady-rate", 20, "pods a second of the steady waves, below both stacks' capacity, for latency (0: none)")
+	flag.DurationVar(&c.churn, "churn", 60*time.Second, "length of the mixed-size workload with churn on both stacks (0: none)")
+	flag.Float64Var(&c.churnRate, "churn-rate", 10, "arrival rate of the churn workload, pods a second")
+	flag.IntVar(&c.runs, "runs", 1, "runs of each stack, alternated DRA, legacy, DRA, legacy, ...; runs after the first repeat the common workload only")
 	flag.BoolVar(&c.legacy, "legacy", true, "run the legacy stack too (skipped, with the reason, when its scheduler is not built)")
 	flag.IntVar(&c.plugins, "plugins", 100, "real plugin processes (on the first nodes) publishing their slices for the idle period")
 	flag.IntVar(&c.gogc, "apiserver-gogc", 0, "GOGC in the kube-apiserver's environment (0: unset, Go's default of 100)")
 	flag.Float64Var(&c.goaway, "goaway-chance", 0, "kube-apiserver --goaway-chance (0: off)")
 	flag.DurationVar(&c.updaterInt, "updater-interval", 60*time.Second, "the simulated topology updater's interval (the NFD updater's default)")
+	flag.BoolVar(&c.updaterNotify, "updater-notify", true, "the simulated updater also writes a node's object when a pod is admitted there (NFD's -kubelet-state-dir trigger, on by default)")
 	flag.StringVar(&c.bins.plugin, "plugin", "", "topodra-kubelet-plugin binary (default: target/release, else target/debug)")
 	flag.StringVar(&c.bins.simNode, "sim-node", "", "topodra-sim-node binary")
 	flag.StringVar(&c.bins.controller, "controller", "", "topodra-controller binary")
@@ -77,7 +103,9 @@ func main() {
 	flag.StringVar(&c.repo, "repo", "../..", "the repository root")
 	flag.StringVar(&c.nvidiaSlices, "nvidia-slices", "docs/benchmarks/node-path.slices.json",
 		"slices NVIDIA's GPU kubelet plugin published in make bench-node (relative to -repo): the same fleet with them against topodra's, unconstrained waves (\"\": skipped)")
+	flag.StringVar(&controllerArgs, "controller-args", "", "more flags for topodra-controller, space-separated (e.g. --node-resource-topology=false)")
 	flag.Parse()
+	c.controllerArgs = strings.Fields(controllerArgs)
 	for _, s := range strings.Split(sizes, ",") {
 		k, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || k < 1 || k > gpusPerNode {
@@ -85,6 +113,10 @@ func main() {
 			os.Exit(2)
 		}
 		c.sizes = append(c.sizes, k)
+	}
+	if c.runs < 1 {
+		fmt.Fprintf(os.Stderr, "-runs must be at least 1\n")
+		os.Exit(2)
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
@@ -112,21 +144,35 @@ func run(ctx context.Context, c config) error {
 	c.bins.simNode = findBin(c.repo, c.bins.simNode, "topodra-sim-node")
 	c.bins.controller = findBin(c.repo, c.bins.controller, "topodra-controller")
 	res := results{Nodes: c.nodes, GPUs: c.nodes * gpusPerNode, Waves: c.waves, Fill: c.fill, Started: time.Now().UTC(),
-		APIServerGOGC: c.gogc, GoawayChance: c.goaway}
+		APIServerGOGC: c.gogc, GoawayChance: c.goaway, SteadyRate: c.steadyRate, ChurnSeconds: c.churn.Seconds(), ChurnRate: c.churnRate}
 	res.Machine = machine()
 
 	started := time.Now()
-	dra, err := runDRA(ctx, c)
-	if err != nil {
-		return fmt.Errorf("DRA stack: %w", err)
-	}
-	res.DRA = dra
-	if c.legacy {
-		legacy, why := runLegacy(ctx, c)
-		res.Legacy = legacy
-		res.LegacySkipped = why
-	} else {
-		res.LegacySkipped = "-legacy=false"
+	// The stacks alternate, so that a slow drift of the machine (page cache,
+	// thermal, a neighbour) lands on both.
+	for run := 1; run <= c.runs; run++ {
+		rc := c
+		rc.draOnly = run == 1
+		progress("run %d of %d: DRA stack", run, c.runs)
+		dra, err := runDRA(ctx, rc)
+		if err != nil {
+			return fmt.Errorf("DRA stack, run %d: %w", run, err)
+		}
+		var legacy *stackResult
+		if c.legacy {
+			progress("run %d of %d: legacy stack", run, c.runs)
+			var why string
+			if legacy, why = runLegacy(ctx, rc); why != "" {
+				res.LegacySkipped = why
+			}
+		} else {
+			res.LegacySkipped = "-legacy=false"
+		}
+		if run == 1 {
+			res.DRA, res.Legacy = dra, legacy
+		} else {
+			res.Repeats = append(res.Repeats, repeat{DRA: dra, Legacy: legacy})
+		}
 	}
 	res.Seconds = time.Since(started).Seconds()
 	raw, err := json.MarshalIndent(res, "", "  ")

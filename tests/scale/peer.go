@@ -71,7 +71,7 @@ func nvidiaFleet(specs []resourcev1.ResourceSliceSpec, n int) [][]resourcev1.Res
 // NVIDIA's, and on topodra's again, for the sizes of at most 4 GPUs; it returns
 // them and the JSON bytes per GPU of NVIDIA's slices. topodra's slices are
 // published again when it returns.
-func nvidiaPeerWaves(ctx context.Context, cs kubernetes.Interface, c config, ns string, ordered [][]resourcev1.ResourceSlice) ([]kindResult, float64, error) {
+func nvidiaPeerWaves(ctx context.Context, cs kubernetes.Interface, c config, m *meter, ns string, ordered [][]resourcev1.ResourceSlice) ([]kindResult, float64, error) {
 	specs, err := loadNvidiaSpecs(c.nvidiaSlices)
 	if err != nil {
 		return nil, 0, err
@@ -85,12 +85,7 @@ func nvidiaPeerWaves(ctx context.Context, cs kubernetes.Interface, c config, ns 
 	}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return nil, 0, err
 	}
-	var sizes []int
-	for _, k := range c.sizes {
-		if k <= 4 {
-			sizes = append(sizes, k)
-		}
-	}
+	sizes := commonSizes(c.sizes)
 	var kinds []kindResult
 	phases := []struct{ variant, class string }{
 		{"topodra-a", driverName}, {"nvidia", nvidiaDriverName}, {"topodra-b", driverName},
@@ -114,7 +109,7 @@ func nvidiaPeerWaves(ctx context.Context, cs kubernetes.Interface, c config, ns 
 			}
 		}
 		for _, k := range sizes {
-			kr, err := classKind(ctx, cs, c, ns, ph.class, k, "any", ph.variant)
+			kr, err := classKind(ctx, cs, c, m, ns, ph.class, k, "any", ph.variant, 0)
 			if err != nil {
 				return kinds, 0, err
 			}

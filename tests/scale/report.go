@@ -20,6 +20,18 @@ type results struct {
 	DRA           stackResult  `json:"dra"`
 	Legacy        *stackResult `json:"legacy,omitempty"`
 	LegacySkipped string       `json:"legacySkipped,omitempty"`
+	// Repeats are runs 2.. of -runs: the common workload on both stacks again.
+	Repeats []repeat `json:"repeats,omitempty"`
+	// SteadyRate, ChurnSeconds and ChurnRate are the workload's settings.
+	SteadyRate   float64 `json:"steadyRate,omitempty"`
+	ChurnSeconds float64 `json:"churnSeconds,omitempty"`
+	ChurnRate    float64 `json:"churnRate,omitempty"`
+}
+
+// repeat is one more run of both stacks.
+type repeat struct {
+	DRA    stackResult  `json:"dra"`
+	Legacy *stackResult `json:"legacy,omitempty"`
 }
 
 func (s stackResult) kind(size int, kind string) (kindResult, bool) {
@@ -48,6 +60,20 @@ func (r *results) stacks() []namedStack {
 
 func mib(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
 
+func mibOrDash(m map[string]int64, k string) string {
+	if v, ok := m[k]; ok {
+		return mib(v)
+	}
+	return "-"
+}
+
+func sizeText(k int) string {
+	if k == 0 {
+		return "mixed"
+	}
+	return fmt.Sprint(k)
+}
+
 func ratio(a, b float64) string {
 	if b == 0 {
 		return "-"
@@ -60,14 +86,17 @@ func ratio(a, b float64) string {
 func (r results) markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Scale run: %d nodes, %d GPUs\n\n", r.Nodes, r.GPUs)
-	fmt.Fprintf(&b, "%s; %d waves per row (medians), each asking for %.0f%% of the GPUs; %s in all.\n\n",
-		r.Machine, r.Waves, r.Fill*100, time.Duration(r.Seconds*float64(time.Second)).Round(time.Second))
+	fmt.Fprintf(&b, "%s; %d waves per row (medians), each asking for %.0f%% of the GPUs; %s in all; %d run(s) of each stack, alternated.\n\n",
+		r.Machine, r.Waves, r.Fill*100, time.Duration(r.Seconds*float64(time.Second)).Round(time.Second), 1+len(r.Repeats))
+	fmt.Fprintf(&b, "Feature gates: %s. Client QPS of the schedulers, the controller-manager and the harness: %d (burst %d). "+
+		"Steady waves at %g pods/s; the churn workload %g s at %g pods/s, sizes 1, 2 and 4 mixed, %.0f%% of the GPUs busy once settled.\n\n",
+		orDash(r.DRA.FeatureGates), clientQPS, 2*clientQPS, r.SteadyRate, r.ChurnSeconds, r.ChurnRate, churnBusy*100)
 	fmt.Fprintf(&b, "kube-apiserver: %s, %s.\n\n", r.gogcText(), r.goawayText())
 
 	b.WriteString("## Scheduling, DRA stack (kube-scheduler, topodra slices)\n\n")
 	b.WriteString("| GPUs | kind | constraint | pods/s | p50 ms | p99 ms | unscheduled |\n|---|---|---|---|---|---|---|\n")
 	for _, k := range r.DRA.Kinds {
-		fmt.Fprintf(&b, "| %d | %s | %s | %.1f | %.0f | %.0f | %.0f |\n", k.Size, k.Kind, orDash(k.Attribute), k.PodsPerSec, k.P50Ms, k.P99Ms, k.Unscheduled)
+		fmt.Fprintf(&b, "| %s | %s | %s | %.1f | %.0f | %.0f | %.0f |\n", sizeText(k.Size), k.Kind, orDash(k.Attribute), k.PodsPerSec, k.P50Ms, k.P99Ms, k.Unscheduled)
 	}
 	b.WriteString("\n| ratio | GPUs | value |\n|---|---|---|\n")
 	for _, k := range r.DRA.Kinds {
@@ -104,38 +133,30 @@ func (r results) markdown() string {
 
 	if r.Legacy != nil {
 		b.WriteString("## Scheduling, legacy stack (topology-aware scheduler, NodeResourceTopology)\n\n")
-		b.WriteString("| GPUs | pods/s | p50 ms | p99 ms | unscheduled | misaligned |\n|---|---|---|---|---|---|\n")
+		b.WriteString("| GPUs | kind | pods/s | p50 ms | p99 ms | unscheduled | refused (TopologyAffinityError) |\n|---|---|---|---|---|---|---|\n")
 		for _, k := range r.Legacy.Kinds {
-			fmt.Fprintf(&b, "| %d | %.1f | %.0f | %.0f | %.0f | %.0f |\n", k.Size, k.PodsPerSec, k.P50Ms, k.P99Ms, k.Unscheduled, k.Misaligned)
+			fmt.Fprintf(&b, "| %s | %s | %.1f | %.0f | %.0f | %.0f | %.0f |\n", sizeText(k.Size), k.Kind, k.PodsPerSec, k.P50Ms, k.P99Ms, k.Unscheduled, k.Misaligned)
 		}
-		b.WriteString("\n## The talk's figures: DRA against legacy, same run\n\n")
-		b.WriteString("| figure | GPUs | DRA | legacy | DRA / legacy |\n|---|---|---|---|---|\n")
-		for _, lk := range r.Legacy.Kinds {
-			dk, ok := r.DRA.kind(lk.Size, "aligned")
-			if !ok {
-				continue
-			}
-			fmt.Fprintf(&b, "| throughput, pods/s | %d | %.1f | %.1f | %s |\n", lk.Size, dk.PodsPerSec, lk.PodsPerSec, ratio(dk.PodsPerSec, lk.PodsPerSec))
-			if pk, ok := r.DRA.kind(lk.Size, "aligned-precreated"); ok {
-				fmt.Fprintf(&b, "| throughput, claims made beforehand | %d | %.1f | %.1f | %s |\n", lk.Size, pk.PodsPerSec, lk.PodsPerSec, ratio(pk.PodsPerSec, lk.PodsPerSec))
-			}
-			fmt.Fprintf(&b, "| latency p50, ms | %d | %.0f | %.0f | %s |\n", lk.Size, dk.P50Ms, lk.P50Ms, ratio(dk.P50Ms, lk.P50Ms))
-			fmt.Fprintf(&b, "| latency p99, ms | %d | %.0f | %.0f | %s |\n", lk.Size, dk.P99Ms, lk.P99Ms, ratio(dk.P99Ms, lk.P99Ms))
-		}
-		ds, ls := r.DRA.MemoryPeak["kube-scheduler"], r.Legacy.MemoryPeak["topology-aware-scheduler"]
-		fmt.Fprintf(&b, "| scheduler memory (peak RSS) | | %s | %s | %s |\n", mib(ds), mib(ls), ratio(float64(ds), float64(ls)))
-		da, la := r.DRA.MemoryPeak["kube-apiserver"], r.Legacy.MemoryPeak["kube-apiserver"]
-		fmt.Fprintf(&b, "| API server memory (peak RSS) | | %s | %s | %s |\n", mib(da), mib(la), ratio(float64(da), float64(la)))
-		de, le := r.DRA.MemoryPeak["etcd"], r.Legacy.MemoryPeak["etcd"]
-		fmt.Fprintf(&b, "| etcd memory (peak RSS) | | %s | %s | %s |\n\n", mib(de), mib(le), ratio(float64(de), float64(le)))
+		b.WriteString("\n")
+		r.talkFigures(&b)
+		r.cpuPerPod(&b)
+		r.requestsPerPod(&b)
 	} else {
 		fmt.Fprintf(&b, "## Legacy stack\n\nNot run: %s.\n\n", r.LegacySkipped)
 	}
+	r.whatBound(&b)
+	r.schedulerFigures(&b)
 
-	b.WriteString("## Memory (peak RSS during the waves; at the start and the end of the idle period)\n\n| stack | component | peak | idle start | idle end |\n|---|---|---|---|---|\n")
+	b.WriteString("## Memory (peak RSS and Go heap in use during the common waves; RSS in the DRA-only waves, at the start and the end of the idle period)\n\n" +
+		"| stack | component | RSS peak | Go heap peak | RSS peak, DRA-only waves | idle start | idle end |\n|---|---|---|---|---|---|---|\n")
 	for _, st := range r.stacks() {
 		for _, name := range sortedKeys(st.s.MemoryPeak) {
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", st.name, name, mib(st.s.MemoryPeak[name]), mib(st.s.MemoryIdleStart[name]), mib(st.s.MemoryIdle[name]))
+			heap := "-"
+			if h, ok := st.s.GoHeapPeak[name]; ok {
+				heap = mib(int64(h))
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n", st.name, name, mib(st.s.MemoryPeak[name]), heap,
+				mibOrDash(st.s.MemoryPeakDRAOnly, name), mibOrDash(st.s.MemoryIdleStart, name), mibOrDash(st.s.MemoryIdle, name))
 		}
 	}
 
@@ -145,7 +166,7 @@ func (r results) markdown() string {
 			mib(int64(st.s.GoHeap["kube-apiserver"])), mib(int64(st.s.GoHeapIdle["kube-apiserver"])))
 	}
 
-	b.WriteString("\n## Requests during the DRA waves, by client (API server audit log)\n\n| client | verb resource | count |\n|---|---|---|\n")
+	b.WriteString("\n## Requests during the DRA stack's common waves, by client (API server audit log)\n\n| client | verb resource | count |\n|---|---|---|\n")
 	for _, c := range sortedKeys(r.DRA.RequestsByClient) {
 		for _, vr := range sortedKeys(r.DRA.RequestsByClient[c]) {
 			fmt.Fprintf(&b, "| %s | %s | %d |\n", c, vr, r.DRA.RequestsByClient[c][vr])
@@ -178,6 +199,16 @@ func (r results) markdown() string {
 		for _, vr := range sortedKeys(p.Startup) {
 			fmt.Fprintf(&b, "| %s | %d |\n", vr, p.Startup[vr])
 		}
+	}
+	if w := r.DRA.ControllerWaves; w != nil && r.DRA.PodsBound > 0 {
+		writes := 0.0
+		for k, v := range w {
+			if strings.HasPrefix(k, "topodra_controller_writes_total") {
+				writes += v
+			}
+		}
+		fmt.Fprintf(&b, "\ntopodra's controller over the common waves: %.0f writes for %d bound pods, %.3f a pod.\n",
+			writes, r.DRA.PodsBound, writes/float64(r.DRA.PodsBound))
 	}
 	if m := r.DRA.ControllerMetrics; m != nil {
 		b.WriteString("\n## topodra's controller\n\n| metric | value |\n|---|---|\n")

@@ -96,7 +96,7 @@ func TestNvidiaEquivalentKeepsTheirAttributeSet(t *testing.T) {
 }
 
 func TestUpdaterPlacesLikeTheTopologyManager(t *testing.T) {
-	u := newUpdater(nil, 1)
+	u := newUpdater(nil, nil, 1)
 	pod := func(name string, k int) *corev1.Pod {
 		q := *resource.NewQuantity(int64(k), resource.DecimalSI)
 		return &corev1.Pod{
@@ -121,5 +121,18 @@ func TestUpdaterPlacesLikeTheTopologyManager(t *testing.T) {
 	}
 	if len(u.pods[nodeName(0)]) != 3 {
 		t.Errorf("pod set %v: b, c and d are on the node", u.pods[nodeName(0)])
+	}
+
+	// c is refused once kwok has given it its status, and only once.
+	c := pod("c", 2)
+	if u.mustRefuse(c) {
+		t.Error("refused before kwok's first status (kwok would overwrite it)")
+	}
+	c.Status.PodIP, c.Status.Phase = "10.0.0.3", corev1.PodRunning
+	if !u.mustRefuse(c) || u.mustRefuse(c) {
+		t.Error("c must be refused exactly once")
+	}
+	if d := pod("d", 2); func() bool { d.Status.PodIP = "10.0.0.4"; return u.mustRefuse(d) }() {
+		t.Error("d has a zone: not refused")
 	}
 }

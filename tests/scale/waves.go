@@ -18,8 +18,9 @@ import (
 	"k8s.io/utils/ptr"
 )
 
-// waveResult is one wave: P pods created as fast as the client allows, each timed
-// from its create call to the moment the watch shows it bound to a node.
+// waveResult is one wave: P pods created as fast as the client allows (or at a
+// steady rate), each timed from its create call to the moment the watch shows it
+// bound to a node.
 type waveResult struct {
 	Pods        int     `json:"pods"`
 	Bound       int     `json:"bound"`
@@ -29,6 +30,12 @@ type waveResult struct {
 	P99Ms       float64 `json:"p99Ms"`
 	Misaligned  int     `json:"misaligned"`  // bound where the node had no single NUMA zone with room (legacy: the kubelet would refuse it)
 	TimedOutPod int     `json:"unscheduled"` // not bound when the wave gave up
+	// Cost is what every process spent from before the first create to after
+	// the last bind, Teardown what deleting the wave's pods and claims cost, and
+	// BoundBy names what held the wave back (see boundBy).
+	Cost     *cost  `json:"cost,omitempty"`
+	Teardown *cost  `json:"teardown,omitempty"`
+	BoundBy  string `json:"boundBy,omitempty"`
 }
 
 // podFactory makes pod i of a wave.
@@ -37,8 +44,9 @@ type podFactory func(i int) *corev1.Pod
 const waveLabel = "topodra.dev/wave"
 
 // runWave creates pods in ns and waits until each is bound, or until nothing has
-// been bound for `stall`.
-func runWave(ctx context.Context, cs kubernetes.Interface, ns, wave string, pods int, newPod podFactory, stall time.Duration) (waveResult, []*corev1.Pod, error) {
+// been bound for `stall`. rate > 0 creates them at that many pods a second,
+// steadily, instead of as fast as the client allows.
+func runWave(ctx context.Context, cs kubernetes.Interface, ns, wave string, pods int, newPod podFactory, stall time.Duration, rate float64) (waveResult, []*corev1.Pod, error) {
 	w, err := cs.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{LabelSelector: waveLabel + "=" + wave})
 	if err != nil {
 		return waveResult{}, nil, err
@@ -53,6 +61,10 @@ func runWave(ctx context.Context, cs kubernetes.Interface, ns, wave string, pods
 	createErr := make(chan error, 1)
 	go func() {
 		createErr <- parallel(pods, 16, func(i int) error {
+			if rate > 0 {
+				// parallel hands out i in order: each worker waits for its slot.
+				time.Sleep(time.Until(start.Add(time.Duration(float64(i) / rate * float64(time.Second)))))
+			}
 			p := newPod(i)
 			p.Labels = map[string]string{waveLabel: wave}
 			t := time.Now()
@@ -245,6 +257,11 @@ func median(rs []waveResult, f func(waveResult) float64) float64 {
 	for _, r := range rs {
 		v = append(v, f(r))
 	}
+	return medianOf(v)
+}
+
+func medianOf(v []float64) float64 {
+	v = slices.Clone(v)
 	slices.Sort(v)
 	if len(v) == 0 {
 		return 0

@@ -1,0 +1,343 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+)
+
+// pairs are the runs in which both stacks ran: the first, then the repeats.
+func (r results) pairs() []repeat {
+	var out []repeat
+	if r.Legacy != nil {
+		out = append(out, repeat{DRA: r.DRA, Legacy: r.Legacy})
+	}
+	for _, p := range r.Repeats {
+		if p.Legacy != nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// figure reads one number of a stack; ok is false where the stack lacks it.
+type figure func(s *stackResult) (float64, bool)
+
+func kindFigure(size int, kind string, f func(kindResult) float64) figure {
+	return func(s *stackResult) (float64, bool) {
+		k, ok := s.kind(size, kind)
+		if !ok {
+			return 0, false
+		}
+		return f(k), true
+	}
+}
+
+// summed is a memory figure summed over components, present when one is.
+func summed(m func(s *stackResult) map[string]float64, names ...string) figure {
+	return func(s *stackResult) (float64, bool) {
+		total, any := 0.0, false
+		for _, n := range names {
+			if v, ok := m(s)[n]; ok {
+				total += v
+				any = true
+			}
+		}
+		return total, any
+	}
+}
+
+func rssOf(s *stackResult) map[string]float64 {
+	out := map[string]float64{}
+	for k, v := range s.MemoryPeak {
+		out[k] = float64(v)
+	}
+	return out
+}
+
+func heapOf(s *stackResult) map[string]float64 { return s.GoHeapPeak }
+
+// spread is a figure over the runs: the median of each side and of the
+// per-run ratios, with the ratios' lowest and highest.
+type spread struct {
+	dra, legacy, ratio, lo, hi float64
+	n                          int
+}
+
+func over(pairs []repeat, dra, legacy figure) (spread, bool) {
+	var ds, ls, rs []float64
+	for _, p := range pairs {
+		d, okD := dra(&p.DRA)
+		l, okL := legacy(p.Legacy)
+		if !okD || !okL {
+			continue
+		}
+		ds, ls = append(ds, d), append(ls, l)
+		if l != 0 {
+			rs = append(rs, d/l)
+		}
+	}
+	if len(ds) == 0 {
+		return spread{}, false
+	}
+	sp := spread{dra: medianOf(ds), legacy: medianOf(ls), n: len(ds)}
+	if len(rs) > 0 {
+		sp.ratio, sp.lo, sp.hi = medianOf(rs), slices.Min(rs), slices.Max(rs)
+	}
+	return sp, true
+}
+
+func (sp spread) ratioText() string {
+	if sp.ratio == 0 {
+		return "-"
+	}
+	if sp.n == 1 {
+		return fmt.Sprintf("%.3g (1 run)", sp.ratio)
+	}
+	return fmt.Sprintf("%.3g (%.3g-%.3g, %d runs)", sp.ratio, sp.lo, sp.hi, sp.n)
+}
+
+// talkFigures is the talk's comparison, DRA against legacy, on the workload
+// both ran, with the spread of the ratio over the runs.
+func (r results) talkFigures(b *strings.Builder) {
+	pairs := r.pairs()
+	b.WriteString("## The talk's figures: DRA against legacy, the same workload\n\n")
+	b.WriteString("Medians over the runs; the ratio is DRA / legacy per run, its median and range. " +
+		"Legacy scheduler memory is both of its schedulers (kube-scheduler and the topology-aware one) summed.\n\n")
+	b.WriteString("| figure | GPUs | DRA | legacy | DRA / legacy |\n|---|---|---|---|---|\n")
+	row := func(name string, size int, format func(float64) string, dra, legacy figure) {
+		if sp, ok := over(pairs, dra, legacy); ok {
+			fmt.Fprintf(b, "| %s | %s | %s | %s | %s |\n", name, sizeOrBlank(size), format(sp.dra), format(sp.legacy), sp.ratioText())
+		}
+	}
+	perSec := func(v float64) string { return fmt.Sprintf("%.1f", v) }
+	ms := func(v float64) string { return fmt.Sprintf("%.0f", v) }
+	count := func(v float64) string { return fmt.Sprintf("%.0f", v) }
+	mb := func(v float64) string { return mib(int64(v)) }
+	for _, k := range commonSizes(kindSizes(r.DRA.Kinds)) {
+		row("throughput, saturating waves, pods/s", k, perSec,
+			kindFigure(k, "aligned", func(x kindResult) float64 { return x.PodsPerSec }),
+			kindFigure(k, "single-numa-node", func(x kindResult) float64 { return x.PodsPerSec }))
+		row(fmt.Sprintf("latency p50 at %g pods/s, ms", r.SteadyRate), k, ms,
+			kindFigure(k, "aligned-steady", func(x kindResult) float64 { return x.P50Ms }),
+			kindFigure(k, "single-numa-node-steady", func(x kindResult) float64 { return x.P50Ms }))
+		row(fmt.Sprintf("latency p99 at %g pods/s, ms", r.SteadyRate), k, ms,
+			kindFigure(k, "aligned-steady", func(x kindResult) float64 { return x.P99Ms }),
+			kindFigure(k, "single-numa-node-steady", func(x kindResult) float64 { return x.P99Ms }))
+	}
+	churn := func(f func(kindResult) float64) figure { return kindFigure(0, "mixed-churn", f) }
+	row("churn latency p50, ms", 0, ms, churn(func(x kindResult) float64 { return x.P50Ms }), churn(func(x kindResult) float64 { return x.P50Ms }))
+	row("churn latency p99, ms", 0, ms, churn(func(x kindResult) float64 { return x.P99Ms }), churn(func(x kindResult) float64 { return x.P99Ms }))
+	row("churn pods refused by the node (TopologyAffinityError)", 0, count,
+		churn(func(x kindResult) float64 { return x.Misaligned }), churn(func(x kindResult) float64 { return x.Misaligned }))
+	row("churn pods never scheduled", 0, count,
+		churn(func(x kindResult) float64 { return x.Unscheduled }), churn(func(x kindResult) float64 { return x.Unscheduled }))
+	row("scheduler memory, peak RSS", -1, mb, summed(rssOf, "kube-scheduler"), summed(rssOf, "kube-scheduler", topoScheduler))
+	row("scheduler Go heap in use, peak", -1, mb, summed(heapOf, "kube-scheduler"), summed(heapOf, "kube-scheduler", topoScheduler))
+	row("API server memory, peak RSS", -1, mb, summed(rssOf, "kube-apiserver"), summed(rssOf, "kube-apiserver"))
+	row("API server Go heap in use, peak", -1, mb, summed(heapOf, "kube-apiserver"), summed(heapOf, "kube-apiserver"))
+	row("etcd memory, peak RSS", -1, mb, summed(rssOf, "etcd"), summed(rssOf, "etcd"))
+	b.WriteString("\n")
+}
+
+func sizeOrBlank(k int) string {
+	switch {
+	case k < 0:
+		return ""
+	case k == 0:
+		return "mixed"
+	}
+	return fmt.Sprint(k)
+}
+
+func kindSizes(kinds []kindResult) []int {
+	var out []int
+	for _, k := range kinds {
+		if k.Size > 0 && !slices.Contains(out, k.Size) {
+			out = append(out, k.Size)
+		}
+	}
+	sort.Ints(out)
+	return out
+}
+
+// cpuPerPod is what a scheduled pod costs each process, and how many pods a
+// CPU-second of it schedules: the comparison that holds on any machine size.
+func (r results) cpuPerPod(b *strings.Builder) {
+	pairs := r.pairs()
+	b.WriteString("## CPU per scheduled pod, by process (saturating waves; teardown apart)\n\n")
+	b.WriteString("CPU time from /proc at the edges of each wave, less the process's background over the same time " +
+		"(measured in a quiet window before the waves), per bound pod (median over waves, then over runs); " +
+		"pods per CPU-second is its inverse. kwok plays the kubelets and the harness makes the load (and, on the legacy " +
+		"stack, plays the topology updater and the kubelet's admission): both are shown, neither is in the total.\n\n")
+	b.WriteString("| GPUs | process | DRA ms/pod | legacy ms/pod | DRA pods per CPU-s | legacy pods per CPU-s | teardown DRA ms/pod | teardown legacy ms/pod |\n|---|---|---|---|---|---|---|---|\n")
+	for _, k := range commonSizes(kindSizes(r.DRA.Kinds)) {
+		procs := map[string]bool{}
+		for _, p := range pairs {
+			if dk, ok := p.DRA.kind(k, "aligned"); ok {
+				for n := range dk.CPUMsPerPod {
+					procs[n] = true
+				}
+			}
+			if lk, ok := p.Legacy.kind(k, "single-numa-node"); ok {
+				for n := range lk.CPUMsPerPod {
+					procs[n] = true
+				}
+			}
+		}
+		names := sortedKeys(procs)
+		names = append(names, "control plane total")
+		for _, n := range names {
+			cpu := func(kind string, teardown bool) figure {
+				return func(s *stackResult) (float64, bool) {
+					x, ok := s.kind(k, kind)
+					if !ok {
+						return 0, false
+					}
+					m := x.CPUMsPerPod
+					if teardown {
+						m = x.TeardownCPUMsPerPod
+					}
+					if n != "control plane total" {
+						v, ok := m[n]
+						return v, ok
+					}
+					total := 0.0
+					for p, v := range m {
+						if controlPlane(p) {
+							total += v
+						}
+					}
+					return total, len(m) > 0
+				}
+			}
+			run, okRun := over(pairs, cpu("aligned", false), cpu("single-numa-node", false))
+			td, _ := over(pairs, cpu("aligned", true), cpu("single-numa-node", true))
+			if !okRun {
+				continue
+			}
+			fmt.Fprintf(b, "| %d | %s | %.2f | %.2f | %s | %s | %.2f | %.2f |\n", k, n, run.dra, run.legacy,
+				podsPerCPUSecond(run.dra), podsPerCPUSecond(run.legacy), td.dra, td.legacy)
+		}
+	}
+	b.WriteString("\n")
+}
+
+func podsPerCPUSecond(msPerPod float64) string {
+	if msPerPod <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", 1000/msPerPod)
+}
+
+// whatBound lists, per stack and kind, what held its waves back, and the most
+// any component's client rate limiter made requests wait.
+func (r results) whatBound(b *strings.Builder) {
+	b.WriteString("## What bound each wave (run 1)\n\n| stack | GPUs | kind | bound by (each wave) |\n|---|---|---|---|\n")
+	waits := map[string]float64{}
+	for _, st := range r.stacks() {
+		for _, k := range st.s.Kinds {
+			fmt.Fprintf(b, "| %s | %s | %s | %s |\n", st.name, sizeText(k.Size), k.Kind, strings.Join(k.BoundBy, "; "))
+			for n, w := range k.LimiterWaitSeconds {
+				waits[st.name+" "+n] = max(waits[st.name+" "+n], w)
+			}
+		}
+	}
+	b.WriteString("\nThe longest a wave's requests waited on a client rate limiter (rest_client_rate_limiter_duration_seconds, summed over requests), by component: ")
+	var parts []string
+	for _, n := range sortedKeys(waits) {
+		parts = append(parts, fmt.Sprintf("%s %.3f s", n, waits[n]))
+	}
+	if len(parts) == 0 {
+		parts = []string{"no component reported its limiter"}
+	}
+	b.WriteString(strings.Join(parts, ", ") + ".\n\n")
+}
+
+// schedulerFigures are the schedulers' own metrics per kind (run 1, median over
+// waves): the DRA stack's kube-scheduler and the legacy stack's topology-aware one.
+func (r results) schedulerFigures(b *strings.Builder) {
+	b.WriteString("## The schedulers' own metrics (run 1, medians over the waves)\n\n")
+	b.WriteString("Per bound pod: scheduling attempts (and unschedulable ones), time in the PreFilter, Filter, PreBind and Bind " +
+		"extension points; the mean scheduling attempt; the slowest Filter plugin's mean call (sampled by kube-scheduler); " +
+		"the most binding goroutines seen; the scheduler's highest Go heap in use (read once a second).\n\n")
+	b.WriteString("| stack | GPUs | kind | attempts/pod | unschedulable/pod | attempt mean ms | PreFilter ms/pod | Filter ms/pod | PreBind ms/pod | Bind ms/pod | slowest Filter plugin, mean ms | binding goroutines peak | heap peak |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, st := range r.stacks() {
+		sched := "kube-scheduler"
+		if st.name == "legacy" {
+			sched = topoScheduler
+		}
+		for _, k := range st.s.Kinds {
+			var att, unsched, mean, pre, filt, preBind, bind, peak, heap []float64
+			plugin := map[string][]float64{}
+			for _, w := range k.Waves {
+				if w.Cost == nil || w.Bound == 0 {
+					continue
+				}
+				f, ok := w.Cost.Schedulers[sched]
+				if !ok {
+					continue
+				}
+				n := float64(w.Bound)
+				tot := 0.0
+				for _, v := range f.Attempts {
+					tot += v
+				}
+				att, unsched = append(att, tot/n), append(unsched, f.Attempts["unschedulable"]/n)
+				mean = append(mean, f.AttemptMeanMs)
+				pre, filt = append(pre, f.ExtensionPointMs["PreFilter"]/n), append(filt, f.ExtensionPointMs["Filter"]/n)
+				preBind, bind = append(preBind, f.ExtensionPointMs["PreBind"]/n), append(bind, f.ExtensionPointMs["Bind"]/n)
+				peak, heap = append(peak, f.BindingGoroutinesPeak), append(heap, f.HeapPeakBytes)
+				for p, v := range f.PluginMeanMs {
+					if strings.HasPrefix(p, "Filter/") {
+						plugin[p] = append(plugin[p], v)
+					}
+				}
+			}
+			if len(att) == 0 {
+				continue
+			}
+			slowest, slowestMs := "-", 0.0
+			for p, v := range plugin {
+				if m := medianOf(v); m > slowestMs {
+					slowest, slowestMs = strings.TrimPrefix(p, "Filter/"), m
+				}
+			}
+			fmt.Fprintf(b, "| %s | %s | %s | %.2f | %.2f | %.1f | %.2f | %.2f | %.2f | %.2f | %s %.2f | %.0f | %s |\n", st.name, sizeText(k.Size), k.Kind,
+				medianOf(att), medianOf(unsched), medianOf(mean), medianOf(pre), medianOf(filt), medianOf(preBind), medianOf(bind), slowest, slowestMs,
+				medianOf(peak), mib(int64(medianOf(heap))))
+		}
+	}
+	b.WriteString("\n")
+}
+
+// requestsPerPod is every client's API requests during the common waves per
+// bound pod (from the audit log), both stacks.
+func (r results) requestsPerPod(b *strings.Builder) {
+	if r.Legacy == nil || r.DRA.PodsBound == 0 || r.Legacy.PodsBound == 0 {
+		return
+	}
+	b.WriteString("## API requests per bound pod, common waves (run 1, audit log)\n\n| client | DRA | legacy |\n|---|---|---|\n")
+	per := func(s *stackResult, client string) float64 {
+		n := 0
+		for _, v := range s.RequestsByClient[client] {
+			n += v
+		}
+		return float64(n) / float64(s.PodsBound)
+	}
+	clients := map[string]bool{}
+	for c := range r.DRA.RequestsByClient {
+		clients[c] = true
+	}
+	for c := range r.Legacy.RequestsByClient {
+		clients[c] = true
+	}
+	var dt, lt float64
+	for _, c := range sortedKeys(clients) {
+		d, l := per(&r.DRA, c), per(r.Legacy, c)
+		dt, lt = dt+d, lt+l
+		fmt.Fprintf(b, "| %s | %.2f | %.2f |\n", c, d, l)
+	}
+	fmt.Fprintf(b, "| all | %.2f | %.2f |\n\n", dt, lt)
+}
