@@ -114,6 +114,8 @@ type stackResult struct {
 	// IdleCost is what every process spent in the idle period.
 	IdleCost     *cost  `json:"idleCost,omitempty"`
 	FeatureGates string `json:"featureGates"`
+	// RequestsPerPod is each client's requests over the common waves per bound pod.
+	RequestsPerPod map[string]float64 `json:"requestsPerPod,omitempty"`
 	// BackgroundCores is each process's CPU, in cores, over a quiet window
 	// before the waves; the per-pod CPU figures have it taken off.
 	BackgroundCores map[string]float64 `json:"backgroundCores,omitempty"`
@@ -495,8 +497,18 @@ func (res *stackResult) wavesDone(ctx context.Context, cs kubernetes.Interface, 
 	res.Requests = requestsByVerbResource(diff(after, before))
 	res.GoHeap = map[string]float64{"kube-apiserver": after["go_memstats_heap_inuse_bytes"]}
 	res.APIServerCPU = map[string]float64{"waves": after[cpuMetric] - before[cpuMetric]}
-	res.RequestsByClient, err = auditCounts(auditLog, from, to)
-	return err
+	if res.RequestsByClient, err = auditCounts(auditLog, from, to); err != nil {
+		return err
+	}
+	if res.PodsBound > 0 {
+		res.RequestsPerPod = map[string]float64{}
+		for client, counts := range res.RequestsByClient {
+			for _, n := range counts {
+				res.RequestsPerPod[client] += float64(n) / float64(res.PodsBound)
+			}
+		}
+	}
+	return nil
 }
 
 // idle waits `d` doing nothing and records memory at both ends and every

@@ -36,16 +36,15 @@ func startPlugins(ctx context.Context, cl *cluster.Cluster, c config, simFlagsAl
 		if err := os.WriteFile(filepath.Join(dir, "boot_id"), []byte("scale-boot\n"), 0o644); err != nil {
 			return f, err
 		}
-		port, err := freePort()
-		if err != nil {
-			return f, err
-		}
 		args := append([]string{"serve", "--node-name=" + nodeName(i),
 			"--kubelet-registry-dir=" + filepath.Join(dir, "registry"),
 			"--kubelet-plugins-dir=" + filepath.Join(dir, "plugins"),
 			"--cdi-dir=" + filepath.Join(dir, "cdi"),
 			"--boot-id-file=" + filepath.Join(dir, "boot_id"),
-			"--http-addr=127.0.0.1:" + port,
+			// Port 0: the kernel picks a free one at bind. A port picked here
+			// beforehand can be taken by another process before the plugin
+			// binds it (one of 100 plugins lost that race in a run).
+			"--http-addr=127.0.0.1:0",
 			"--log-format=json",
 		}, simFlagsAll...)
 		logf, err := os.Create(filepath.Join(cl.LogsDir, "plugin-"+nodeName(i)+".log"))

@@ -319,13 +319,7 @@ func (r results) requestsPerPod(b *strings.Builder) {
 		return
 	}
 	b.WriteString("## API requests per bound pod, common waves (run 1, audit log)\n\n| client | DRA | legacy |\n|---|---|---|\n")
-	per := func(s *stackResult, client string) float64 {
-		n := 0
-		for _, v := range s.RequestsByClient[client] {
-			n += v
-		}
-		return float64(n) / float64(s.PodsBound)
-	}
+	per := func(s *stackResult, client string) float64 { return s.RequestsPerPod[client] }
 	clients := map[string]bool{}
 	for c := range r.DRA.RequestsByClient {
 		clients[c] = true
