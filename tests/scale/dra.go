@@ -408,16 +408,19 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 		if err != nil {
 			return res, err
 		}
+		// A plugin that did not come up costs the plugin figures, not the
+		// waves measured so far.
 		if err := waitSlices(ctx, cs, k, len(ordered[0]), 5*time.Minute); err != nil {
-			return res, err
+			res.Notes = append(res.Notes, "plugins: "+err.Error()+" (logs: "+cl.LogsDir+"/plugin-*.log); no plugin figures")
+		} else {
+			startTo := time.Now()
+			startup, err := auditCounts(auditLog, startFrom, startTo)
+			if err != nil {
+				return res, err
+			}
+			res.Plugins = &pluginFigures{Count: k, StartSeconds: startTo.Sub(startFrom).Seconds(), Startup: startup["topodra-kubelet-plugin"]}
+			plugins = fleet
 		}
-		startTo := time.Now()
-		startup, err := auditCounts(auditLog, startFrom, startTo)
-		if err != nil {
-			return res, err
-		}
-		res.Plugins = &pluginFigures{Count: k, StartSeconds: startTo.Sub(startFrom).Seconds(), Startup: startup["topodra-kubelet-plugin"]}
-		plugins = fleet
 	}
 	if ctrl != nil {
 		// The controller delays its NodeResourceTopology writes (10 s by default)

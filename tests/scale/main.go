@@ -173,22 +173,32 @@ func run(ctx context.Context, c config) error {
 		} else {
 			res.Repeats = append(res.Repeats, repeat{DRA: dra, Legacy: legacy})
 		}
+		// Written after every run: a later run's failure keeps the earlier ones.
+		res.Seconds = time.Since(started).Seconds()
+		if _, err := res.write(c.out); err != nil {
+			return err
+		}
 	}
-	res.Seconds = time.Since(started).Seconds()
-	raw, err := json.MarshalIndent(res, "", "  ")
+	report, err := res.write(c.out)
 	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(c.out, "results.json"), raw, 0o644); err != nil {
-		return err
-	}
-	report := res.markdown()
-	if err := os.WriteFile(filepath.Join(c.out, "report.md"), []byte(report), 0o644); err != nil {
 		return err
 	}
 	fmt.Println(report)
 	progress("done in %s; results in %s", time.Since(started).Round(time.Second), c.out)
 	return nil
+}
+
+// write saves results.json and report.md in dir and returns the report.
+func (r *results) write(dir string) (string, error) {
+	raw, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.json"), raw, 0o644); err != nil {
+		return "", err
+	}
+	report := r.markdown()
+	return report, os.WriteFile(filepath.Join(dir, "report.md"), []byte(report), 0o644)
 }
 
 // findBin is the flag's value, else the release build, else the debug build.
