@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -174,29 +175,11 @@ func apiserverMetrics(ctx context.Context, cs kubernetes.Interface, names ...str
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]float64{}
-	for _, line := range strings.Split(string(raw), "\n") {
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		keep := false
-		for _, n := range names {
-			if strings.HasPrefix(line, n+"{") || strings.HasPrefix(line, n+" ") {
-				keep = true
-				break
-			}
-		}
-		if !keep {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			continue
-		}
-		out[line[:i]] = v
+	keep := map[string]bool{}
+	for _, n := range names {
+		keep[n] = true
 	}
-	return out, nil
+	return keepSamples(bytes.NewReader(raw), keep), nil
 }
 
 // requestsByVerbResource sums apiserver_request_total by verb and resource.
