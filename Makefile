@@ -177,14 +177,15 @@ bench-node: setup
 		-nvidia-cdi-hook "$$TOPODRA_NVIDIA_CDI_HOOK" \
 		$(NODE_BENCH_ARGS)
 
-## bench-plots: PNG plots of the committed scale results, in docs/benchmarks: latency
-## and throughput by claim size (scale-500), memory over time (tuning-default, which
-## idles 10 minutes) and the API server's memory under the tunings (tuning-*). See
-## docs/benchmarks.md.
+## bench-plots: PNG plots of the committed scale results, in docs/benchmarks: from the
+## fair-method runs of both stacks (scale-100-fair), throughput, latency, CPU per pod and
+## Go heap, DRA against legacy, medians with the runs' range; from the earlier tuning
+## runs, memory over time (tuning-default) and the API server's memory under the
+## tunings (tuning-*). See docs/benchmarks.md.
 BENCH_DOCS = ../../docs/benchmarks
 bench-plots:
 	cd tests/scale && CGO_ENABLED=0 go run -trimpath ./cmd/bench-plots -out $(BENCH_DOCS) \
-		-scale $(BENCH_DOCS)/scale-500.json -memory $(BENCH_DOCS)/tuning-default.json \
+		-scale $(BENCH_DOCS)/scale-100-fair.json -memory $(BENCH_DOCS)/tuning-default.json \
 		-series $(BENCH_DOCS)/tuning-default.json,$(BENCH_DOCS)/tuning-gogc50.json,$(BENCH_DOCS)/tuning-goaway.json
 
 clean:

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"sort"
 	"sync"
 	"time"
 
@@ -186,25 +185,18 @@ func runChurn(ctx context.Context, cs kubernetes.Interface, ns, wave string, pla
 done:
 	mu.Lock()
 	defer mu.Unlock()
-	var lat []float64
-	var last time.Time
+	times := make([]podTimes, n)
+	bound := 0
 	for i := range boundAt {
-		if boundAt[i].IsZero() || created[i].IsZero() {
-			continue
-		}
-		lat = append(lat, float64(boundAt[i].Sub(created[i]).Microseconds())/1000)
-		if boundAt[i].After(last) {
-			last = boundAt[i]
+		// A refused pod's latency runs from its first create to the bind that
+		// stays.
+		times[i] = podTimes{created: created[i], bound: boundAt[i]}
+		if !boundAt[i].IsZero() {
+			bound++
 		}
 	}
-	sort.Float64s(lat)
-	r := waveResult{Pods: n, Bound: len(lat), TimedOutPod: n - len(lat), Misaligned: refused}
-	if len(lat) > 0 {
-		r.Seconds = last.Sub(start).Seconds()
-		r.PodsPerSec = float64(len(lat)) / r.Seconds
-		r.P50Ms = percentile(lat, 0.50)
-		r.P99Ms = percentile(lat, 0.99)
-	}
+	r := waveResult{Pods: n, Bound: bound, TimedOutPod: n - bound, Misaligned: refused}
+	r.timed(start, time.Now(), times)
 	return r, nil
 }
 

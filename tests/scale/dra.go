@@ -289,12 +289,10 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 	// pods of the sizes one NUMA zone holds, in saturating waves, then at a
 	// steady rate.
 	for _, rate := range waveRates(c) {
-		for _, k := range commonSizes(c.sizes) {
-			kr, err := draKind(ctx, cs, c, m, ns, k, "aligned", "", rate)
-			if err != nil {
-				return res, err
-			}
-			res.Kinds = append(res.Kinds, kr)
+		if err := res.each(commonSizes(c.sizes), func(k int) (kindResult, error) {
+			return draKind(ctx, cs, c, m, ns, k, "aligned", "", rate)
+		}); err != nil {
+			return res, err
 		}
 	}
 	if c.churn > 0 {
@@ -322,30 +320,28 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 	// What only the DRA stack runs, after the readings above.
 	sampler.mark("dra-only")
 	sampler.reset()
+	var beyondZone []int
 	for _, k := range c.sizes {
 		if k > gpusPerZone {
-			kr, err := draKind(ctx, cs, c, m, ns, k, "aligned", "", 0)
-			if err != nil {
-				return res, err
-			}
-			res.Kinds = append(res.Kinds, kr)
+			beyondZone = append(beyondZone, k)
 		}
 	}
-	for _, k := range c.sizes {
-		kr, err := draKind(ctx, cs, c, m, ns, k, "any", "", 0)
-		if err != nil {
-			return res, err
-		}
-		res.Kinds = append(res.Kinds, kr)
+	if err := res.each(beyondZone, func(k int) (kindResult, error) {
+		return draKind(ctx, cs, c, m, ns, k, "aligned", "", 0)
+	}); err != nil {
+		return res, err
+	}
+	if err := res.each(c.sizes, func(k int) (kindResult, error) {
+		return draKind(ctx, cs, c, m, ns, k, "any", "", 0)
+	}); err != nil {
+		return res, err
 	}
 	// The same aligned claims created beforehand: the waves then time the
 	// scheduler alone, without the controller-manager making each pod's claim.
-	for _, k := range c.sizes {
-		kr, err := draPrecreated(ctx, cs, c, m, ns, k)
-		if err != nil {
-			return res, err
-		}
-		res.Kinds = append(res.Kinds, kr)
+	if err := res.each(c.sizes, func(k int) (kindResult, error) {
+		return draPrecreated(ctx, cs, c, m, ns, k)
+	}); err != nil {
+		return res, err
 	}
 
 	if c.variants {
@@ -353,12 +349,10 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 		if err := republish(ctx, cs, shuffled(ordered, 42)); err != nil {
 			return res, err
 		}
-		for _, k := range commonSizes(c.sizes) {
-			kr, err := draKind(ctx, cs, c, m, ns, k, "aligned", "shuffled", 0)
-			if err != nil {
-				return res, err
-			}
-			res.Kinds = append(res.Kinds, kr)
+		if err := res.each(commonSizes(c.sizes), func(k int) (kindResult, error) {
+			return draKind(ctx, cs, c, m, ns, k, "aligned", "shuffled", 0)
+		}); err != nil {
+			return res, err
 		}
 		if c.listForm {
 			progress("dra: numaNode in its list form")
@@ -369,12 +363,10 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 			if err := republish(ctx, cs, list); err != nil {
 				return res, err
 			}
-			for _, k := range commonSizes(c.sizes) {
-				kr, err := draKind(ctx, cs, c, m, ns, k, "aligned", "list", 0)
-				if err != nil {
-					return res, err
-				}
-				res.Kinds = append(res.Kinds, kr)
+			if err := res.each(commonSizes(c.sizes), func(k int) (kindResult, error) {
+				return draKind(ctx, cs, c, m, ns, k, "aligned", "list", 0)
+			}); err != nil {
+				return res, err
 			}
 		}
 		if err := republish(ctx, cs, ordered); err != nil {
@@ -479,6 +471,18 @@ func fastClient(cl *cluster.Cluster) (kubernetes.Interface, error) {
 	}
 	cfg.QPS, cfg.Burst = clientQPS, 2*clientQPS
 	return kubernetes.NewForConfig(cfg)
+}
+
+// each runs one kind per claim size, in order, and keeps its results.
+func (res *stackResult) each(sizes []int, one func(k int) (kindResult, error)) error {
+	for _, k := range sizes {
+		kr, err := one(k)
+		if err != nil {
+			return err
+		}
+		res.Kinds = append(res.Kinds, kr)
+	}
+	return nil
 }
 
 // wavesDone records what the waves since `from` cost: peak memory, the API

@@ -54,9 +54,10 @@ type config struct {
 	listForm bool
 	// runs is how many times each stack runs, alternated DRA, legacy, DRA, ...;
 	// draOnly is set for the first DRA run only (its DRA-only waves, plugins and
-	// idle period).
-	runs    int
-	draOnly bool
+	// idle period), and for none when draOnlyWaves is off.
+	runs         int
+	draOnly      bool
+	draOnlyWaves bool
 	// controllerArgs are more flags for topodra-controller, e.g.
 	// --node-resource-topology=false.
 	controllerArgs []string
@@ -90,6 +91,7 @@ func main() {
 	flag.DurationVar(&c.churn, "churn", 60*time.Second, "length of the mixed-size workload with churn on both stacks (0: none)")
 	flag.Float64Var(&c.churnRate, "churn-rate", 10, "arrival rate of the churn workload, pods a second")
 	flag.IntVar(&c.runs, "runs", 1, "runs of each stack, alternated DRA, legacy, DRA, legacy, ...; runs after the first repeat the common workload only")
+	flag.BoolVar(&c.draOnlyWaves, "dra-only", true, "after the common workload of the first DRA run, what only DRA runs: 8-GPU and unconstrained waves, claims made beforehand, the variants, the peer waves, the plugins and the idle period (false: the common workload only)")
 	flag.BoolVar(&c.legacy, "legacy", true, "run the legacy stack too (skipped, with the reason, when its scheduler is not built)")
 	flag.IntVar(&c.plugins, "plugins", 100, "real plugin processes (on the first nodes) publishing their slices for the idle period")
 	flag.IntVar(&c.gogc, "apiserver-gogc", 0, "GOGC in the kube-apiserver's environment (0: unset, Go's default of 100)")
@@ -152,7 +154,7 @@ func run(ctx context.Context, c config) error {
 	// thermal, a neighbour) lands on both.
 	for run := 1; run <= c.runs; run++ {
 		rc := c
-		rc.draOnly = run == 1
+		rc.draOnly = run == 1 && c.draOnlyWaves
 		progress("run %d of %d: DRA stack", run, c.runs)
 		dra, err := runDRA(ctx, rc)
 		if err != nil {

@@ -118,3 +118,30 @@ func TestPerPodTakesTheBackgroundOff(t *testing.T) {
 		t.Errorf("per pod %v", got)
 	}
 }
+
+// A pod never bound counts in the percentiles until the wave gave up, and a
+// wave that gave up is timed to then: a stack that places nothing does not get
+// 0 ms.
+func TestWaveTimingCountsPodsNeverBound(t *testing.T) {
+	start := time.Unix(1000, 0)
+	at := func(s float64) time.Time { return start.Add(time.Duration(s * float64(time.Second))) }
+	pods := []podTimes{{at(0), at(1)}, {at(0), at(2)}, {at(0), time.Time{}}, {at(0), time.Time{}}}
+
+	r := waveResult{Pods: 4, Bound: 2, TimedOutPod: 2}
+	r.timed(start, at(10), pods)
+	if r.Seconds != 10 || r.PodsPerSec != 0.2 || r.P50Ms != 10000 || r.P99Ms != 10000 {
+		t.Errorf("half bound: %+v", r)
+	}
+
+	none := waveResult{Pods: 2, TimedOutPod: 2}
+	none.timed(start, at(70), pods[2:])
+	if none.P50Ms != 70000 || none.PodsPerSec != 0 {
+		t.Errorf("none bound: %+v", none)
+	}
+
+	all := waveResult{Pods: 2, Bound: 2}
+	all.timed(start, at(70), pods[:2])
+	if all.Seconds != 2 || all.PodsPerSec != 1 || all.P50Ms != 2000 {
+		t.Errorf("all bound: %+v", all)
+	}
+}

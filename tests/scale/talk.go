@@ -115,8 +115,18 @@ func (r results) talkFigures(b *strings.Builder) {
 	ms := func(v float64) string { return fmt.Sprintf("%.0f", v) }
 	count := func(v float64) string { return fmt.Sprintf("%.0f", v) }
 	mb := func(v float64) string { return mib(int64(v)) }
+	firstWave := func(kind string) figure {
+		return kindFigure(1, kind, func(x kindResult) float64 {
+			if len(x.Waves) == 0 {
+				return 0
+			}
+			return x.Waves[0].PodsPerSec
+		})
+	}
+	row("throughput, the run's first wave (legacy: on fresh NodeResourceTopology), pods/s", 1, perSec,
+		firstWave("aligned"), firstWave("single-numa-node"))
 	for _, k := range commonSizes(kindSizes(r.DRA.Kinds)) {
-		row("throughput, saturating waves, pods/s", k, perSec,
+		row("throughput, saturating waves, median wave, pods/s", k, perSec,
 			kindFigure(k, "aligned", func(x kindResult) float64 { return x.PodsPerSec }),
 			kindFigure(k, "single-numa-node", func(x kindResult) float64 { return x.PodsPerSec }))
 		row(fmt.Sprintf("latency p50 at %g pods/s, ms", r.SteadyRate), k, ms,
@@ -171,17 +181,18 @@ func (r results) cpuPerPod(b *strings.Builder) {
 		"(measured in a quiet window before the waves), per bound pod (median over waves, then over runs); " +
 		"pods per CPU-second is its inverse. kwok plays the kubelets and the harness makes the load (and, on the legacy " +
 		"stack, plays the topology updater and the kubelet's admission): both are shown, neither is in the total.\n\n")
+	b.WriteString("The rows \"1, first wave\" are each run's first wave alone: the legacy stack's only wave on fresh NodeResourceTopology " +
+		"(its later waves mostly wait for the updater).\n\n")
 	b.WriteString("| GPUs | process | DRA ms/pod | legacy ms/pod | DRA pods per CPU-s | legacy pods per CPU-s | teardown DRA ms/pod | teardown legacy ms/pod |\n|---|---|---|---|---|---|---|---|\n")
-	for _, k := range commonSizes(kindSizes(r.DRA.Kinds)) {
+	for _, k := range append([]int{firstWaveRow}, commonSizes(kindSizes(r.DRA.Kinds))...) {
 		procs := map[string]bool{}
 		for _, p := range pairs {
-			if dk, ok := p.DRA.kind(k, "aligned"); ok {
-				for n := range dk.CPUMsPerPod {
-					procs[n] = true
-				}
-			}
-			if lk, ok := p.Legacy.kind(k, "single-numa-node"); ok {
-				for n := range lk.CPUMsPerPod {
+			for _, side := range []struct {
+				s    *stackResult
+				kind string
+			}{{&p.DRA, "aligned"}, {p.Legacy, "single-numa-node"}} {
+				m, _ := cpuOfRow(side.s, k, side.kind, false)
+				for n := range m {
 					procs[n] = true
 				}
 			}
@@ -191,13 +202,9 @@ func (r results) cpuPerPod(b *strings.Builder) {
 		for _, n := range names {
 			cpu := func(kind string, teardown bool) figure {
 				return func(s *stackResult) (float64, bool) {
-					x, ok := s.kind(k, kind)
+					m, ok := cpuOfRow(s, k, kind, teardown)
 					if !ok {
 						return 0, false
-					}
-					m := x.CPUMsPerPod
-					if teardown {
-						m = x.TeardownCPUMsPerPod
 					}
 					if n != "control plane total" {
 						v, ok := m[n]
@@ -217,11 +224,45 @@ func (r results) cpuPerPod(b *strings.Builder) {
 			if !okRun {
 				continue
 			}
-			fmt.Fprintf(b, "| %d | %s | %.2f | %.2f | %s | %s | %.2f | %.2f |\n", k, n, run.dra, run.legacy,
+			label := fmt.Sprint(k)
+			if k == firstWaveRow {
+				label = "1, first wave"
+			}
+			fmt.Fprintf(b, "| %s | %s | %.2f | %.2f | %s | %s | %.2f | %.2f |\n", label, n, run.dra, run.legacy,
 				podsPerCPUSecond(run.dra), podsPerCPUSecond(run.legacy), td.dra, td.legacy)
 		}
 	}
 	b.WriteString("\n")
+}
+
+// firstWaveRow stands for the run's first 1-GPU wave in the CPU table.
+const firstWaveRow = -1
+
+// cpuOfRow is CPU ms per pod by process of one row of the CPU table: a size's
+// median wave, or (firstWaveRow) the first 1-GPU wave alone.
+func cpuOfRow(s *stackResult, row int, kind string, teardown bool) (map[string]float64, bool) {
+	size := row
+	if row == firstWaveRow {
+		size = 1
+	}
+	x, ok := s.kind(size, kind)
+	if !ok {
+		return nil, false
+	}
+	if row == firstWaveRow {
+		if len(x.Waves) == 0 {
+			return nil, false
+		}
+		of := func(w waveResult) *cost { return w.Cost }
+		if teardown {
+			of = func(w waveResult) *cost { return w.Teardown }
+		}
+		return perPod(x.Waves[:1], of), true
+	}
+	if teardown {
+		return x.TeardownCPUMsPerPod, true
+	}
+	return x.CPUMsPerPod, true
 }
 
 func podsPerCPUSecond(msPerPod float64) string {

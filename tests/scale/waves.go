@@ -132,25 +132,52 @@ func runWave(ctx context.Context, cs kubernetes.Interface, ns, wave string, pods
 done:
 	mu.Lock()
 	defer mu.Unlock()
+	times := make([]podTimes, 0, len(created))
+	for name, c := range created {
+		times = append(times, podTimes{created: c, bound: bound[name]})
+	}
+	r := waveResult{Pods: pods, Bound: len(bound), TimedOutPod: pods - len(bound)}
+	r.timed(start, time.Now(), times)
+	return r, boundPods, nil
+}
+
+// podTimes is when one pod of a wave was created and bound (zero: never).
+type podTimes struct{ created, bound time.Time }
+
+// timed fills a wave's duration, rate and latency percentiles. A pod never
+// bound enters the percentiles with the time from its create to when the wave
+// gave up, a lower bound of its latency: leaving it out would credit the stack
+// that did not place it (a wave that bound nothing would show 0 ms). A wave
+// that gave up is timed to when it did, so its rate counts the silence it
+// ended on; a complete one to its last bind.
+func (r *waveResult) timed(start, gaveUp time.Time, pods []podTimes) {
 	var lat []float64
 	var last time.Time
-	for name, t := range bound {
-		if c, ok := created[name]; ok {
-			lat = append(lat, float64(t.Sub(c).Microseconds())/1000)
+	for _, p := range pods {
+		if p.created.IsZero() {
+			continue
 		}
-		if t.After(last) {
-			last = t
+		end := p.bound
+		if end.IsZero() {
+			end = gaveUp
+		} else if end.After(last) {
+			last = end
 		}
+		lat = append(lat, float64(end.Sub(p.created).Microseconds())/1000)
 	}
 	sort.Float64s(lat)
-	r := waveResult{Pods: pods, Bound: len(bound), TimedOutPod: pods - len(bound)}
-	if len(bound) > 0 {
-		r.Seconds = last.Sub(start).Seconds()
-		r.PodsPerSec = float64(len(bound)) / r.Seconds
-		r.P50Ms = percentile(lat, 0.50)
-		r.P99Ms = percentile(lat, 0.99)
+	end := last
+	if r.TimedOutPod > 0 {
+		end = gaveUp
 	}
-	return r, boundPods, nil
+	if r.Bound > 0 || r.TimedOutPod > 0 {
+		r.Seconds = end.Sub(start).Seconds()
+	}
+	if r.Seconds > 0 {
+		r.PodsPerSec = float64(r.Bound) / r.Seconds
+	}
+	r.P50Ms = percentile(lat, 0.50)
+	r.P99Ms = percentile(lat, 0.99)
 }
 
 func percentile(sorted []float64, q float64) float64 {

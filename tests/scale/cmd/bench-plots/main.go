@@ -1,9 +1,11 @@
 // bench-plots draws the committed results of `make bench-scale` as PNG files for
-// docs/benchmarks.md: scheduling latency and throughput by claim size (DRA against
-// legacy, aligned against unconstrained) from one run with both stacks, and memory
-// over time from the runs that recorded a memory series.
+// docs/benchmarks.md. From a run of both stacks by the fair method (one or more
+// alternated runs): throughput of the saturating waves, latency at a steady rate
+// and under churn, CPU per pod by process, and Go heap over the run, DRA against
+// legacy, each a median over the runs with their range. From the earlier API
+// server tuning runs: memory over time.
 //
-//	go run ./cmd/bench-plots -scale ../../docs/benchmarks/scale-500.json \
+//	go run ./cmd/bench-plots -scale ../../docs/benchmarks/scale-100-fair.json \
 //	    -memory ../../docs/benchmarks/tuning-default.json \
 //	    -series ../../docs/benchmarks/tuning-default.json,../../docs/benchmarks/tuning-gogc50.json \
 //	    -out ../../docs/benchmarks
@@ -17,37 +19,58 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
-	"gonum.org/v1/plot/vg/draw"
 )
 
 // The fields of tests/scale's results.json that the plots use (that program is a
 // main package and cannot be imported).
 type results struct {
-	Nodes         int     `json:"nodes"`
-	APIServerGOGC int     `json:"apiserverGOGC"`
-	GoawayChance  float64 `json:"goawayChance"`
-	DRA           stack   `json:"dra"`
-	Legacy        *stack  `json:"legacy"`
+	Nodes         int      `json:"nodes"`
+	APIServerGOGC int      `json:"apiserverGOGC"`
+	GoawayChance  float64  `json:"goawayChance"`
+	SteadyRate    float64  `json:"steadyRate"`
+	ChurnRate     float64  `json:"churnRate"`
+	DRA           stack    `json:"dra"`
+	Legacy        *stack   `json:"legacy"`
+	Repeats       []repeat `json:"repeats"`
+}
+
+type repeat struct {
+	DRA    stack  `json:"dra"`
+	Legacy *stack `json:"legacy"`
 }
 
 type stack struct {
-	Kinds        []kind     `json:"kinds"`
-	MemorySeries *memSeries `json:"memorySeries"`
+	Kinds        []kind      `json:"kinds"`
+	MemorySeries *memSeries  `json:"memorySeries"`
+	HeapSeries   *heapSeries `json:"heapSeries"`
 }
 
 type kind struct {
-	Size       int     `json:"size"`
-	Kind       string  `json:"kind"`
+	Size        int                `json:"size"`
+	Kind        string             `json:"kind"`
+	PodsPerSec  float64            `json:"podsPerSec"`
+	P50Ms       float64            `json:"p50Ms"`
+	P99Ms       float64            `json:"p99Ms"`
+	CPUMsPerPod map[string]float64 `json:"cpuMsPerPod"`
+	Waves       []wave             `json:"waves"`
+}
+
+type wave struct {
+	Bound      int     `json:"bound"`
 	PodsPerSec float64 `json:"podsPerSec"`
-	P50Ms      float64 `json:"p50Ms"`
-	P99Ms      float64 `json:"p99Ms"`
+	Cost       *cost   `json:"cost"`
+}
+
+type cost struct {
+	CPUSeconds           map[string]float64 `json:"cpuSeconds"`
+	BackgroundCPUSeconds map[string]float64 `json:"backgroundCPUSeconds"`
 }
 
 type memSeries struct {
@@ -56,10 +79,9 @@ type memSeries struct {
 	RSS             map[string][]int64 `json:"rssBytes"`
 }
 
-// A series is one bar group's values by claim size.
-type series struct {
-	label string
-	by    map[int]float64
+type heapSeries struct {
+	Seconds []float64          `json:"seconds"`
+	Bytes   map[string][]int64 `json:"bytes"`
 }
 
 var palette = []color.Color{
@@ -69,10 +91,12 @@ var palette = []color.Color{
 	color.RGBA{0xd6, 0x27, 0x28, 0xff},
 	color.RGBA{0x94, 0x67, 0xbd, 0xff},
 	color.RGBA{0x8c, 0x56, 0x4b, 0xff},
+	color.RGBA{0xe3, 0x77, 0xc2, 0xff},
+	color.RGBA{0x7f, 0x7f, 0x7f, 0xff},
 }
 
 func main() {
-	scale := flag.String("scale", "", "a results.json with both stacks: latency and throughput plots")
+	scale := flag.String("scale", "", "a results.json of both stacks by the fair method (-runs N for spreads): throughput, latency, CPU and heap plots")
 	memory := flag.String("memory", "", "a results.json with a memory series: memory of every component over the run")
 	seriesFiles := flag.String("series", "", "comma-separated results.json files with a memory series and different API server settings: their API server memory")
 	out := flag.String("out", ".", "directory for the PNG files")
@@ -89,11 +113,8 @@ func run(scalePath, memoryPath, seriesPaths, out string) error {
 		if err != nil {
 			return err
 		}
-		if err := latencyPlot(r, filepath.Join(out, "plot-latency.png")); err != nil {
-			return err
-		}
-		if err := throughputPlot(r, filepath.Join(out, "plot-throughput.png")); err != nil {
-			return err
+		if err := talkPlots(r, out); err != nil {
+			return fmt.Errorf("%s: %w", scalePath, err)
 		}
 	}
 	if memoryPath != "" {
@@ -142,178 +163,48 @@ func load(path string) (*results, error) {
 	return &r, nil
 }
 
-func pick(s *stack, kindName string, value func(kind) float64) map[int]float64 {
-	out := map[int]float64{}
-	if s == nil {
-		return out
+// pairs are the runs in which both stacks ran: the first, then the repeats.
+func (r *results) pairs() []repeat {
+	var out []repeat
+	if r.Legacy != nil {
+		out = append(out, repeat{DRA: r.DRA, Legacy: r.Legacy})
 	}
+	for _, p := range r.Repeats {
+		if p.Legacy != nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func (s *stack) kind(size int, name string) (kind, bool) {
 	for _, k := range s.Kinds {
-		if k.Kind == kindName {
-			out[k.Size] = value(k)
+		if k.Size == size && k.Kind == name {
+			return k, true
 		}
 	}
-	return out
+	return kind{}, false
 }
 
-func sizesOf(ss []series) []int {
-	seen := map[int]bool{}
-	for _, s := range ss {
-		for k := range s.by {
-			seen[k] = true
-		}
+// spread is one figure over the runs: its median, lowest and highest.
+type spread struct{ mid, lo, hi float64 }
+
+func spreadOf(vs []float64) (spread, bool) {
+	if len(vs) == 0 {
+		return spread{}, false
 	}
-	var out []int
-	for k := range seen {
-		out = append(out, k)
+	s := slices.Clone(vs)
+	slices.Sort(s)
+	mid := s[len(s)/2]
+	if len(s)%2 == 0 {
+		mid = (s[len(s)/2-1] + s[len(s)/2]) / 2
 	}
-	sort.Ints(out)
-	return out
+	return spread{mid, s[0], s[len(s)-1]}, true
 }
 
-// bars draws grouped bars, one group per claim size; a series without a value
-// for a size leaves a gap (the legacy stack has no 8-GPU pods).
-func bars(p *plot.Plot, ss []series, colors []color.Color) error {
-	sizes := sizesOf(ss)
-	w := vg.Points(60 / float64(len(ss)))
-	for i, s := range ss {
-		vals := make(plotter.Values, len(sizes))
-		for j, size := range sizes {
-			vals[j] = s.by[size]
-		}
-		b, err := plotter.NewBarChart(vals, w)
-		if err != nil {
-			return err
-		}
-		b.Color = colors[i%len(colors)]
-		b.LineStyle.Width = 0
-		b.Offset = w * vg.Length(float64(i)-float64(len(ss)-1)/2)
-		p.Add(b)
-		p.Legend.Add(s.label, b)
-	}
-	names := make([]string, len(sizes))
-	for i, s := range sizes {
-		names[i] = fmt.Sprintf("%d GPU", s)
-	}
-	p.NominalX(names...)
-	p.Legend.Top = true
-	return nil
-}
-
-func ms(k kind) float64  { return k.P50Ms / 1000 }
-func p99(k kind) float64 { return k.P99Ms / 1000 }
-
-func latencyPlot(r *results, path string) error {
-	p := plot.New()
-	p.Title.Text = fmt.Sprintf("Scheduling latency, pod created to bound (%d nodes)", r.Nodes)
-	p.Y.Label.Text = "seconds (p50 solid, p99 light)"
-	p.X.Label.Text = "GPUs per pod"
-	kinds := []struct{ label, kind string }{
-		{"DRA aligned", "aligned"}, {"DRA unconstrained", "any"}, {"DRA aligned, claims made first", "aligned-precreated"},
-	}
-	var p50s, p99s []series
-	for _, k := range kinds {
-		p50s = append(p50s, series{k.label, pick(&r.DRA, k.kind, ms)})
-		p99s = append(p99s, series{"", pick(&r.DRA, k.kind, p99)})
-	}
-	if r.Legacy != nil {
-		p50s = append(p50s, series{"legacy single-numa-node", pick(r.Legacy, "single-numa-node", ms)})
-		p99s = append(p99s, series{"", pick(r.Legacy, "single-numa-node", p99)})
-	}
-	// The p99 bars behind, the p50 bars in front: one bar shows both.
-	light := make([]color.Color, len(palette))
-	for i, c := range palette {
-		r, g, b, _ := c.RGBA()
-		light[i] = color.RGBA{uint8(r>>8/2 + 127), uint8(g>>8/2 + 127), uint8(b>>8/2 + 127), 0xff}
-	}
-	if err := bars(p, p99s, light); err != nil {
-		return err
-	}
-	p.Legend = plot.NewLegend()
-	if err := bars(p, p50s, palette); err != nil {
-		return err
-	}
-	headroom(p)
-	return save(p, path)
-}
-
-func throughputPlot(r *results, path string) error {
-	pps := func(k kind) float64 { return k.PodsPerSec }
-	ss := []series{
-		{"DRA aligned", pick(&r.DRA, "aligned", pps)},
-		{"DRA unconstrained", pick(&r.DRA, "any", pps)},
-		{"DRA aligned, claims made first", pick(&r.DRA, "aligned-precreated", pps)},
-	}
-	if r.Legacy != nil {
-		ss = append(ss, series{"legacy single-numa-node", pick(r.Legacy, "single-numa-node", pps)})
-	}
-	p := plot.New()
-	p.Title.Text = fmt.Sprintf("Scheduling throughput by claim size (%d nodes)", r.Nodes)
-	p.Y.Label.Text = "pods bound per second (median wave)"
-	p.X.Label.Text = "GPUs per pod"
-	if err := bars(p, ss, palette); err != nil {
-		return err
-	}
-	headroom(p)
-	return save(p, path)
-}
-
-// memoryPlot is one run's resident memory per control-plane component, with the
-// run's phases marked.
-func memoryPlot(r *results, name, path string) error {
-	m := r.DRA.MemorySeries
-	p := plot.New()
-	p.Title.Text = fmt.Sprintf("Resident memory over a DRA run (%s, %d nodes)", name, r.Nodes)
-	p.X.Label.Text = "seconds"
-	p.Y.Label.Text = "MiB"
-	i := 0
-	for _, c := range []string{"kube-apiserver", "etcd", "kube-scheduler", "kube-controller-manager", "topodra-controller"} {
-		pts := points(m, c)
-		if pts == nil {
-			continue
-		}
-		if err := addSeries(p, pts, i, c); err != nil {
-			return err
-		}
-		i++
-	}
-	headroom(p)
-	phases(p, m)
-	p.Legend.Top = true
-	return save(p, path)
-}
-
-// apiserverMemoryPlot compares the API server's resident memory across runs with
-// different API server settings.
-func apiserverMemoryPlot(runs []*results, path string) error {
-	p := plot.New()
-	p.Title.Text = "kube-apiserver resident memory, by API server setting"
-	p.X.Label.Text = "seconds"
-	p.Y.Label.Text = "MiB"
-	for i, r := range runs {
-		pts := points(r.DRA.MemorySeries, "kube-apiserver")
-		if pts == nil {
-			continue
-		}
-		label := "default"
-		switch {
-		case r.APIServerGOGC != 0:
-			label = fmt.Sprintf("GOGC=%d", r.APIServerGOGC)
-		case r.GoawayChance != 0:
-			label = fmt.Sprintf("--goaway-chance=%g", r.GoawayChance)
-		}
-		if err := addSeries(p, pts, i, label); err != nil {
-			return err
-		}
-	}
-	headroom(p)
-	phases(p, runs[0].DRA.MemorySeries)
-	p.Legend.Top = true
-	return save(p, path)
-}
-
-// addSeries draws pts as the n-th line of p, in the n-th palette colour, with a
-// legend entry.
-func addSeries(p *plot.Plot, pts plotter.XYs, n int, label string) error {
+// addLine draws pts as the n-th line of p, in the n-th palette colour, with a
+// legend entry when label is not empty.
+func addLine(p *plot.Plot, pts plotter.XYs, n int, label string) error {
 	l, err := plotter.NewLine(pts)
 	if err != nil {
 		return err
@@ -321,52 +212,13 @@ func addSeries(p *plot.Plot, pts plotter.XYs, n int, label string) error {
 	l.Color = palette[n%len(palette)]
 	l.Width = vg.Points(1.2)
 	p.Add(l)
-	p.Legend.Add(label, l)
+	if label != "" {
+		p.Legend.Add(label, l)
+	}
 	return nil
 }
 
-func points(m *memSeries, component string) plotter.XYs {
-	v := m.RSS[component]
-	if len(v) == 0 {
-		return nil
-	}
-	pts := make(plotter.XYs, len(v))
-	for i, b := range v {
-		pts[i].X = float64(i) * m.IntervalSeconds
-		pts[i].Y = float64(b) / (1 << 20)
-	}
-	return pts
-}
-
-// phases draws a dashed vertical line where each phase of the run began.
-func phases(p *plot.Plot, m *memSeries) {
-	names := make([]string, 0, len(m.Phases))
-	for n := range m.Phases {
-		names = append(names, n)
-	}
-	sort.Slice(names, func(i, j int) bool { return m.Phases[names[i]] < m.Phases[names[j]] })
-	for i, n := range names {
-		x := m.Phases[n]
-		l, err := plotter.NewLine(plotter.XYs{{X: x, Y: 0}, {X: x, Y: p.Y.Max}})
-		if err != nil {
-			continue
-		}
-		l.Color = color.Gray{Y: 0x90}
-		l.Dashes = []vg.Length{vg.Points(3), vg.Points(3)}
-		p.Add(l)
-		// Phases can start seconds apart: their labels go down a step each.
-		y := p.Y.Max * (1 - 0.06*float64(i))
-		labels, err := plotter.NewLabels(plotter.XYLabels{XYs: plotter.XYs{{X: x, Y: y}}, Labels: []string{" " + n}})
-		if err == nil {
-			for i := range labels.TextStyle {
-				labels.TextStyle[i].YAlign = draw.YTop
-			}
-			p.Add(labels)
-		}
-	}
-}
-
-// headroom leaves the top of the plot to the legend and the phase labels.
+// headroom leaves the top of a linear plot to the legend and the phase labels.
 func headroom(p *plot.Plot) {
 	p.Y.Min = 0
 	p.Y.Max *= 1.4
@@ -396,8 +248,32 @@ func (ticks) Ticks(lo, hi float64) []plot.Tick {
 	return out
 }
 
+// logTicks labels the powers of ten and the 2s and 5s between them on a log
+// axis, and marks the other integers unlabelled.
+type logTicks struct{}
+
+func (logTicks) Ticks(lo, hi float64) []plot.Tick {
+	var out []plot.Tick
+	for decade := math.Pow10(int(math.Floor(math.Log10(lo)))); decade <= hi; decade *= 10 {
+		for i := 1; i < 10; i++ {
+			v := decade * float64(i)
+			if v < lo || v > hi {
+				continue
+			}
+			t := plot.Tick{Value: v}
+			if i == 1 || i == 2 || i == 5 {
+				t.Label = strconv.FormatFloat(v, 'f', -1, 64)
+			}
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
 func save(p *plot.Plot, path string) error {
-	p.Y.Tick.Marker = ticks{}
+	if _, log := p.Y.Scale.(plot.LogScale); !log {
+		p.Y.Tick.Marker = ticks{}
+	}
 	p.Add(plotter.NewGrid())
 	return p.Save(7*vg.Inch, 4*vg.Inch, path)
 }

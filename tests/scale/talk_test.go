@@ -1,0 +1,48 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// One 1-GPU kind of two waves whose CPU per pod is apiserver ms first, then
+// second; podsPerSec likewise.
+func twoWaves(kind string, first, second float64) kindResult {
+	wave := func(ms float64) waveResult {
+		return waveResult{Pods: 100, Bound: 100, PodsPerSec: ms,
+			Cost:     &cost{CPUSeconds: map[string]float64{"kube-apiserver": ms / 10}},
+			Teardown: &cost{CPUSeconds: map[string]float64{"kube-apiserver": ms / 20}}}
+	}
+	return summarize(kindResult{Size: 1, Kind: kind, Waves: []waveResult{wave(first), wave(second), wave(second)}})
+}
+
+// The legacy stack's first wave, its only one on fresh NodeResourceTopology, is
+// reported apart from the median wave, with its spread over the runs.
+func TestTalkFiguresKeepTheFirstWaveApart(t *testing.T) {
+	run := func(draFirst, legacyFirst float64) repeat {
+		return repeat{
+			DRA:    stackResult{Kinds: []kindResult{twoWaves("aligned", draFirst, 80)}},
+			Legacy: &stackResult{Kinds: []kindResult{twoWaves("single-numa-node", legacyFirst, 3)}},
+		}
+	}
+	first := run(80, 160)
+	r := results{DRA: first.DRA, Legacy: first.Legacy, Repeats: []repeat{run(80, 100), run(80, 200)}}
+	var b strings.Builder
+	r.talkFigures(&b)
+	r.cpuPerPod(&b)
+	got := b.String()
+	for _, want := range []string{
+		// First waves: DRA 80 against legacy 160, 100, 200: ratios 0.5, 0.8, 0.4.
+		"| throughput, the run's first wave (legacy: on fresh NodeResourceTopology), pods/s | 1 | 80.0 | 160.0 | 0.5 (0.4-0.8, 3 runs) |",
+		// Median waves: 80 against 3.
+		"| throughput, saturating waves, median wave, pods/s | 1 | 80.0 | 3.0 | 26.7 (26.7-26.7, 3 runs) |",
+		// CPU of the first wave alone: 8 s and 16 s over 100 pods.
+		"| 1, first wave | kube-apiserver | 80.00 | 160.00 | 12 | 6 | 40.00 | 80.00 |",
+		// The median wave: 80 and 3 ms a pod.
+		"| 1 | kube-apiserver | 80.00 | 3.00 |",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("report lacks %q:\n%s", want, got)
+		}
+	}
+}
