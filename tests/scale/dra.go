@@ -151,11 +151,17 @@ type stackResult struct {
 // every component to show the limiters did not wait (boundBy names one that did).
 const clientQPS = 5000
 
+// clusterDirs are the control planes' directories (etcd's data, the audit log,
+// the logs: hundreds of MB a stack) of the run in progress; main removes them
+// once the run's results are written, and keeps them when it fails, for its logs.
+var clusterDirs []string
+
 func startCluster(ctx context.Context, c config, name string) (*cluster.Cluster, string, error) {
 	dir, err := os.MkdirTemp("", "topodra-scale-"+name+"-")
 	if err != nil {
 		return nil, "", err
 	}
+	clusterDirs = append(clusterDirs, dir)
 	apiArgs, auditLog, err := cluster.AuditLogArgs(dir)
 	if err != nil {
 		return nil, "", err

@@ -58,6 +58,8 @@ type config struct {
 	runs         int
 	draOnly      bool
 	draOnlyWaves bool
+	// keep leaves the control planes' directories in place after a run.
+	keep bool
 	// controllerArgs are more flags for topodra-controller, e.g.
 	// --node-resource-topology=false.
 	controllerArgs []string
@@ -91,6 +93,7 @@ func main() {
 	flag.DurationVar(&c.churn, "churn", 60*time.Second, "length of the mixed-size workload with churn on both stacks (0: none)")
 	flag.Float64Var(&c.churnRate, "churn-rate", 10, "arrival rate of the churn workload, pods a second")
 	flag.IntVar(&c.runs, "runs", 1, "runs of each stack, alternated DRA, legacy, DRA, legacy, ...; runs after the first repeat the common workload only")
+	flag.BoolVar(&c.keep, "keep", false, "keep every control plane's directory (etcd data, audit log, logs; hundreds of MB a stack); a failed run's are always kept")
 	flag.BoolVar(&c.draOnlyWaves, "dra-only", true, "after the common workload of the first DRA run, what only DRA runs: 8-GPU and unconstrained waves, claims made beforehand, the variants, the peer waves, the plugins and the idle period (false: the common workload only)")
 	flag.BoolVar(&c.legacy, "legacy", true, "run the legacy stack too (skipped, with the reason, when its scheduler is not built)")
 	flag.IntVar(&c.plugins, "plugins", 100, "real plugin processes (on the first nodes) publishing their slices for the idle period")
@@ -124,6 +127,9 @@ func main() {
 	defer cancel()
 	if err := run(ctx, c); err != nil {
 		fmt.Fprintf(os.Stderr, "topodra-scale: %v\n", err)
+		if len(clusterDirs) > 0 {
+			fmt.Fprintf(os.Stderr, "topodra-scale: the failed run's control planes are kept for their logs: %s\n", strings.Join(clusterDirs, " "))
+		}
 		os.Exit(1)
 	}
 }
@@ -180,6 +186,18 @@ func run(ctx context.Context, c config) error {
 		if _, err := res.write(c.out); err != nil {
 			return err
 		}
+		switch {
+		case c.keep:
+		case c.legacy && legacy == nil:
+			progress("the legacy stack did not complete: its control plane is kept for its logs: %s", strings.Join(clusterDirs, " "))
+		default:
+			for _, d := range clusterDirs {
+				if err := os.RemoveAll(d); err != nil {
+					progress("could not remove %s: %v", d, err)
+				}
+			}
+		}
+		clusterDirs = nil
 	}
 	report, err := res.write(c.out)
 	if err != nil {
