@@ -126,14 +126,30 @@ impl SysfsSource {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or_default();
+            let locality = match numa {
+                Some(n) => IdList::from_iter([n]),
+                None => nodes_within(numa_nodes, &local_cpus),
+            };
+            // The package of the locality, when its nodes share one (hwloc's
+            // `package_of` on the same locality).
+            let socket = {
+                let mut sockets = locality.iter().map(|id| {
+                    numa_nodes
+                        .iter()
+                        .find(|x| x.id == id)
+                        .and_then(|n| n.socket)
+                });
+                match sockets.next() {
+                    Some(first) if sockets.all(|s| s == first) => first,
+                    _ => None,
+                }
+            };
             let real = fs::canonicalize(&dev).map_err(|e| self.err(&dev, e))?;
             let (pcie_root, upstream_bridges) = pci_path(&real, addr);
             gpus.push(PciGpu {
                 pci_bus_id: addr,
-                locality_numa_nodes: numa.into_iter().collect(),
-                socket: numa
-                    .and_then(|n| numa_nodes.iter().find(|x| x.id == n))
-                    .and_then(|n| n.socket),
+                locality_numa_nodes: locality,
+                socket,
                 local_cpus,
                 pcie_root,
                 upstream_bridges,
@@ -142,6 +158,21 @@ impl SysfsSource {
         gpus.sort_by_key(|g| g.pci_bus_id);
         Ok(gpus)
     }
+}
+
+/// The NUMA nodes of a device whose firmware gave no proximity (`numa_node` reads
+/// -1: no ACPI `_PXM`, as in many VMs): those whose CPUs all lie within the
+/// device's `local_cpulist`, which the kernel then sets to every online CPU. This
+/// is the locality hwloc gives the same device (the smallest object covering its
+/// local CPUs): on a one-node machine, that node, as `nvidia-smi topo -m` shows
+/// for a GPU of a single-node VM; on a larger one, every node, which assembly
+/// treats as ambiguous.
+fn nodes_within(numa_nodes: &[NumaNode], local_cpus: &IdList) -> IdList {
+    numa_nodes
+        .iter()
+        .filter(|n| !n.cpus.is_empty() && n.cpus.iter().all(|c| local_cpus.contains(c)))
+        .map(|n| n.id)
+        .collect()
 }
 
 impl TopologySource for SysfsSource {
@@ -249,16 +280,77 @@ mod tests {
             ),
         ];
         for (path, vendor, class, numa, cpus) in devices {
-            let dev = root.join("devices").join(path);
-            write(&dev.join("vendor"), vendor);
-            write(&dev.join("class"), class);
-            write(&dev.join("numa_node"), numa);
-            write(&dev.join("local_cpulist"), cpus);
-            let name = path.rsplit('/').next().unwrap();
-            let link = root.join("bus/pci/devices").join(name);
-            fs::create_dir_all(link.parent().unwrap()).unwrap();
-            symlink(format!("../../../devices/{path}"), link).unwrap();
+            write_device(root, path, vendor, class, numa, cpus);
         }
+    }
+
+    fn write_device(root: &Path, path: &str, vendor: &str, class: &str, numa: &str, cpus: &str) {
+        let dev = root.join("devices").join(path);
+        write(&dev.join("vendor"), vendor);
+        write(&dev.join("class"), class);
+        write(&dev.join("numa_node"), numa);
+        write(&dev.join("local_cpulist"), cpus);
+        let name = path.rsplit('/').next().unwrap();
+        let link = root.join("bus/pci/devices").join(name);
+        fs::create_dir_all(link.parent().unwrap()).unwrap();
+        symlink(format!("../../../devices/{path}"), link).unwrap();
+    }
+
+    /// The single-node VM of the real-GPU probe (an H200 passed through to a
+    /// 16-CPU guest, tests/fake-nvml/real/h200-vm): the firmware gives no
+    /// proximity, so `numa_node` reads -1 and `local_cpulist` every CPU.
+    #[test]
+    fn unknown_proximity_on_one_node_is_that_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let node = root.join("devices/system/node/node0");
+        write(&node.join("cpulist"), "0-15");
+        write(&node.join("distance"), "10");
+        for cpu in 0..16 {
+            write(
+                &root.join(format!(
+                    "devices/system/cpu/cpu{cpu}/topology/physical_package_id"
+                )),
+                "0",
+            );
+        }
+        write_device(
+            root,
+            "pci0000:00/0000:00:06.0",
+            "0x10de",
+            "0x030200",
+            "-1",
+            "0-15",
+        );
+        let topo = SysfsSource::new(root).topology().unwrap();
+        let gpu = &topo.gpus[0];
+        assert_eq!(gpu.locality_numa_nodes.to_string(), "0");
+        assert_eq!(gpu.socket, Some(0));
+        assert!(gpu.upstream_bridges.is_empty());
+    }
+
+    /// On two nodes the same unknown proximity covers both: no single node, and no
+    /// socket when the nodes sit on different packages.
+    #[test]
+    fn unknown_proximity_on_two_nodes_is_both() {
+        let dir = tempfile::tempdir().unwrap();
+        fake_sysfs(dir.path());
+        write_device(
+            dir.path(),
+            "pci0000:40/0000:40:01.0/0000:41:00.0",
+            "0x10de",
+            "0x030200",
+            "-1",
+            "0-7",
+        );
+        let topo = SysfsSource::new(dir.path()).topology().unwrap();
+        let gpu = topo
+            .gpus
+            .iter()
+            .find(|g| g.pci_bus_id.to_string() == "0000:41:00.0")
+            .unwrap();
+        assert_eq!(gpu.locality_numa_nodes.to_string(), "0-1");
+        assert_eq!(gpu.socket, None);
     }
 
     #[test]
