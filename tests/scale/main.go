@@ -60,6 +60,9 @@ type config struct {
 	draOnlyWaves bool
 	// keep leaves the control planes' directories in place after a run.
 	keep bool
+	// rerender is a directory whose results.json is written out as report.md
+	// again, with nothing run.
+	rerender string
 	// controllerArgs are more flags for topodra-controller, e.g.
 	// --node-resource-topology=false.
 	controllerArgs []string
@@ -93,6 +96,7 @@ func main() {
 	flag.DurationVar(&c.churn, "churn", 60*time.Second, "length of the mixed-size workload with churn on both stacks (0: none)")
 	flag.Float64Var(&c.churnRate, "churn-rate", 10, "arrival rate of the churn workload, pods a second")
 	flag.IntVar(&c.runs, "runs", 1, "runs of each stack, alternated DRA, legacy, DRA, legacy, ...; runs after the first repeat the common workload only")
+	flag.StringVar(&c.rerender, "rerender", "", "write DIR/report.md again from DIR/results.json, running nothing (after a change of the report's code)")
 	flag.BoolVar(&c.keep, "keep", false, "keep every control plane's directory (etcd data, audit log, logs; hundreds of MB a stack); a failed run's are always kept")
 	flag.BoolVar(&c.draOnlyWaves, "dra-only", true, "after the common workload of the first DRA run, what only DRA runs: 8-GPU and unconstrained waves, claims made beforehand, the variants, the peer waves, the plugins and the idle period (false: the common workload only)")
 	flag.BoolVar(&c.legacy, "legacy", true, "run the legacy stack too (skipped, with the reason, when its scheduler is not built)")
@@ -125,6 +129,13 @@ func main() {
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
+	if c.rerender != "" {
+		if err := rerender(c.rerender); err != nil {
+			fmt.Fprintf(os.Stderr, "topodra-scale: %v\n", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(ctx, c); err != nil {
 		fmt.Fprintf(os.Stderr, "topodra-scale: %v\n", err)
 		if len(clusterDirs) > 0 {
@@ -206,6 +217,19 @@ func run(ctx context.Context, c config) error {
 	fmt.Println(report)
 	progress("done in %s; results in %s", time.Since(started).Round(time.Second), c.out)
 	return nil
+}
+
+// rerender writes dir/report.md from dir/results.json.
+func rerender(dir string) error {
+	raw, err := os.ReadFile(filepath.Join(dir, "results.json"))
+	if err != nil {
+		return err
+	}
+	var r results
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return fmt.Errorf("%s: %w", filepath.Join(dir, "results.json"), err)
+	}
+	return os.WriteFile(filepath.Join(dir, "report.md"), []byte(r.markdown()), 0o644)
 }
 
 // write saves results.json and report.md in dir and returns the report.

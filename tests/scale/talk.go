@@ -88,6 +88,40 @@ func over(pairs []repeat, dra, legacy figure) (spread, bool) {
 	return sp, true
 }
 
+// overEach is one stack's figure (the legacy stack's when legacy is set) over
+// the runs that have it: its median, or nil when no run has it.
+func overEach(pairs []repeat, f figure, legacy bool) *float64 {
+	var vs []float64
+	for i := range pairs {
+		s := &pairs[i].DRA
+		if legacy {
+			s = pairs[i].Legacy
+		}
+		if v, ok := f(s); ok {
+			vs = append(vs, v)
+		}
+	}
+	if len(vs) == 0 {
+		return nil
+	}
+	m := medianOf(vs)
+	return &m
+}
+
+func msText(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", *v)
+}
+
+func podsPerCPUSecondOf(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	return podsPerCPUSecond(*v)
+}
+
 func (sp spread) ratioText() string {
 	if sp.ratio == 0 {
 		return "-"
@@ -219,17 +253,19 @@ func (r results) cpuPerPod(b *strings.Builder) {
 					return total, len(m) > 0
 				}
 			}
-			run, okRun := over(pairs, cpu("aligned", false), cpu("single-numa-node", false))
-			td, _ := over(pairs, cpu("aligned", true), cpu("single-numa-node", true))
-			if !okRun {
+			// A process of one stack alone (the topology-aware scheduler) has its
+			// own row, with "-" on the other side.
+			dra, legacy := overEach(pairs, cpu("aligned", false), false), overEach(pairs, cpu("single-numa-node", false), true)
+			tdDRA, tdLegacy := overEach(pairs, cpu("aligned", true), false), overEach(pairs, cpu("single-numa-node", true), true)
+			if dra == nil && legacy == nil {
 				continue
 			}
 			label := fmt.Sprint(k)
 			if k == firstWaveRow {
 				label = "1, first wave"
 			}
-			fmt.Fprintf(b, "| %s | %s | %.2f | %.2f | %s | %s | %.2f | %.2f |\n", label, n, run.dra, run.legacy,
-				podsPerCPUSecond(run.dra), podsPerCPUSecond(run.legacy), td.dra, td.legacy)
+			fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", label, n, msText(dra), msText(legacy),
+				podsPerCPUSecondOf(dra), podsPerCPUSecondOf(legacy), msText(tdDRA), msText(tdLegacy))
 		}
 	}
 	b.WriteString("\n")
