@@ -1,11 +1,10 @@
-//! Objects for the tests of the NodeResourceTopology builder (in the library) and of
-//! the controller's state (in the binary). A binary's tests cannot see the library's
-//! `cfg(test)` items, so both crate roots declare this module.
+//! Objects for the tests of the NodeResourceTopology builder and of the controller's
+//! state.
 
+use crate::nrt::NrtOptions;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use serde_json::{Value, json};
-use topodra_controller::nrt::NrtOptions;
-use topodra_driver::slice::attributes::NUMA_NODE;
+use topodra_model::slice::attributes::NUMA_NODE;
 
 /// What the controller writes by default.
 pub(crate) fn nrt_options() -> NrtOptions {

@@ -1,5 +1,15 @@
-//! The parts of topodra's cluster side that the controller and `kubectl topodra`
-//! share, on top of the capacity model in `topodra_driver::capacity`:
+//! topodra's cluster side, as a library behind two thin binaries.
+//!
+//! - `topodra-controller` is [`Args::parse_and_run`]: it watches our ResourceSlices,
+//!   every ResourceClaim, DeviceTaintRules, DeviceClasses, Nodes (metadata only) and
+//!   unscheduled Pods, keeps the capacity model of `topodra_model::capacity` current
+//!   from them (`state`), and, while it holds the leader Lease (`leader`), writes
+//!   what the old stack's node agents did (`writer`): per-NUMA NodeResourceTopology
+//!   objects, and Events that explain pods waiting for GPUs. Metrics come from every
+//!   replica (`metrics`).
+//! - `kubectl-topodra` is [`kubectl::parse_and_run`]: the same model, read on demand.
+//!
+//! What both share:
 //!
 //! - [`classes`]: which DeviceClasses hand out our GPUs, and so which claims are ours.
 //! - [`pending`]: why a pod waits for GPUs: its claims' demands, judged against the
@@ -7,12 +17,20 @@
 //! - [`nrt`]: NodeResourceTopology objects (one per node, one zone per NUMA node) for
 //!   schedulers and platforms that read that CRD.
 
+#![forbid(unsafe_code)]
+
+mod args;
 pub mod classes;
+pub mod kubectl;
+mod leader;
+mod metrics;
 pub mod nrt;
 pub mod pending;
+mod run;
+mod state;
+mod writer;
+
+pub use args::Args;
 
 #[cfg(test)]
 mod fixtures;
-// The shared test fixtures name this crate the way the binaries do.
-#[cfg(test)]
-extern crate self as topodra_controller;

@@ -6,9 +6,11 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use topodra_driver::capacity::{Cluster, Finding, Level, SET_SIZES};
+use topodra_model::capacity::{Cluster, Finding, Level, SET_SIZES};
 use topodra_ops::metrics::Registry;
 use topodra_ops::requests::RequestCounter;
+
+use crate::state::Kind;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
@@ -214,15 +216,19 @@ impl Metrics {
         self.pending_pods.set(n as i64);
     }
 
-    pub(crate) fn watch_event(&self, resource: &'static str) {
+    pub(crate) fn watch_event(&self, kind: Kind) {
         self.watch_events
-            .get_or_create(&ResourceLabels { resource })
+            .get_or_create(&ResourceLabels {
+                resource: kind.as_str(),
+            })
             .inc();
     }
 
-    pub(crate) fn watch_error(&self, resource: &'static str) {
+    pub(crate) fn watch_error(&self, kind: Kind) {
         self.watch_errors
-            .get_or_create(&ResourceLabels { resource })
+            .get_or_create(&ResourceLabels {
+                resource: kind.as_str(),
+            })
             .inc();
     }
 
@@ -248,7 +254,7 @@ impl Metrics {
 
 #[cfg(test)]
 mod tests {
-    use topodra_driver::capacity::{InvalidValue, PoolProblem};
+    use topodra_model::capacity::{InvalidValue, PoolProblem};
 
     use super::*;
 

@@ -6,7 +6,7 @@
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
-use topodra_driver::capacity::{Counts, CpuCounts, Level, MAX_NUMA_NODE, NodeSummary};
+use topodra_model::capacity::{Counts, CpuCounts, Level, MAX_NUMA_NODE, NodeSummary};
 
 pub const GROUP: &str = "topology.node.k8s.io";
 pub const VERSION: &str = "v1alpha2";
@@ -113,7 +113,7 @@ pub fn desired(
         "metadata": {
             "name": summary.node,
             "labels": {
-                topodra_driver::slice::MANAGED_BY_LABEL: topodra_driver::slice::MANAGED_BY,
+                topodra_model::slice::MANAGED_BY_LABEL: topodra_model::slice::MANAGED_BY,
             },
             // Owned by the Node: the garbage collector deletes it with the node.
             "ownerReferences": [{
@@ -165,7 +165,7 @@ fn contains(have: &Value, want: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::resource::v1::DeviceTaint;
-    use topodra_driver::capacity::{Cluster, Group};
+    use topodra_model::capacity::{Cluster, Group};
 
     use super::*;
     use crate::fixtures::{gpu_slice, nrt_options};

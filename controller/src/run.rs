@@ -13,25 +13,27 @@ use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, watcher};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
-use topodra_controller::nrt::{self, NrtOptions};
-use topodra_ops::http::{Endpoints, HttpLimits};
+use topodra_model::capacity::Finding;
+use topodra_ops::endpoint::Endpoint;
+use topodra_ops::http::Endpoints;
 use topodra_ops::requests::{RequestCounter, counted_client};
 use tracing::{info, warn};
 
-use crate::Cli;
+use crate::Args;
 use crate::leader::{Leadership, LeaseConfig};
 use crate::metrics::Metrics;
-use crate::state::{self, Input, State};
+use crate::nrt::{self, NrtOptions};
+use crate::state::{Input, Kind, State};
 use crate::writer::{self, Command};
 
 /// How the API server's audit log and metrics name this program.
 const USER_AGENT: &str = concat!("topodra-controller/", env!("CARGO_PKG_VERSION"));
 
-type Inputs = SelectAll<BoxStream<'static, Result<Input, (&'static str, watcher::Error)>>>;
+type Inputs = SelectAll<BoxStream<'static, Result<Input, (Kind, watcher::Error)>>>;
 
-pub(crate) async fn run(cli: Cli) -> Result<()> {
+pub(crate) async fn run(cli: Args) -> Result<()> {
     let requests = RequestCounter::new();
     let config = kube::Config::infer()
         .await
@@ -41,10 +43,7 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
     let metrics = Arc::new(Metrics::new(&requests));
 
     // Readiness: every watch has delivered its initial state.
-    let unsynced: Arc<Mutex<Vec<&'static str>>> = Arc::new(Mutex::new(vec!["starting"]));
-    let listener = tokio::net::TcpListener::bind(cli.http_addr())
-        .await
-        .with_context(|| format!("binding the HTTP endpoint to {}", cli.http_addr()))?;
+    let unsynced: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(vec!["starting".into()]));
     let endpoints = Endpoints {
         metrics: {
             let m = metrics.clone();
@@ -75,22 +74,7 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
             Arc::new(move || m.connection_rejected())
         },
     };
-    let limits = HttpLimits {
-        header_read_timeout: Duration::from_secs(cli.http_header_read_timeout_seconds),
-        write_timeout: Duration::from_secs(cli.http_write_timeout_seconds),
-        max_connections: cli.http_max_connections as usize,
-        max_requests_per_connection: cli.http_max_requests_per_connection as usize,
-    };
-    let (http_stop, http_stop_rx) = watch::channel(false);
-    let http = tokio::spawn(topodra_ops::http::serve(
-        listener,
-        endpoints,
-        limits,
-        async move {
-            let mut rx = http_stop_rx;
-            let _ = rx.wait_for(|s| *s).await;
-        },
-    ));
+    let http = Endpoint::start(&cli.http, endpoints).await?;
 
     // What the server serves decides what to watch: DeviceTaintRules and the
     // NodeResourceTopology CRD are optional.
@@ -133,44 +117,44 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
         Leadership::sole()
     };
 
-    let mut watched: BTreeSet<&'static str> = BTreeSet::from([
-        "resourceslices",
-        "resourceclaims",
-        "deviceclasses",
-        "nodes",
-        "pods",
+    let mut watched: BTreeSet<Kind> = BTreeSet::from([
+        Kind::Slices,
+        Kind::Claims,
+        Kind::Classes,
+        Kind::Nodes,
+        Kind::Pods,
     ]);
     let mut inputs = inputs(&client, &cli.driver_name);
     if !cli.cpu_driver_name.is_empty() {
-        watched.insert(state::CPU_SLICES);
+        watched.insert(Kind::CpuSlices);
         inputs.push(stream(
             Api::<ResourceSlice>::all(client.clone()),
             watcher::Config::default().fields(&format!("spec.driver={}", cli.cpu_driver_name)),
             Input::CpuSlice,
-            state::CPU_SLICES,
+            Kind::CpuSlices,
         ));
     }
     if taint_rules {
-        watched.insert("devicetaintrules");
+        watched.insert(Kind::TaintRules);
         inputs.push(stream(
             Api::<DeviceTaintRule>::all(client.clone()),
             watcher::Config::default(),
             Input::TaintRule,
-            "devicetaintrules",
+            Kind::TaintRules,
         ));
     }
     if nrt_enabled {
-        watched.insert("noderesourcetopologies");
+        watched.insert(Kind::Nrts);
         let selector = format!(
             "{}={}",
-            topodra_driver::slice::MANAGED_BY_LABEL,
-            topodra_driver::slice::MANAGED_BY
+            topodra_model::slice::MANAGED_BY_LABEL,
+            topodra_model::slice::MANAGED_BY
         );
         inputs.push(stream(
             writer::nrt_api(client.clone()),
             watcher::Config::default().labels(&selector),
             Input::Nrt,
-            "noderesourcetopologies",
+            Kind::Nrts,
         ));
     }
 
@@ -200,7 +184,7 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
     metrics.set_leader(leader);
     let mut flush_at: Option<Instant> = Some(Instant::now() + delay);
     let mut synced = false;
-    let shutdown = crate::run::shutdown();
+    let shutdown = topodra_ops::signal::terminated();
     tokio::pin!(shutdown);
     info!(driver = %cli.driver_name, node_resource_topology = nrt_enabled, leader, "controller started");
 
@@ -209,16 +193,17 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
             () = &mut shutdown => break,
             next = inputs.next() => match next {
                 Some(Ok(input)) => {
-                    metrics.watch_event(input.resource());
-                    state.apply(input);
-                    report_findings(&mut state, &metrics);
-                    if flush_at.is_none() {
+                    metrics.watch_event(input.kind());
+                    let applied = state.apply(input);
+                    report_findings(&applied.findings, &metrics);
+                    // Nothing a pass acts on changed: no pass, and no wake-up for it.
+                    if applied.pass_due && flush_at.is_none() {
                         flush_at = Some(Instant::now() + delay);
                     }
                 }
-                Some(Err((resource, e))) => {
-                    metrics.watch_error(resource);
-                    warn!(resource, error = %e, "watch failed; resuming with backoff");
+                Some(Err((kind, e))) => {
+                    metrics.watch_error(kind);
+                    warn!(resource = %kind, error = %e, "watch failed; resuming with backoff");
                 }
                 None => anyhow::bail!("the watches ended"),
             },
@@ -247,7 +232,8 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
                     synced = true;
                     info!("initial state complete");
                 }
-                *unsynced.lock().unwrap_or_else(PoisonError::into_inner) = waiting;
+                *unsynced.lock().unwrap_or_else(PoisonError::into_inner) =
+                    waiting.iter().map(ToString::to_string).collect();
                 metrics.observe_cluster(&state.cluster);
                 // Writing before every watch is in could delete objects of nodes not seen yet.
                 if !(leader && synced) {
@@ -280,17 +266,16 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
     drop(commands);
     let _ = tokio::time::timeout(Duration::from_secs(10), writer).await;
     leadership.release().await;
-    let _ = http_stop.send(true);
-    let _ = http.await;
+    http.stop().await;
     Ok(())
 }
 
 /// Logs and counts what the model did not take from the slices: ignored values and
 /// skipped pools. Each is reported once, when it appears, so a relist does not repeat
 /// them; the names in the message are quoted and escaped, since they come from slices.
-fn report_findings(state: &mut State, metrics: &Metrics) {
-    for finding in state.cluster.take_findings() {
-        metrics.finding(&finding);
+fn report_findings(findings: &[Finding], metrics: &Metrics) {
+    for finding in findings {
+        metrics.finding(finding);
         warn!(%finding, "ResourceSlice content not taken into the capacity model");
     }
 }
@@ -301,15 +286,15 @@ fn stream<K>(
     api: Api<K>,
     config: watcher::Config,
     wrap: fn(watcher::Event<K>) -> Input,
-    resource: &'static str,
-) -> BoxStream<'static, Result<Input, (&'static str, watcher::Error)>>
+    kind: Kind,
+) -> BoxStream<'static, Result<Input, (Kind, watcher::Error)>>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     watcher(api, config.streaming_lists())
         .default_backoff()
         .map_ok(wrap)
-        .map_err(move |e| (resource, e))
+        .map_err(move |e| (kind, e))
         .boxed()
 }
 
@@ -320,32 +305,32 @@ fn inputs(client: &kube::Client, driver: &str) -> Inputs {
         Api::<ResourceSlice>::all(c.clone()),
         watcher::Config::default().fields(&format!("spec.driver={driver}")),
         Input::Slice,
-        "resourceslices",
+        Kind::Slices,
     ));
     all.push(stream(
         Api::<ResourceClaim>::all(c.clone()),
         watcher::Config::default(),
         Input::Claim,
-        "resourceclaims",
+        Kind::Claims,
     ));
     all.push(stream(
         Api::<DeviceClass>::all(c.clone()),
         watcher::Config::default(),
         Input::Class,
-        "deviceclasses",
+        Kind::Classes,
     ));
     all.push(stream(
         Api::<PartialObjectMeta<Node>>::all(c.clone()),
         watcher::Config::default(),
         Input::Node,
-        "nodes",
+        Kind::Nodes,
     ));
     // Only pods no node has taken yet: the ones that can be waiting for GPUs.
     all.push(stream(
         Api::<Pod>::all(c.clone()),
         watcher::Config::default().fields("spec.nodeName="),
         Input::Pod,
-        "pods",
+        Kind::Pods,
     ));
     all
 }
@@ -366,19 +351,4 @@ fn hostname() -> Option<String> {
         .ok()
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty())
-}
-
-/// Resolves on SIGTERM or SIGINT.
-pub(crate) async fn shutdown() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot listen for SIGTERM");
-            return std::future::pending().await;
-        }
-    };
-    tokio::select! {
-        _ = term.recv() => info!("SIGTERM: shutting down"),
-        _ = tokio::signal::ctrl_c() => info!("SIGINT: shutting down"),
-    }
 }

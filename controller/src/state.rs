@@ -2,21 +2,25 @@
 //! write because of it. No I/O here: the run loop feeds events in and carries the
 //! planned writes out, so this is tested with plain objects.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::hash::Hash;
+mod tracker;
+mod watched;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
+use crate::classes::OurClasses;
+use crate::nrt::{self, NrtOptions};
+use crate::pending;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
-use kube::Resource;
 use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::runtime::watcher::Event;
 use serde_json::Value;
-use topodra_controller::classes::OurClasses;
-use topodra_controller::nrt::{self, NrtOptions};
-use topodra_controller::pending;
-use topodra_driver::capacity::{ClaimKey, Cluster, CpuPools};
-use topodra_driver::slice::attributes::NUMA_NODE;
+use topodra_model::capacity::{ClaimKey, Cluster, CpuPools, Finding};
+use topodra_model::slice::attributes::NUMA_NODE;
+
+use tracker::{Trackers, feed};
+pub(crate) use watched::Kind;
 
 /// One watch event of one of the resources the controller watches. Events are
 /// consumed one at a time, straight off the stream, so their size matters little.
@@ -35,22 +39,19 @@ pub(crate) enum Input {
 }
 
 impl Input {
-    pub(crate) fn resource(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> Kind {
         match self {
-            Input::Slice(_) => "resourceslices",
-            Input::CpuSlice(_) => CPU_SLICES,
-            Input::Claim(_) => "resourceclaims",
-            Input::TaintRule(_) => "devicetaintrules",
-            Input::Class(_) => "deviceclasses",
-            Input::Node(_) => "nodes",
-            Input::Pod(_) => "pods",
-            Input::Nrt(_) => "noderesourcetopologies",
+            Input::Slice(_) => Kind::Slices,
+            Input::CpuSlice(_) => Kind::CpuSlices,
+            Input::Claim(_) => Kind::Claims,
+            Input::TaintRule(_) => Kind::TaintRules,
+            Input::Class(_) => Kind::Classes,
+            Input::Node(_) => Kind::Nodes,
+            Input::Pod(_) => Kind::Pods,
+            Input::Nrt(_) => Kind::Nrts,
         }
     }
 }
-
-/// The watch of the CPU driver's ResourceSlices, as metrics and logs name it.
-pub(crate) const CPU_SLICES: &str = "resourceslices-cpu";
 
 /// A write the controller should make.
 #[derive(Clone, Debug, PartialEq)]
@@ -72,57 +73,19 @@ pub(crate) enum Write {
     },
 }
 
-/// Which objects of one resource the controller has, so that a watch that starts
-/// over (a relist after its resource version expired) can tell which ones went while
-/// it was away: those it knew and did not see again.
-#[derive(Debug)]
-struct Tracker<K> {
-    known: HashSet<K>,
-    relisting: Option<HashSet<K>>,
-    synced: bool,
-}
-
-impl<K: Hash + Eq + Clone> Tracker<K> {
-    fn new() -> Self {
-        Self {
-            known: HashSet::new(),
-            relisting: None,
-            synced: false,
-        }
-    }
-
-    fn init(&mut self) {
-        self.relisting = Some(HashSet::new());
-    }
-
-    fn seen(&mut self, key: K) {
-        if let Some(r) = &mut self.relisting {
-            r.insert(key.clone());
-        }
-        self.known.insert(key);
-    }
-
-    fn gone(&mut self, key: &K) {
-        self.known.remove(key);
-    }
-
-    /// The keys that the relist did not bring back.
-    fn init_done(&mut self) -> Vec<K> {
-        self.synced = true;
-        let Some(seen) = self.relisting.take() else {
-            return Vec::new();
-        };
-        let stale: Vec<K> = self
-            .known
-            .iter()
-            .filter(|k| !seen.contains(k))
-            .cloned()
-            .collect();
-        for k in &stale {
-            self.known.remove(k);
-        }
-        stale
-    }
+/// What one watch event changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "whether a write pass is due follows from it, and its findings are reported"]
+pub(crate) struct Applied {
+    /// The capacity model changed: its metrics and every explanation may differ.
+    pub(crate) model: bool,
+    /// Something a write pass acts on changed: a node to look at again, a waiting
+    /// pod's explanation, or a watch that finished its initial state.
+    pub(crate) pass_due: bool,
+    /// Slice content the model did not take, seen with this event. An event can
+    /// bring one without changing the model: the slice that completes a pool split
+    /// across two nodes changes no node.
+    pub(crate) findings: Vec<Finding>,
 }
 
 type PodKey = (String, String);
@@ -151,18 +114,13 @@ pub(crate) struct State {
     /// Claims not allocated yet: all a waiting pod's demand can come from.
     waiting_claims: HashMap<ClaimKey, ResourceClaim>,
     nrts: HashMap<String, Value>,
-    slices_seen: Tracker<String>,
-    cpu_slices_seen: Tracker<String>,
-    claims_seen: Tracker<ClaimKey>,
-    rules_seen: Tracker<String>,
-    classes_seen: Tracker<String>,
-    nodes_seen: Tracker<String>,
-    pods_seen: Tracker<PodKey>,
-    nrts_seen: Tracker<String>,
+    trackers: Trackers,
     /// Nodes whose NodeResourceTopology may need a write.
     dirty_nodes: BTreeSet<String>,
     /// Something a waiting pod's explanation depends on changed.
     pods_dirty: bool,
+    /// The capacity model changed during the event being applied.
+    model_changed: bool,
     explained: HashMap<String, Explained>,
 }
 
@@ -180,16 +138,10 @@ impl State {
             pods: HashMap::new(),
             waiting_claims: HashMap::new(),
             nrts: HashMap::new(),
-            slices_seen: Tracker::new(),
-            cpu_slices_seen: Tracker::new(),
-            claims_seen: Tracker::new(),
-            rules_seen: Tracker::new(),
-            classes_seen: Tracker::new(),
-            nodes_seen: Tracker::new(),
-            pods_seen: Tracker::new(),
-            nrts_seen: Tracker::new(),
+            trackers: Trackers::new(),
             dirty_nodes: BTreeSet::new(),
             pods_dirty: false,
+            model_changed: false,
             explained: HashMap::new(),
         }
     }
@@ -205,22 +157,13 @@ impl State {
         self
     }
 
-    /// Whether every watch has delivered its initial state; `optional` names the
-    /// resources that may not be served (not waited for).
-    pub(crate) fn unsynced(&self, watched: &BTreeSet<&'static str>) -> Vec<&'static str> {
-        let all = [
-            ("resourceslices", self.slices_seen.synced),
-            (CPU_SLICES, self.cpu_slices_seen.synced),
-            ("resourceclaims", self.claims_seen.synced),
-            ("devicetaintrules", self.rules_seen.synced),
-            ("deviceclasses", self.classes_seen.synced),
-            ("nodes", self.nodes_seen.synced),
-            ("pods", self.pods_seen.synced),
-            ("noderesourcetopologies", self.nrts_seen.synced),
-        ];
-        all.into_iter()
-            .filter(|(r, synced)| watched.contains(r) && !synced)
-            .map(|(r, _)| r)
+    /// The watched resources, of `watched`, that have not delivered their initial
+    /// state yet.
+    pub(crate) fn unsynced(&self, watched: &BTreeSet<Kind>) -> Vec<Kind> {
+        watched
+            .iter()
+            .copied()
+            .filter(|k| !self.trackers.synced(*k))
             .collect()
     }
 
@@ -228,157 +171,50 @@ impl State {
         self.explained.len()
     }
 
-    /// Takes one watch event in. Returns whether the capacity model changed.
-    pub(crate) fn apply(&mut self, input: Input) -> bool {
-        let before = self.dirty_nodes.len();
-        let mut model_changed = false;
+    /// Takes one watch event in.
+    pub(crate) fn apply(&mut self, input: Input) -> Applied {
+        let kind = input.kind();
+        let nodes_before = self.dirty_nodes.len();
+        let pods_before = self.pods_dirty;
+        let synced_before = self.trackers.synced(kind);
+        self.model_changed = false;
         match input {
-            Input::Slice(e) => model_changed |= self.apply_named(e, &SLICES),
-            Input::CpuSlice(e) => {
-                for change in changes(e, &mut self.cpu_slices_seen, |o: &ResourceSlice| {
-                    o.metadata.name.clone()
-                }) {
-                    let touched = match change {
-                        Change::Apply(o) => self.cpus.apply_slice(&o),
-                        Change::Delete(name) => self.cpus.delete_slice(&name),
-                    };
-                    model_changed |= !touched.is_empty();
-                    self.dirty_nodes.extend(touched);
-                }
-            }
-            Input::Claim(e) => {
-                let key = |c: &ResourceClaim| Some(ClaimKey::of(c));
-                for change in changes(e, &mut self.claims_seen, key) {
-                    let touched = match change {
-                        Change::Apply(c) => {
-                            let key = ClaimKey::of(&c);
-                            let allocated =
-                                c.status.as_ref().is_some_and(|s| s.allocation.is_some());
-                            let mut touched = self.cluster.apply_claim(&c);
-                            touched.extend(self.cpus.apply_claim(&c));
-                            if allocated {
-                                self.pods_dirty |= self.waiting_claims.remove(&key).is_some();
-                            } else {
-                                self.waiting_claims.insert(key, c);
-                                self.pods_dirty = true;
-                            }
-                            touched
-                        }
-                        Change::Delete(key) => {
-                            self.pods_dirty |= self.waiting_claims.remove(&key).is_some();
-                            let mut touched = self.cluster.delete_claim(&key);
-                            touched.extend(self.cpus.delete_claim(&key));
-                            touched
-                        }
-                    };
-                    model_changed |= !touched.is_empty();
-                    self.dirty_nodes.extend(touched);
-                }
-            }
-            Input::TaintRule(e) => model_changed |= self.apply_named(e, &TAINT_RULES),
-            Input::Class(e) => {
-                for change in changes(e, &mut self.classes_seen, |c: &DeviceClass| {
-                    c.metadata.name.clone()
-                }) {
-                    match change {
-                        Change::Apply(c) => {
-                            if let Some(name) = c.metadata.name.clone() {
-                                self.classes.insert(name, c);
-                            }
-                        }
-                        Change::Delete(name) => {
-                            self.classes.remove(&name);
-                        }
-                    }
-                }
-                self.ours = OurClasses::from_classes(
-                    self.classes.values(),
-                    self.cluster.driver(),
-                    &self.extra_classes,
-                );
-                self.cpu_classes =
-                    OurClasses::from_classes(self.classes.values(), self.cpus.driver(), &[]);
-                self.pods_dirty = true;
-            }
-            Input::Node(e) => {
-                for change in changes(e, &mut self.nodes_seen, |n: &PartialObjectMeta<Node>| {
-                    n.metadata.name.clone()
-                }) {
-                    match change {
-                        Change::Apply(n) => {
-                            let (Some(name), Some(uid)) = (n.metadata.name, n.metadata.uid) else {
-                                continue;
-                            };
-                            if self.node_uids.insert(name.clone(), uid.clone()) != Some(uid) {
-                                self.dirty_nodes.insert(name);
-                            }
-                        }
-                        Change::Delete(name) => {
-                            self.node_uids.remove(&name);
-                            self.dirty_nodes.insert(name);
-                        }
-                    }
-                }
-            }
-            Input::Pod(e) => {
-                let key = |p: &Pod| Some((p.metadata.namespace.clone()?, p.metadata.name.clone()?));
-                for change in changes(e, &mut self.pods_seen, key) {
-                    match change {
-                        Change::Apply(p) => {
-                            if let Some(k) = key(&p) {
-                                self.pods.insert(k, p);
-                            }
-                        }
-                        Change::Delete(k) => {
-                            self.pods.remove(&k);
-                        }
-                    }
-                }
-                self.pods_dirty = true;
-            }
-            Input::Nrt(e) => {
-                for change in changes(e, &mut self.nrts_seen, |o: &DynamicObject| {
-                    o.metadata.name.clone()
-                }) {
-                    match change {
-                        Change::Apply(o) => {
-                            let Some(name) = o.metadata.name.clone() else {
-                                continue;
-                            };
-                            let Ok(value) = serde_json::to_value(&o) else {
-                                continue;
-                            };
-                            // Our own writes come back here; the plan compares and
-                            // finds nothing to do. A change by someone else is undone.
-                            self.dirty_nodes.insert(name.clone());
-                            self.nrts.insert(name, value);
-                        }
-                        Change::Delete(name) => {
-                            self.nrts.remove(&name);
-                            self.dirty_nodes.insert(name);
-                        }
-                    }
-                }
-            }
+            Input::Slice(e) => feed::<watched::Slices>(self, e),
+            Input::CpuSlice(e) => feed::<watched::CpuSlices>(self, e),
+            Input::Claim(e) => feed::<watched::Claims>(self, e),
+            Input::TaintRule(e) => feed::<watched::TaintRules>(self, e),
+            Input::Class(e) => feed::<watched::Classes>(self, e),
+            Input::Node(e) => feed::<watched::Nodes>(self, e),
+            Input::Pod(e) => feed::<watched::Pods>(self, e),
+            Input::Nrt(e) => feed::<watched::Nrts>(self, e),
         }
-        self.pods_dirty |= model_changed;
-        model_changed || self.dirty_nodes.len() != before
+        let model = self.model_changed;
+        self.pods_dirty |= model;
+        Applied {
+            model,
+            pass_due: model
+                || self.dirty_nodes.len() != nodes_before
+                || (self.pods_dirty && !pods_before)
+                || self.trackers.synced(kind) != synced_before,
+            findings: self.cluster.take_findings(),
+        }
     }
 
-    /// Takes in one watch event of an object the capacity model keeps by name.
-    /// Returns whether the model changed.
-    fn apply_named<K: Resource>(&mut self, event: Event<K>, named: &Named<K>) -> bool {
-        let changes = changes(event, (named.seen)(self), |o: &K| o.meta().name.clone());
-        let mut changed = false;
-        for change in changes {
-            let touched = match change {
-                Change::Apply(o) => (named.apply)(&mut self.cluster, &o),
-                Change::Delete(name) => (named.delete)(&mut self.cluster, &name),
-            };
-            changed |= !touched.is_empty();
-            self.dirty_nodes.extend(touched);
-        }
-        changed
+    /// Nodes whose model changed: their objects may need a write.
+    fn touched(&mut self, nodes: BTreeSet<String>) {
+        self.model_changed |= !nodes.is_empty();
+        self.dirty_nodes.extend(nodes);
+    }
+
+    /// The DeviceClasses changed: which are ours, and the CPU driver's, follows anew.
+    fn classes_changed(&mut self) {
+        self.ours = OurClasses::from_classes(
+            self.classes.values(),
+            self.cluster.driver(),
+            &self.extra_classes,
+        );
+        self.cpu_classes = OurClasses::from_classes(self.classes.values(), self.cpus.driver(), &[]);
+        self.pods_dirty = true;
     }
 
     /// Every node with GPUs or an object of ours, for a new leader's first pass.
@@ -472,60 +308,6 @@ impl State {
         }
         self.explained.retain(|uid, _| waiting.contains_key(uid));
         writes
-    }
-}
-
-/// An object to take in, or the key of one to drop.
-enum Change<K, Key> {
-    Apply(K),
-    Delete(Key),
-}
-
-/// How the capacity model takes in and drops the objects it keeps by name.
-struct Named<K> {
-    seen: fn(&mut State) -> &mut Tracker<String>,
-    apply: fn(&mut Cluster, &K) -> BTreeSet<String>,
-    delete: fn(&mut Cluster, &str) -> BTreeSet<String>,
-}
-
-const SLICES: Named<ResourceSlice> = Named {
-    seen: |s| &mut s.slices_seen,
-    apply: Cluster::apply_slice,
-    delete: Cluster::delete_slice,
-};
-
-const TAINT_RULES: Named<DeviceTaintRule> = Named {
-    seen: |s| &mut s.rules_seen,
-    apply: Cluster::apply_taint_rule,
-    delete: Cluster::delete_taint_rule,
-};
-
-/// The model changes one watch event stands for, keeping `seen` current.
-fn changes<K, Key: Hash + Eq + Clone>(
-    event: Event<K>,
-    seen: &mut Tracker<Key>,
-    key: impl Fn(&K) -> Option<Key>,
-) -> Vec<Change<K, Key>> {
-    match event {
-        Event::Apply(o) | Event::InitApply(o) => match key(&o) {
-            Some(k) => {
-                seen.seen(k);
-                vec![Change::Apply(o)]
-            }
-            None => Vec::new(),
-        },
-        Event::Delete(o) => match key(&o) {
-            Some(k) => {
-                seen.gone(&k);
-                vec![Change::Delete(k)]
-            }
-            None => Vec::new(),
-        },
-        Event::Init => {
-            seen.init();
-            Vec::new()
-        }
-        Event::InitDone => seen.init_done().into_iter().map(Change::Delete).collect(),
     }
 }
 

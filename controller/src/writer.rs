@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::nrt;
+use crate::pending::EVENT_REASON;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams,
@@ -12,8 +14,7 @@ use kube::api::{
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use serde_json::Value;
 use tokio::sync::mpsc;
-use topodra_controller::nrt;
-use topodra_controller::pending::EVENT_REASON;
+use topodra_ops::backoff::Backoff;
 use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
@@ -61,6 +62,9 @@ pub(crate) async fn run(
     );
     // Per node, the newest operation not yet done, and how many times it failed.
     let mut queue: BTreeMap<String, (NrtOp, u32)> = BTreeMap::new();
+    // Failed writes are retried after 1 s, 2 s, 4 s ... up to a minute, jittered so
+    // that replicas (and the nodes' plugins) do not retry in step after an outage.
+    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
     let mut retry_in: Option<Duration> = None;
     loop {
         let command = match retry_in {
@@ -68,7 +72,7 @@ pub(crate) async fn run(
             Some(wait) => match tokio::time::timeout(wait, commands.recv()).await {
                 Ok(c) => c,
                 Err(_) => {
-                    retry_in = drain(&api, &metrics, &mut queue).await;
+                    retry_in = drain(&api, &metrics, &mut queue, &mut backoff).await;
                     continue;
                 }
             },
@@ -77,6 +81,7 @@ pub(crate) async fn run(
             None => return,
             Some(Command::Drop) => {
                 queue.clear();
+                backoff.reset();
                 retry_in = None;
             }
             Some(Command::Writes(writes)) => {
@@ -99,7 +104,7 @@ pub(crate) async fn run(
                     }
                 }
                 if retry_in.is_none() {
-                    retry_in = drain(&api, &metrics, &mut queue).await;
+                    retry_in = drain(&api, &metrics, &mut queue, &mut backoff).await;
                 }
             }
         }
@@ -111,6 +116,7 @@ async fn drain(
     api: &Api<DynamicObject>,
     metrics: &Metrics,
     queue: &mut BTreeMap<String, (NrtOp, u32)>,
+    backoff: &mut Backoff,
 ) -> Option<Duration> {
     let mut failed: BTreeMap<String, (NrtOp, u32)> = BTreeMap::new();
     for (node, (op, failures)) in std::mem::take(queue) {
@@ -140,10 +146,12 @@ async fn drain(
             }
         }
     }
-    let most = failed.values().map(|(_, f)| *f).max()?;
+    if failed.is_empty() {
+        backoff.reset();
+        return None;
+    }
     *queue = failed;
-    // 1 s, 2 s, 4 s ... up to a minute.
-    Some(Duration::from_secs(1u64 << most.min(6).saturating_sub(1)).min(Duration::from_secs(60)))
+    Some(backoff.next_delay())
 }
 
 async fn pod_event(

@@ -1,23 +1,27 @@
 //! Whatever bytes a client sends on a plugin socket, in whatever pieces, the
-//! `:authority` shim (kubelet-plugin/kubeletplugin/src/uds/authority.rs) never panics, and what it
+//! `:authority` shim (kubelet-plugin/helper/src/uds/authority.rs) never panics, and what it
 //! lets through is whole frames, header frames within the servers' frame size.
 //!
-//! The shim is private to the dra-kubeletplugin crate; its two source files are
+//! The shim is private to the dra-kubeletplugin crate; its three source files are
 //! compiled into this target as they are.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
-// At the crate root, so `super::representation` in authority.rs resolves as in the
-// crate's `uds` module.
+// At the crate root, so `super::frames` and `super::representation` in authority.rs
+// resolve as in the crate's `uds` module.
 #[allow(dead_code, unreachable_pub, clippy::all)]
-#[path = "../../kubelet-plugin/kubeletplugin/src/uds/authority.rs"]
+#[path = "../../kubelet-plugin/helper/src/uds/authority.rs"]
 mod authority;
 #[allow(dead_code, unreachable_pub, clippy::all)]
-#[path = "../../kubelet-plugin/kubeletplugin/src/uds/representation.rs"]
+#[path = "../../kubelet-plugin/helper/src/uds/frames.rs"]
+mod frames;
+#[allow(dead_code, unreachable_pub, clippy::all)]
+#[path = "../../kubelet-plugin/helper/src/uds/representation.rs"]
 mod representation;
 
-use authority::{AuthorityRewriter, MAX_FRAME_SIZE};
+use authority::AuthorityRewriter;
+use frames::MAX_FRAME_SIZE;
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 

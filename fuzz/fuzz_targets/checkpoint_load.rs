@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use topodra_driver::checkpoint::{encode, parse};
+use topodra_model::checkpoint::{encode, parse};
 
 fuzz_target!(|bytes: &[u8]| {
     if let Ok(checkpoint) = parse(bytes) {

@@ -7,9 +7,9 @@
 
 use libfuzzer_sys::fuzz_target;
 use sha2::{Digest, Sha256};
-use topodra_driver::cdi::{ContainerEdits, NvidiaFiles, NvidiaFilesSource, TableDeviceNodes};
-use topodra_driver::prepare::{Preparer, PreparerConfig};
-use topodra_driver::{Gpu, Inventory, PciAddress};
+use topodra_node::cdi::{ContainerEdits, NvidiaFiles, NvidiaFilesSource, TableDeviceNodes};
+use topodra_node::prepare::{Preparer, PreparerConfig};
+use topodra_model::{Gpu, Inventory, PciAddress};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(data) = std::str::from_utf8(data) else {

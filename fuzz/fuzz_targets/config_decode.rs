@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use topodra_driver::config::decode_parameters;
+use topodra_model::config::decode_parameters;
 
 fuzz_target!(|bytes: &[u8]| {
     // The API server hands us JSON; bytes that are not JSON never reach the decoder.

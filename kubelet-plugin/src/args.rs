@@ -2,13 +2,12 @@
 //! Names, environment variables and defaults are an interface: the Helm chart and
 //! the e2e tests pass them.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
 use clap::Args;
 use dra_kubeletplugin::uds::PluginSockets;
-use topodra_driver::discovery;
-use topodra_driver::slice::{self, NumaNodeFormat};
+use topodra_model::slice::{self, NumaNodeFormat};
+use topodra_node::discovery;
 
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
@@ -26,7 +25,7 @@ pub(crate) struct ServeArgs {
     pub(crate) cdi: CdiFlags,
 
     #[command(flatten)]
-    pub(crate) http: HttpFlags,
+    pub(crate) http: topodra_ops::endpoint::HttpArgs,
 
     #[command(flatten)]
     pub(crate) claims: ClaimFlags,
@@ -81,7 +80,7 @@ pub(crate) struct KubeletFlags {
 #[derive(Debug, Args)]
 pub(crate) struct CdiFlags {
     /// The CDI spec directory container runtimes read.
-    #[arg(long, env = "TOPODRA_CDI_DIR", default_value = topodra_driver::cdi::DEFAULT_SPEC_DIR)]
+    #[arg(long, env = "TOPODRA_CDI_DIR", default_value = topodra_node::cdi::DEFAULT_SPEC_DIR)]
     pub(crate) cdi_dir: PathBuf,
 
     /// Root of the NVIDIA driver installation as the host sees it (`/run/nvidia/driver`
@@ -106,11 +105,11 @@ pub(crate) struct CdiFlags {
     pub(crate) proc_devices: PathBuf,
 
     /// Where the NVIDIA driver lists the capability minors of MIG devices.
-    #[arg(long, env = "TOPODRA_NVIDIA_CAPABILITIES_DIR", default_value = topodra_driver::cdi::DEFAULT_CAPABILITIES_DIR)]
+    #[arg(long, env = "TOPODRA_NVIDIA_CAPABILITIES_DIR", default_value = topodra_node::cdi::DEFAULT_CAPABILITIES_DIR)]
     pub(crate) nvidia_capabilities_dir: PathBuf,
 
     /// File holding the kernel's boot id.
-    #[arg(long, env = "TOPODRA_BOOT_ID_FILE", default_value = topodra_driver::checkpoint::DEFAULT_BOOT_ID_PATH)]
+    #[arg(long, env = "TOPODRA_BOOT_ID_FILE", default_value = topodra_node::checkpoint::DEFAULT_BOOT_ID_PATH)]
     pub(crate) boot_id_file: PathBuf,
 
     /// NVIDIA's `nvidia-cdi-hook` (the image's own copy), installed at start as
@@ -119,7 +118,7 @@ pub(crate) struct CdiFlags {
     #[arg(
         long,
         env = "TOPODRA_CDI_HOOK_SOURCE",
-        default_value = topodra_driver::cdi::DEFAULT_HOOK_PATH,
+        default_value = topodra_node::cdi::DEFAULT_HOOK_PATH,
         conflicts_with = "cdi_hook_host_path"
     )]
     pub(crate) cdi_hook_source: PathBuf,
@@ -174,62 +173,6 @@ impl DiscoveryFlags {
         slice::check_numa_node_aliases(&self.numa_node_aliases, &self.driver_name)?;
         Ok(self.numa_node_aliases.clone())
     }
-}
-
-/// The /metrics, /healthz and /readyz endpoint.
-#[derive(Debug, Args)]
-pub(crate) struct HttpFlags {
-    /// IP address the /metrics, /healthz and /readyz endpoint binds (IPv4 or IPv6,
-    /// without brackets). The Helm chart sets the pod's IP.
-    #[arg(long, env = "TOPODRA_HTTP_BIND_ADDRESS", default_value_t = IpAddr::V4(Ipv4Addr::UNSPECIFIED))]
-    pub(crate) http_bind_address: IpAddr,
-
-    /// Port of the /metrics, /healthz and /readyz endpoint.
-    #[arg(long, env = "TOPODRA_HTTP_PORT", default_value_t = 9464)]
-    pub(crate) http_port: u16,
-
-    /// Address and port of the endpoint in one (`127.0.0.1:9464`, `[::1]:9464`);
-    /// when set, it takes the place of --http-bind-address and --http-port.
-    #[arg(long, env = "TOPODRA_HTTP_ADDR")]
-    pub(crate) http_addr: Option<SocketAddr>,
-
-    /// Seconds a client of the endpoint has to send a request's headers (and the
-    /// longest an idle connection stays open); slower ones are disconnected.
-    #[arg(
-        long,
-        env = "TOPODRA_HTTP_HEADER_READ_TIMEOUT_SECONDS",
-        default_value_t = 5,
-        value_parser = clap::value_parser!(u64).range(1..)
-    )]
-    pub(crate) http_header_read_timeout_seconds: u64,
-
-    /// Open connections the endpoint serves at once; further ones are closed at once.
-    #[arg(
-        long,
-        env = "TOPODRA_HTTP_MAX_CONNECTIONS",
-        default_value_t = 32,
-        value_parser = clap::value_parser!(u32).range(1..)
-    )]
-    pub(crate) http_max_connections: u32,
-
-    /// Seconds a client of the endpoint has to take a response that no longer fits
-    /// into the socket; one that reads slower (or not at all) is disconnected.
-    #[arg(
-        long,
-        env = "TOPODRA_HTTP_WRITE_TIMEOUT_SECONDS",
-        default_value_t = 10,
-        value_parser = clap::value_parser!(u64).range(1..)
-    )]
-    pub(crate) http_write_timeout_seconds: u64,
-
-    /// Requests one keep-alive connection of the endpoint serves before it is closed.
-    #[arg(
-        long,
-        env = "TOPODRA_HTTP_MAX_REQUESTS_PER_CONNECTION",
-        default_value_t = 100,
-        value_parser = clap::value_parser!(u32).range(1..)
-    )]
-    pub(crate) http_max_requests_per_connection: u32,
 }
 
 /// Bounds on the work for the kubelet's calls, and the check for stale claims.
@@ -367,217 +310,5 @@ impl ServeArgs {
     }
 }
 
-impl HttpFlags {
-    pub(crate) fn addr(&self) -> SocketAddr {
-        self.http_addr
-            .unwrap_or(SocketAddr::new(self.http_bind_address, self.http_port))
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use clap::Parser;
-
-    use super::*;
-
-    #[derive(Debug, Parser)]
-    struct Cli {
-        #[command(flatten)]
-        serve: ServeArgs,
-    }
-
-    fn http_addr(flags: &[&str]) -> Result<SocketAddr, clap::Error> {
-        let argv = ["serve", "--node-name=node-a"].iter().chain(flags);
-        Cli::try_parse_from(argv).map(|c| c.serve.http.addr())
-    }
-
-    #[test]
-    fn http_endpoint_address_from_bind_address_and_port() {
-        assert_eq!(http_addr(&[]).unwrap(), "0.0.0.0:9464".parse().unwrap());
-        assert_eq!(
-            http_addr(&["--http-bind-address=10.1.2.3", "--http-port=9000"]).unwrap(),
-            "10.1.2.3:9000".parse().unwrap()
-        );
-        // A pod IP from the downward API is a bare IPv6 address, without brackets.
-        assert_eq!(
-            http_addr(&["--http-bind-address=fd00::12"]).unwrap(),
-            "[fd00::12]:9464".parse().unwrap()
-        );
-        assert_eq!(
-            http_addr(&["--http-bind-address=10.1.2.3", "--http-addr=127.0.0.1:0"]).unwrap(),
-            "127.0.0.1:0".parse().unwrap()
-        );
-        assert!(http_addr(&["--http-bind-address=node-a.local"]).is_err());
-    }
-
-    #[test]
-    fn numa_node_aliases_are_a_checked_list() {
-        let parse = |flags: &[&str]| {
-            let argv = ["serve", "--node-name=node-a"].iter().chain(flags);
-            Cli::try_parse_from(argv).map(|c| c.serve)
-        };
-        assert!(parse(&[]).unwrap().discovery.numa_node_aliases.is_empty());
-        let args = parse(&["--numa-node-aliases=dra.net/numaNode,example.com/numa"]).unwrap();
-        let got: Vec<String> = args
-            .discovery
-            .checked_numa_node_aliases()
-            .unwrap()
-            .iter()
-            .map(ToString::to_string)
-            .collect();
-        assert_eq!(got, ["dra.net/numaNode", "example.com/numa"]);
-        // Syntax is clap's to refuse; the driver's own domain needs the driver name.
-        assert!(parse(&["--numa-node-aliases=numaNode"]).is_err());
-        let own = parse(&["--numa-node-aliases=gpu.topodra.dev/numa"]).unwrap();
-        assert!(own.discovery.checked_numa_node_aliases().is_err());
-    }
-
-    #[test]
-    fn limits_of_zero_are_refused() {
-        for flag in [
-            "--http-max-connections=0",
-            "--http-header-read-timeout-seconds=0",
-            "--http-write-timeout-seconds=0",
-            "--http-max-requests-per-connection=0",
-            "--max-concurrent-claims-per-call=0",
-            "--max-concurrent-claims=0",
-            "--call-deadline-seconds=0",
-            "--call-deadline-seconds=41",
-        ] {
-            assert!(http_addr(&[flag]).is_err(), "{flag}");
-        }
-    }
-
-    #[test]
-    fn the_hook_is_installed_into_the_plugin_dir_unless_the_host_has_one() {
-        use crate::cdi_hook::HookSetup;
-        let setup = |flags: &[&str]| {
-            let argv = ["serve", "--node-name=node-a"].iter().chain(flags);
-            Cli::try_parse_from(argv).map(|c| c.serve.cdi_hook_setup())
-        };
-        assert_eq!(
-            setup(&[]).unwrap(),
-            HookSetup::Install {
-                source: "/usr/bin/nvidia-cdi-hook".into(),
-                plugin_dir: "/var/lib/kubelet/plugins/gpu.topodra.dev".into(),
-            }
-        );
-        assert_eq!(
-            setup(&[
-                "--cdi-hook-source=/opt/hook",
-                "--kubelet-plugins-dir=/k/plugins",
-                "--driver-name=gpu.example.com",
-                "--state-dir=/elsewhere",
-            ])
-            .unwrap(),
-            HookSetup::Install {
-                source: "/opt/hook".into(),
-                plugin_dir: "/k/plugins/gpu.example.com".into(),
-            }
-        );
-        assert_eq!(
-            setup(&["--cdi-hook-host-path=/usr/local/bin/nvidia-cdi-hook"]).unwrap(),
-            HookSetup::Host {
-                path: "/usr/local/bin/nvidia-cdi-hook".into()
-            }
-        );
-        // Installing one hook and naming another cannot both be meant.
-        let err = setup(&[
-            "--cdi-hook-source=/opt/hook",
-            "--cdi-hook-host-path=/usr/bin/nvidia-cdi-hook",
-        ])
-        .unwrap_err();
-        assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict);
-    }
-
-    /// The Helm chart and the e2e tests pass these; grouping the flags must not
-    /// rename one.
-    #[test]
-    fn flag_names_and_environment_variables_stay_as_they_were() {
-        use clap::CommandFactory;
-
-        let mut flags: Vec<(String, String)> = Cli::command()
-            .get_arguments()
-            .filter_map(|a| {
-                let env = a.get_env()?.to_str()?.to_owned();
-                Some((a.get_long()?.to_owned(), env))
-            })
-            .collect();
-        flags.sort();
-        let mut expected: Vec<(String, String)> = [
-            ("node-name", "NODE_NAME"),
-            ("driver-name", "TOPODRA_DRIVER_NAME"),
-            ("kubelet-registry-dir", "TOPODRA_KUBELET_REGISTRY_DIR"),
-            ("kubelet-plugins-dir", "TOPODRA_KUBELET_PLUGINS_DIR"),
-            ("state-dir", "TOPODRA_STATE_DIR"),
-            ("state-retry-seconds", "TOPODRA_STATE_RETRY_SECONDS"),
-            ("pod-uid", "POD_UID"),
-            ("cdi-dir", "TOPODRA_CDI_DIR"),
-            ("driver-root", "TOPODRA_DRIVER_ROOT"),
-            ("driver-root-local", "TOPODRA_DRIVER_ROOT_LOCAL"),
-            ("toolkit-cdi-spec", "TOPODRA_TOOLKIT_CDI_SPEC"),
-            ("dev-root", "TOPODRA_DEV_ROOT"),
-            ("proc-devices", "TOPODRA_PROC_DEVICES"),
-            ("nvidia-capabilities-dir", "TOPODRA_NVIDIA_CAPABILITIES_DIR"),
-            ("nvml-lib", "TOPODRA_NVML_LIB"),
-            ("hwloc-xml", "TOPODRA_HWLOC_XML"),
-            ("sysfs-root", "TOPODRA_SYSFS_ROOT"),
-            ("numa-node-format", "TOPODRA_NUMA_NODE_FORMAT"),
-            ("numa-node-aliases", "TOPODRA_NUMA_NODE_ALIASES"),
-            ("http-bind-address", "TOPODRA_HTTP_BIND_ADDRESS"),
-            ("http-port", "TOPODRA_HTTP_PORT"),
-            ("http-addr", "TOPODRA_HTTP_ADDR"),
-            (
-                "http-header-read-timeout-seconds",
-                "TOPODRA_HTTP_HEADER_READ_TIMEOUT_SECONDS",
-            ),
-            ("http-max-connections", "TOPODRA_HTTP_MAX_CONNECTIONS"),
-            (
-                "http-write-timeout-seconds",
-                "TOPODRA_HTTP_WRITE_TIMEOUT_SECONDS",
-            ),
-            (
-                "http-max-requests-per-connection",
-                "TOPODRA_HTTP_MAX_REQUESTS_PER_CONNECTION",
-            ),
-            (
-                "max-concurrent-claims-per-call",
-                "TOPODRA_MAX_CONCURRENT_CLAIMS_PER_CALL",
-            ),
-            (
-                "claim-read-timeout-seconds",
-                "TOPODRA_CLAIM_READ_TIMEOUT_SECONDS",
-            ),
-            (
-                "claim-read-deadline-seconds",
-                "TOPODRA_CLAIM_READ_DEADLINE_SECONDS",
-            ),
-            ("call-deadline-seconds", "TOPODRA_CALL_DEADLINE_SECONDS"),
-            (
-                "stale-claim-check-interval-seconds",
-                "TOPODRA_STALE_CLAIM_CHECK_INTERVAL_SECONDS",
-            ),
-            (
-                "stale-claim-grace-seconds",
-                "TOPODRA_STALE_CLAIM_GRACE_SECONDS",
-            ),
-            ("max-concurrent-claims", "TOPODRA_MAX_CONCURRENT_CLAIMS"),
-            ("boot-id-file", "TOPODRA_BOOT_ID_FILE"),
-            ("cdi-hook-source", "TOPODRA_CDI_HOOK_SOURCE"),
-            ("cdi-hook-host-path", "TOPODRA_CDI_HOOK_HOST_PATH"),
-            ("ignored-xids", "TOPODRA_IGNORED_XIDS"),
-            (
-                "health-quiet-period-seconds",
-                "TOPODRA_HEALTH_QUIET_PERIOD_SECONDS",
-            ),
-            ("evict-unhealthy", "TOPODRA_EVICT_UNHEALTHY"),
-            #[cfg(feature = "crash-points")]
-            ("test-crash-at", "TOPODRA_TEST_CRASH_AT"),
-        ]
-        .iter()
-        .map(|(f, e)| ((*f).to_owned(), (*e).to_owned()))
-        .collect();
-        expected.sort();
-        assert_eq!(flags, expected);
-    }
-}
+mod tests;

@@ -18,10 +18,10 @@ pub(crate) struct CrashArgs {}
 /// Installs the hook that aborts the process at `--test-crash-at`, as a kill would.
 #[cfg(feature = "crash-points")]
 pub(crate) fn with_test_crash_at(
-    mut preparer: topodra_driver::prepare::Preparer,
+    mut preparer: topodra_node::prepare::Preparer,
     args: &CrashArgs,
-) -> anyhow::Result<topodra_driver::prepare::Preparer> {
-    use topodra_driver::prepare::CrashPoint;
+) -> anyhow::Result<topodra_node::prepare::Preparer> {
+    use topodra_node::prepare::CrashPoint;
     if let Some(point) = &args.test_crash_at {
         let point: CrashPoint = point.parse().map_err(anyhow::Error::msg)?;
         tracing::warn!(

@@ -4,8 +4,8 @@ use std::io::Write;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use topodra_driver::discovery::{self, DiscoveryConfig, NvmlPolicy, TopologyInput};
-use topodra_driver::slice::{self, SliceOptions};
+use topodra_model::slice::{self, SliceOptions};
+use topodra_node::discovery::{self, DiscoveryConfig, NvmlPolicy, TopologyInput};
 
 use crate::args::DiscoveryFlags;
 
@@ -55,22 +55,22 @@ pub(crate) struct DiscoverArgs {
 
 impl DiscoverArgs {
     fn config(&self) -> DiscoveryConfig {
-        DiscoveryConfig {
-            nvml_lib: Some(self.discovery.nvml_lib.clone()),
-            nvml: if self.no_nvml {
-                NvmlPolicy::Disabled
-            } else if self.require_nvml {
-                NvmlPolicy::Required
-            } else {
-                NvmlPolicy::Optional
-            },
-            topology: match (&self.discovery.hwloc_xml, self.sysfs_only) {
-                (Some(path), _) => TopologyInput::HwlocXml(path.clone()),
-                (None, true) => TopologyInput::Sysfs(self.discovery.sysfs_root.clone()),
-                (None, false) => TopologyInput::Live,
-            },
-            sysfs_root: self.discovery.sysfs_root.clone(),
-        }
+        let mut config = DiscoveryConfig::default();
+        config.nvml_lib = Some(self.discovery.nvml_lib.clone());
+        config.nvml = if self.no_nvml {
+            NvmlPolicy::Disabled
+        } else if self.require_nvml {
+            NvmlPolicy::Required
+        } else {
+            NvmlPolicy::Optional
+        };
+        config.topology = match (&self.discovery.hwloc_xml, self.sysfs_only) {
+            (Some(path), _) => TopologyInput::HwlocXml(path.clone()),
+            (None, true) => TopologyInput::Sysfs(self.discovery.sysfs_root.clone()),
+            (None, false) => TopologyInput::Live,
+        };
+        config.sysfs_root = self.discovery.sysfs_root.clone();
+        config
     }
 
     fn node_name(&self) -> Result<String> {
@@ -90,12 +90,10 @@ pub(crate) fn run(args: &DiscoverArgs, out: &mut impl Write) -> Result<()> {
         .checked_numa_node_aliases()
         .context("--numa-node-aliases")?;
     let inventory = discovery::discover(&args.config()).context("discovery failed")?;
-    let options = SliceOptions {
-        driver_name: args.discovery.driver_name.clone(),
-        numa_node_format: args.discovery.numa_node_format,
-        numa_node_aliases,
-        ..SliceOptions::new(args.node_name()?)
-    };
+    let mut options = SliceOptions::new(args.node_name()?);
+    options.driver_name = args.discovery.driver_name.clone();
+    options.numa_node_format = args.discovery.numa_node_format;
+    options.numa_node_aliases = numa_node_aliases;
     match args.output {
         Output::Table => crate::table::render(&inventory, out)?,
         Output::Inventory => {

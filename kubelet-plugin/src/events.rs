@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use dra_kubeletplugin::backoff::Backoff;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::api::resource::v1::ResourceSlice;
-use topodra_driver::checkpoint::ClaimRecord;
-use topodra_driver::prepare::StartupReport;
+use topodra_model::checkpoint::ClaimRecord;
+use topodra_node::prepare::StartupReport;
+use topodra_ops::backoff::Backoff;
 
 /// Records a Warning Event on this plugin's Node, where `kubectl describe node`
 /// shows it (it lists the Events whose involvedObject has the Node's kind, name and
@@ -185,10 +185,10 @@ pub(crate) async fn squatted_names(client: kube::Client, node: &str, driver: &st
 pub(crate) async fn mig_events(
     client: kube::Client,
     node: &str,
-    inventory: &topodra_driver::Inventory,
+    inventory: &topodra_model::Inventory,
 ) {
     for gpu in &inventory.gpus {
-        let Some(warning) = topodra_driver::discovery::mig_warning(gpu) else {
+        let Some(warning) = topodra_node::discovery::mig_warning(gpu) else {
             continue;
         };
         node_event(client.clone(), node, "GpuNotOffered", "Discover", warning).await;

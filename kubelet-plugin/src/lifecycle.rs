@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::watch;
 
-use crate::publish::PublishStatus;
+use dra_kubeletplugin::publish::PublishStatus;
 use topodra_ops::http::Check;
 
 #[derive(Debug, Clone)]

@@ -7,9 +7,10 @@ use dra_kubeletplugin::health::{DeviceHealth, HealthStatus, NodeHealth};
 use dra_kubeletplugin::{ClaimError, ClaimRef, Driver, PreparedDevice};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::sync::watch;
-use topodra_driver::prepare::Preparer;
+use topodra_node::prepare::Preparer;
 
-use topodra_driver::health::{HealthState, Status};
+use topodra_model::checkpoint::{ClaimIdentity, PreparedGpu};
+use topodra_model::health::{HealthState, Status};
 
 use crate::metrics::Metrics;
 
@@ -37,8 +38,30 @@ impl NodeDriver {
     }
 }
 
-fn claim_error(e: &topodra_driver::prepare::ClaimError) -> ClaimError {
-    ClaimError::new(e.kind(), e.to_string())
+// The crossing between the helper's types (the kubelet's side) and the node crate's
+// (the checkpoint's side): one function a concept, here only. Neither crate knows the
+// other, so these cannot be `From` impls (the orphan rule).
+
+fn claim_error(e: &topodra_node::prepare::ClaimError) -> ClaimError {
+    ClaimError::new(e.kind().as_str(), e.to_string())
+}
+
+fn claim_identity(claim: &ClaimRef) -> ClaimIdentity {
+    ClaimIdentity {
+        uid: claim.uid.clone(),
+        namespace: claim.namespace.clone(),
+        name: claim.name.clone(),
+    }
+}
+
+fn prepared_device(gpu: PreparedGpu) -> PreparedDevice {
+    PreparedDevice {
+        requests: gpu.requests,
+        pool: gpu.pool,
+        device: gpu.device,
+        cdi_device_ids: gpu.cdi_device_ids,
+        share_id: gpu.share_id,
+    }
 }
 
 impl Driver for NodeDriver {
@@ -47,25 +70,11 @@ impl Driver for NodeDriver {
         claim: &ClaimRef,
         object: &ResourceClaim,
     ) -> Result<Vec<PreparedDevice>, ClaimError> {
-        let claim_ref = topodra_driver::checkpoint::ClaimRef {
-            uid: claim.uid.clone(),
-            namespace: claim.namespace.clone(),
-            name: claim.name.clone(),
-        };
-        let result = self.preparer.prepare(&claim_ref, object);
+        let result = self.preparer.prepare(&claim_identity(claim), object);
         // A failed prepare may have rolled back a record too: taken in either way.
         self.metrics.set_prepared_from(&self.preparer);
-        let devices = result.map_err(|e| claim_error(&e))?;
-        Ok(devices
-            .into_iter()
-            .map(|d| PreparedDevice {
-                requests: d.requests,
-                pool: d.pool,
-                device: d.device,
-                cdi_device_ids: d.cdi_device_ids,
-                share_id: d.share_id,
-            })
-            .collect())
+        let gpus = result.map_err(|e| claim_error(&e))?;
+        Ok(gpus.into_iter().map(prepared_device).collect())
     }
 
     fn unprepare(&self, claim: &ClaimRef) -> Result<(), ClaimError> {
@@ -123,12 +132,12 @@ mod tests {
     use std::time::{Duration, SystemTime};
 
     use super::*;
-    use topodra_driver::health::{Cause, DeviceHealth as MonitorHealth};
+    use topodra_model::health::{Cause, Verdict};
 
     #[tokio::test]
     async fn the_monitors_picture_reaches_the_plugin_until_the_monitor_stops() {
         let since = SystemTime::UNIX_EPOCH + Duration::from_secs(7);
-        let healthy = MonitorHealth {
+        let healthy = Verdict {
             status: Status::Healthy,
             since,
             reason: String::new(),

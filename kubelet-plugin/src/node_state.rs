@@ -10,7 +10,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::ownership::{self, Ownership, Timing};
+use dra_kubeletplugin::ownership::{self, Ownership, Timing};
 
 /// Who this instance is to the node's state.
 pub(crate) enum Owner {
@@ -34,7 +34,8 @@ async fn usable(dir: &Path, name: &str, timing: Timing) -> Result<Ownership, Str
     let owned = ownership::acquire(dir, name, timing)
         .await
         .map_err(|e| format!("taking ownership of the node state: {e}"))?;
-    ownership::probe_writable(dir).map_err(|e| e.to_string())?;
+    ownership::probe_writable(dir, &[topodra_node::checkpoint::CHECKPOINT_FILE])
+        .map_err(|e| e.to_string())?;
     Ok(owned)
 }
 

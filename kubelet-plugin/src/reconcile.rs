@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use topodra_driver::checkpoint::{ClaimRecord, ClaimState};
-use topodra_driver::prepare::Preparer;
+use topodra_model::checkpoint::{ClaimRecord, ClaimState};
+use topodra_node::prepare::Preparer;
 
 use dra_kubeletplugin::claims::{ApiClaims, BoxFuture, check_claim_ref};
 use k8s_openapi::api::resource::v1::ResourceClaim;

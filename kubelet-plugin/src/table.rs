@@ -5,7 +5,7 @@ use std::io::Write;
 use anyhow::Result;
 use std::collections::BTreeSet;
 
-use topodra_driver::{AllocatableDevice, Gpu, Inventory, Offer};
+use topodra_model::{AllocatableDevice, Gpu, Inventory, Offer};
 
 fn opt<T: ToString>(v: Option<T>) -> String {
     v.map_or_else(|| "-".to_owned(), |v| v.to_string())

@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use topodra_driver::health::{HealthState, TaintEffect, device_taints};
+use topodra_model::health::{HealthState, TaintEffect, device_taints};
 
-use crate::publish::{DesiredPool, PoolBuilder};
+use crate::pool::PoolBuilder;
+use dra_kubeletplugin::publish::DesiredPool;
 
 /// Starts [`follow_health`] from a pool without taints, and returns the channel of
 /// the pool the publisher keeps.

@@ -58,7 +58,7 @@ func TestChartRefusesValuesThatCannotWork(t *testing.T) {
 		{"controller memory without a unit", []string{"--set", "controller.resources.requests.memory=64"}, "/controller/resources/requests/memory"},
 		{"plugin log level verbose", []string{"--set", "kubeletPlugin.logLevel=verbose"}, "/kubeletPlugin/logLevel"},
 		{"controller log level verbose", []string{"--set", "controller.logLevel=verbose"}, "/controller/logLevel"},
-		{"bare target", []string{"--set", "kubeletPlugin.logLevel=info\\,topodra_driver"}, "/kubeletPlugin/logLevel"},
+		{"bare target", []string{"--set", "kubeletPlugin.logLevel=info\\,topodra_node"}, "/kubeletPlugin/logLevel"},
 		{"boolean label value", []string{"--set", "kubeletPlugin.nodeSelector.topodra\\.dev/gpu=true"}, "/kubeletPlugin/nodeSelector"},
 		// What the schema refuses, the templates refuse too.
 		{"no schema: port", []string{"--skip-schema-validation", "--set", "kubeletPlugin.httpPort=70000"}, "kubeletPlugin.httpPort must be a port number from 1 to 65535"},
@@ -85,7 +85,7 @@ func TestChartRefusesValuesThatCannotWork(t *testing.T) {
 		}
 	}
 	for _, args := range [][]string{
-		{"--set", "kubeletPlugin.logLevel=info\\,topodra_driver=debug\\,kube=WARN"},
+		{"--set", "kubeletPlugin.logLevel=info\\,topodra_node=debug\\,kube=WARN"},
 		{"--set", "kubeletPlugin.logLevel=off", "--set", "controller.logLevel=trace"},
 		{"--set", "kubeletPlugin.driverRoot=/"},
 		{"--set", "kubeletPlugin.driverRoot=/run/nvidia/driver"},

@@ -29,7 +29,7 @@ const (
 )
 
 // configCase is one entry of tests/opaque-config/cases.yaml, the cases the plugin's
-// decoder (driver/src/config/tests/corpus.rs) is tested against too.
+// decoder (driver/model/src/config/tests/corpus.rs) is tested against too.
 type configCase struct {
 	Name       string          `json:"name"`
 	Valid      bool            `json:"valid"`
@@ -103,7 +103,7 @@ func classWithConfig(name string, raw []byte) *resourceapi.DeviceClass {
 // TestOpaqueConfigPolicy runs every case of tests/opaque-config/cases.yaml through the
 // real API server with the ValidatingAdmissionPolicy of deploy/manifests, in a
 // ResourceClaim, a ResourceClaimTemplate and a DeviceClass: each is accepted or
-// refused as the plugin's decoder does (driver/src/config/tests/corpus.rs), and a
+// refused as the plugin's decoder does (driver/model/src/config/tests/corpus.rs), and a
 // refusal names the field path the decoder names. Then: objects created before the
 // policy can still be updated and deleted as long as their spec does not change.
 func TestOpaqueConfigPolicy(t *testing.T) {

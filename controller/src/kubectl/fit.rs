@@ -2,11 +2,11 @@
 //! on a node, would fit now.
 
 use serde::Serialize;
-use topodra_driver::capacity::{Cluster, Demand, Explanation, Level, explain};
+use topodra_model::capacity::{Cluster, Demand, Explanation, Level, explain};
 
-use crate::nodes::header;
-use crate::table::Table;
-use crate::terminal::escape;
+use crate::kubectl::nodes::header;
+use crate::kubectl::table::Table;
+use crate::kubectl::terminal::escape;
 
 /// One place with enough free GPUs: a node, and for an aligned demand one group.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -113,7 +113,7 @@ pub(crate) fn json(f: &Fit) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixtures::{golden, two_dgx};
+    use crate::kubectl::fixtures::{golden, two_dgx};
 
     #[test]
     fn aligned_sets_are_listed_by_group() {

@@ -7,12 +7,12 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceClaim};
 use serde_json::json;
-use topodra_driver::capacity::Cluster;
-use topodra_driver::health::UNHEALTHY_TAINT_KEY;
-use topodra_driver::inventory::{MigDevice, MigMode};
-use topodra_driver::slice::attributes::NUMA_NODE;
-use topodra_driver::slice::{DEFAULT_DRIVER_NAME, SliceOptions, build_slices};
-use topodra_driver::{Gpu, Inventory, NumaKind, NumaNode, PciAddress, PcieRoot};
+use topodra_model::capacity::Cluster;
+use topodra_model::health::UNHEALTHY_TAINT_KEY;
+use topodra_model::inventory::{MigDevice, MigMode};
+use topodra_model::slice::attributes::NUMA_NODE;
+use topodra_model::slice::{DEFAULT_DRIVER_NAME, SliceOptions, build_slices};
+use topodra_model::{Gpu, Inventory, NumaKind, NumaNode, PciAddress, PcieRoot};
 
 pub(crate) const DRIVER: &str = DEFAULT_DRIVER_NAME;
 

@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use topodra_driver::capacity::{Cluster, Counts, Level, NodeSummary, SET_SIZES};
+use topodra_model::capacity::{Cluster, Counts, Level, NodeSummary, SET_SIZES};
 
-use crate::table::Table;
+use crate::kubectl::table::Table;
 
 /// How a level is named in column headers.
 pub(crate) fn header(level: Level) -> &'static str {
@@ -199,7 +199,7 @@ pub(crate) fn json(cluster: &Cluster) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixtures::{DRIVER, add_node, dgx_h100, dgx_h100_mig, golden, two_dgx};
+    use crate::kubectl::fixtures::{DRIVER, add_node, dgx_h100, dgx_h100_mig, golden, two_dgx};
 
     #[test]
     fn the_table_shows_nodes_numa_nodes_and_the_total() {
@@ -266,8 +266,8 @@ TOTAL   all    0       0           0           0      -
     fn a_node_name_from_a_slice_cannot_forge_a_row() {
         let mut c = Cluster::new(DRIVER);
         let hostile = "x\nTOTAL        all    99\u{1b}[8m";
-        let opts = topodra_driver::slice::SliceOptions::new("node-a");
-        for mut s in topodra_driver::slice::build_slices(&dgx_h100(), &opts).unwrap() {
+        let opts = topodra_model::slice::SliceOptions::new("node-a");
+        for mut s in topodra_model::slice::build_slices(&dgx_h100(), &opts).unwrap() {
             s.spec.node_name = Some(hostile.to_owned());
             c.apply_slice(&s);
         }

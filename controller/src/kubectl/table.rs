@@ -5,7 +5,7 @@
 //! Cells are escaped ([`escape`]): they hold names and keys from API objects, and a
 //! newline or an escape sequence in one would forge a row or garble the terminal.
 
-use crate::terminal::escape;
+use crate::kubectl::terminal::escape;
 
 /// Space after the widest cell of a column.
 const PADDING: usize = 3;

@@ -2,7 +2,7 @@
 //! relists, Events for waiting pods, readiness.
 
 use serde_json::json;
-use topodra_driver::slice::attributes::NUMA_NODE;
+use topodra_model::slice::attributes::NUMA_NODE;
 
 use super::*;
 use crate::fixtures::{gpu_slice, nrt_options};
@@ -54,7 +54,7 @@ fn synced() -> State {
         Input::Nrt(Event::Init),
         Input::Nrt(Event::InitDone),
     ] {
-        s.apply(input);
+        let _ = s.apply(input);
     }
     s
 }
@@ -81,15 +81,21 @@ fn a_node_gets_its_object_once_and_no_write_when_nothing_changed() {
 
     // The server echoes our apply back through the watch: nothing more to write.
     let echoed: DynamicObject = serde_json::from_value(object.clone()).unwrap();
-    s.apply(Input::Nrt(Event::Apply(echoed)));
+    let _ = s.apply(Input::Nrt(Event::Apply(echoed)));
     assert!(s.plan_nrt(&nrt_options(), &mut skipped).is_empty());
     assert_eq!(skipped, 1);
 
     // The same claim event twice changes the model once.
-    assert!(s.apply(Input::Claim(Event::Apply(claim("c", "node-a", &[0, 1], 2)))));
+    assert!(
+        s.apply(Input::Claim(Event::Apply(claim("c", "node-a", &[0, 1], 2))))
+            .model
+    );
     let writes = s.plan_nrt(&nrt_options(), &mut skipped);
     assert_eq!(applied(&writes)[0].1[0]["resources"][0]["available"], "2");
-    assert!(!s.apply(Input::Claim(Event::Apply(claim("c", "node-a", &[0, 1], 2)))));
+    assert!(
+        !s.apply(Input::Claim(Event::Apply(claim("c", "node-a", &[0, 1], 2))))
+            .model
+    );
 }
 
 #[test]
@@ -99,11 +105,11 @@ fn a_deleted_node_loses_its_object() {
     let Write::ApplyNrt { object, .. } = s.plan_nrt(&nrt_options(), &mut skipped).remove(0) else {
         panic!()
     };
-    s.apply(Input::Nrt(Event::Apply(
+    let _ = s.apply(Input::Nrt(Event::Apply(
         serde_json::from_value(object).unwrap(),
     )));
     s.plan_nrt(&nrt_options(), &mut skipped);
-    s.apply(Input::Node(Event::Delete(node("node-a"))));
+    let _ = s.apply(Input::Node(Event::Delete(node("node-a"))));
     assert_eq!(
         s.plan_nrt(&nrt_options(), &mut skipped),
         [Write::DeleteNrt {
@@ -115,7 +121,7 @@ fn a_deleted_node_loses_its_object() {
 #[test]
 fn a_relist_drops_what_went_while_the_watch_was_away() {
     let mut s = synced();
-    s.apply(Input::Claim(Event::Apply(claim(
+    let _ = s.apply(Input::Claim(Event::Apply(claim(
         "c",
         "node-a",
         &[0, 1, 2, 3],
@@ -123,8 +129,8 @@ fn a_relist_drops_what_went_while_the_watch_was_away() {
     ))));
     assert_eq!(s.cluster.node("node-a").unwrap().gpus.allocated, 4);
     // The claim was deleted during a watch outage; the relist does not bring it.
-    s.apply(Input::Claim(Event::Init));
-    s.apply(Input::Claim(Event::InitDone));
+    let _ = s.apply(Input::Claim(Event::Init));
+    let _ = s.apply(Input::Claim(Event::InitDone));
     assert_eq!(s.cluster.node("node-a").unwrap().gpus.allocated, 0);
 }
 
@@ -132,15 +138,15 @@ fn a_relist_drops_what_went_while_the_watch_was_away() {
 fn a_waiting_pod_is_explained_once_per_answer() {
     let mut s = synced();
     for (i, gpus) in [[0, 1, 2, 3], [4, 5, 6, 7]].iter().enumerate() {
-        s.apply(Input::Claim(Event::Apply(claim(
+        let _ = s.apply(Input::Claim(Event::Apply(claim(
             &format!("full-{i}"),
             "node-a",
             gpus,
             4,
         ))));
     }
-    s.apply(Input::Claim(Event::Apply(claim("third", "node-a", &[], 4))));
-    s.apply(Input::Pod(Event::Apply(waiting_pod("p", "third"))));
+    let _ = s.apply(Input::Claim(Event::Apply(claim("third", "node-a", &[], 4))));
+    let _ = s.apply(Input::Pod(Event::Apply(waiting_pod("p", "third"))));
     let t0 = Instant::now();
     let events = s.plan_events(t0, Duration::from_secs(30));
     let [Write::PodEvent { name, message, .. }] = events.as_slice() else {
@@ -154,14 +160,14 @@ fn a_waiting_pod_is_explained_once_per_answer() {
     assert_eq!(s.pending_pods(), 1);
 
     // Nothing changed: no second Event.
-    s.apply(Input::Pod(Event::Apply(waiting_pod("p", "third"))));
+    let _ = s.apply(Input::Pod(Event::Apply(waiting_pod("p", "third"))));
     assert!(
         s.plan_events(t0 + Duration::from_secs(60), Duration::from_secs(30))
             .is_empty()
     );
 
     // A claim goes: the answer changes, but not before the minimum interval.
-    s.apply(Input::Claim(Event::Delete(claim(
+    let _ = s.apply(Input::Claim(Event::Delete(claim(
         "full-0",
         "node-a",
         &[0, 1, 2, 3],
@@ -182,7 +188,7 @@ fn a_waiting_pod_is_explained_once_per_answer() {
     );
 
     // Scheduled pods leave the watch (it selects unscheduled pods) and are forgotten.
-    s.apply(Input::Pod(Event::Delete(waiting_pod("p", "third"))));
+    let _ = s.apply(Input::Pod(Event::Delete(waiting_pod("p", "third"))));
     s.plan_events(t0 + Duration::from_secs(90), Duration::from_secs(30));
     assert_eq!(s.pending_pods(), 0);
 }
@@ -190,8 +196,21 @@ fn a_waiting_pod_is_explained_once_per_answer() {
 #[test]
 fn readiness_waits_for_every_watched_resource() {
     let s = synced();
-    let watched = BTreeSet::from(["resourceslices", "nodes", "pods"]);
-    assert_eq!(s.unsynced(&watched), ["pods"]);
+    let watched = BTreeSet::from([Kind::Slices, Kind::Nodes, Kind::Pods]);
+    assert_eq!(s.unsynced(&watched), [Kind::Pods]);
+}
+
+/// The run loop wakes for a write pass only when an event changed something a pass
+/// acts on.
+#[test]
+fn an_event_that_changes_nothing_asks_for_no_pass() {
+    let mut s = synced();
+    let again = s.apply(Input::Node(Event::Apply(node("node-a"))));
+    assert!(!again.model);
+    assert!(!again.pass_due);
+    let allocated = s.apply(Input::Claim(Event::Apply(claim("c", "node-a", &[0], 1))));
+    assert!(allocated.model);
+    assert!(allocated.pass_due);
 }
 
 mod malformed;
@@ -228,7 +247,7 @@ fn a_claim_of_gpus_and_cpus_is_explained_and_zones_count_the_cpus() {
         Input::CpuSlice(Event::InitApply(cpu_slice("node-a"))),
         Input::CpuSlice(Event::InitDone),
     ] {
-        s.apply(input);
+        let _ = s.apply(input);
     }
     // NUMA 0: GPUs 0-3 and 40 CPUs taken by one claim; NUMA 1: all free.
     let mut first = claim("first", "node-a", &[0, 1, 2, 3], 4);
@@ -237,7 +256,7 @@ fn a_claim_of_gpus_and_cpus_is_explained_and_zones_count_the_cpus() {
         .push(serde_json::from_value(json!({"driver": "dra.cpu", "pool": "node-a",
             "device": "cpudevnuma000", "request": "cpus", "consumedCapacity": {"dra.cpu/cpu": "40"}}))
         .unwrap());
-    s.apply(Input::Claim(Event::Apply(first)));
+    let _ = s.apply(Input::Claim(Event::Apply(first)));
 
     let mut skipped = 0;
     let writes = s.plan_nrt(&nrt_options(), &mut skipped);
@@ -258,8 +277,8 @@ fn a_claim_of_gpus_and_cpus_is_explained_and_zones_count_the_cpus() {
             "constraints": [{"matchAttribute": "dra.net/numaNode"}]}},
     }))
     .unwrap();
-    s.apply(Input::Claim(Event::Apply(waiting)));
-    s.apply(Input::Pod(Event::Apply(waiting_pod("p", "mixed"))));
+    let _ = s.apply(Input::Claim(Event::Apply(waiting)));
+    let _ = s.apply(Input::Pod(Event::Apply(waiting_pod("p", "mixed"))));
     let events = s.plan_events(Instant::now(), Duration::ZERO);
     let [Write::PodEvent { message, .. }] = events.as_slice() else {
         panic!("{events:?}")

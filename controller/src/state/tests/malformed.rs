@@ -2,14 +2,15 @@
 //! publishes: hostile values, a pool split across nodes, a device named twice.
 
 use serde_json::json;
-use topodra_driver::capacity::Finding;
-use topodra_driver::slice::attributes::NUMA_NODE;
+use topodra_model::capacity::Finding;
+use topodra_model::slice::attributes::NUMA_NODE;
 
 use super::*;
 use crate::fixtures::{gpu_slice, nrt_options};
 
-/// A synced state with Nodes `node-a` and `node-b` and the given slices.
-fn with_slices(slices: Vec<ResourceSlice>) -> State {
+/// A synced state with Nodes `node-a` and `node-b` and the given slices, and what
+/// the events found on the way.
+fn with_slices(slices: Vec<ResourceSlice>) -> (State, Vec<Finding>) {
     let mut s = State::new("gpu.topodra.dev", vec![]);
     let mut inputs = vec![Input::Slice(Event::Init)];
     inputs.extend(
@@ -31,10 +32,11 @@ fn with_slices(slices: Vec<ResourceSlice>) -> State {
         Input::Nrt(Event::Init),
         Input::Nrt(Event::InitDone),
     ]);
-    for i in inputs {
-        s.apply(i);
-    }
-    s
+    let findings = inputs
+        .into_iter()
+        .flat_map(|i| s.apply(i).findings)
+        .collect();
+    (s, findings)
 }
 
 /// The planned objects, by node, read back as the server would store them.
@@ -75,8 +77,8 @@ fn hostile_numa_values_make_no_zone() {
             .unwrap()
             .insert(NUMA_NODE.into(), serde_json::from_value(value).unwrap());
     }
-    let mut s = with_slices(vec![slice]);
-    assert_eq!(s.cluster.take_findings().len(), 5);
+    let (mut s, findings) = with_slices(vec![slice]);
+    assert_eq!(findings.len(), 5);
     let objects = objects(&mut s);
     let object = &objects["node-a"];
     // gpu-0..3 were NUMA 0, gpu-4 NUMA 1: what is left are gpu-5..7 on NUMA 1.
@@ -94,12 +96,25 @@ fn a_pool_naming_two_nodes_gives_neither_an_object() {
     b.spec.node_name = Some("node-b".into());
     b.spec.pool.resource_slice_count = 2;
     b.spec.devices.as_mut().unwrap().drain(..4);
-    let mut s = with_slices(vec![a, b]);
+    let (mut s, findings) = with_slices(vec![a.clone(), b.clone()]);
     assert!(matches!(
-        s.cluster.take_findings().as_slice(),
+        findings.as_slice(),
         [Finding::PoolSkipped { pool, .. }] if pool == "node-a"
     ));
     assert_eq!(objects(&mut s), BTreeMap::new());
+
+    // The slice that completes the pool changes no node, and still brings the
+    // finding (the controller reports findings from every event, not only from
+    // those that change the model).
+    let mut s = State::new("gpu.topodra.dev", vec![]);
+    let first = s.apply(Input::Slice(Event::Apply(a)));
+    assert_eq!(first.findings, []);
+    let second = s.apply(Input::Slice(Event::Apply(b)));
+    assert!(!second.model);
+    assert!(matches!(
+        second.findings.as_slice(),
+        [Finding::PoolSkipped { pool, .. }] if pool == "node-a"
+    ));
 }
 
 #[test]
@@ -110,17 +125,17 @@ fn a_device_named_twice_in_a_pool_gives_no_object() {
     b.metadata.name = Some("node-a-gpu-2".into());
     b.spec.pool.resource_slice_count = 2;
     b.spec.devices.as_mut().unwrap().truncate(1);
-    let mut s = with_slices(vec![gpu_slice("node-a"), gpu_slice("node-b")]);
+    let (mut s, _) = with_slices(vec![gpu_slice("node-a"), gpu_slice("node-b")]);
     assert_eq!(zone_names(&objects(&mut s)["node-a"]), ["node-0", "node-1"]);
-    s.apply(Input::Slice(Event::Apply(a)));
-    s.apply(Input::Slice(Event::Apply(b)));
+    let mut findings = s.apply(Input::Slice(Event::Apply(a))).findings;
+    findings.extend(s.apply(Input::Slice(Event::Apply(b))).findings);
     assert!(matches!(
-        s.cluster.take_findings().as_slice(),
+        findings.as_slice(),
         [Finding::PoolSkipped { pool, .. }] if pool == "node-a"
     ));
     // node-a's object goes (nothing is known about its GPUs); node-b is untouched.
     let mut skipped = 0;
-    s.apply(Input::Nrt(Event::Apply(
+    let _ = s.apply(Input::Nrt(Event::Apply(
         serde_json::from_value(json!({
             "apiVersion": "topology.node.k8s.io/v1alpha2", "kind": "NodeResourceTopology",
             "metadata": {"name": "node-a"}, "zones": []}))

@@ -1,0 +1,298 @@
+//! The prepare checkpoint: what the kubelet plugin has prepared, kept on disk.
+//!
+//! The kubelet may ask us to unprepare a claim after the plugin restarted and after the
+//! claim object is gone, so everything unprepare needs (devices, CDI spec path) is
+//! recorded here. Prepare is two-phase: a record is written in
+//! [`ClaimState::PrepareStarted`] *before* any side effect (CDI spec, sharing setup),
+//! and turned into [`ClaimState::PrepareCompleted`] after them. The completion is only
+//! made in memory and reaches disk with the next save of any kind: the spec itself,
+//! which appears by an atomic rename after the started record is on disk, is the
+//! durable mark that the prepare finished (see `prepare::recovery`). A crash therefore
+//! leaves a started record, which `rollback_candidates` hands back at startup to be
+//! rolled forward (its spec is there) or back (it is not).
+//!
+//! # Reboots
+//!
+//! CDI specs live under `/var/run`, which a reboot empties, and the kubelet calls
+//! prepare again for every claim of its pods (it does not trust its own "prepared"
+//! state across restarts). A completed record whose spec vanished must therefore not
+//! answer prepare from the record alone. `after_reboot` keeps every record, so the
+//! devices stay reserved and unprepare still finds what to clean up, but turns
+//! completed *and started* records into [`ClaimState::NeedsReprepare`]: the next
+//! prepare redoes the work, and the startup rollback leaves them alone (their pods may
+//! still be bound here and about to be restarted). A started record may be a prepare
+//! the kubelet was told had succeeded, since the completion is not saved before the
+//! answer; across a power loss the spec is no evidence either way, so the record keeps
+//! its devices until the claim is prepared again or the stale-claim check finds it
+//! gone. Holding a GPU too long is the safe direction; handing it out twice is not.
+//!
+//! # Layout
+//!
+//! - `format`: the pure on-disk encoding ([`encode`], [`parse`]); see there for the
+//!   file format. The file itself (atomic saves, quarantine) is the node crate's
+//!   `checkpoint` module.
+
+#[cfg(any(test, feature = "test-fixtures"))]
+pub mod fixtures;
+mod format;
+mod records;
+
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
+use std::fmt;
+
+pub use format::{CorruptReason, MAX_CHECKPOINT_BYTES, encode, parse};
+
+// These are the plugin's own view; the file holds the records of `records`, which
+// `format` converts at the one crossing, so a change here changes no file.
+
+/// Every claim this node has prepared or is preparing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// The kernel boot id at the time of the last save; see `after_reboot`.
+    pub boot_id: String,
+    /// Keyed by claim UID.
+    pub claims: BTreeMap<String, ClaimRecord>,
+}
+
+/// What was prepared for one ResourceClaim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimRecord {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub state: ClaimState,
+    pub devices: Vec<PreparedGpu>,
+    /// Path of the CDI spec file written for this claim. Recorded when prepare starts,
+    /// before the file is written, so a rollback knows what may need deleting.
+    pub cdi_spec: Option<String>,
+    /// Unix seconds of the last state change.
+    pub updated_at: u64,
+}
+
+/// Where a claim stands in the two-phase prepare.
+///
+/// Every state holds the claim's devices: a record releases them only by being
+/// removed (unprepare or rollback).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ClaimState {
+    /// Prepare began and may have left partial side effects; or it finished, was
+    /// answered, and the completion is not saved yet (the spec on disk says which).
+    PrepareStarted,
+    /// Prepare finished; the recorded CDI ids are valid.
+    PrepareCompleted,
+    /// Prepare finished (or started) in an earlier boot; its side effects may be gone,
+    /// so the next prepare must redo them.
+    NeedsReprepare,
+}
+
+impl fmt::Display for ClaimState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::PrepareStarted => "PrepareStarted",
+            Self::PrepareCompleted => "PrepareCompleted",
+            Self::NeedsReprepare => "NeedsReprepare",
+        })
+    }
+}
+
+/// One allocated device as prepared for a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedGpu {
+    /// Request names (base names, without a subrequest suffix) this device serves.
+    pub requests: Vec<String>,
+    pub pool: String,
+    /// Device name in the pool, e.g. `gpu-3`.
+    pub device: String,
+    /// Fully qualified CDI device ids returned to the kubelet.
+    pub cdi_device_ids: Vec<String>,
+    /// Set when the device is shared (time slicing, MPS) under this id.
+    pub share_id: Option<String>,
+}
+
+/// Identity of the claim being prepared.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimIdentity {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+/// A device that another claim's record holds. The one place the plugin checks
+/// exclusivity: `begin_prepare`, under the lock of the checkpoint in memory that
+/// holds every pending change (`prepare::commit`), so two prepares racing for a GPU
+/// cannot both pass.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "device {device} is already prepared for claim {}/{} ({}): delete the pod using that claim first; \
+     if it is gone, its unprepare failed (see the plugin's logs)",
+    holder.namespace, holder.name, holder.uid
+)]
+pub struct DeviceInUse {
+    pub pool: String,
+    pub device: String,
+    pub holder: ClaimIdentity,
+}
+
+impl DeviceInUse {
+    fn into_transition(self) -> TransitionError {
+        TransitionError::DeviceInUse(Box::new(self))
+    }
+}
+
+/// A two-phase transition that the checkpoint refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransitionError {
+    /// Boxed: the other variants are the rare ones, and this keeps the type small.
+    #[error(transparent)]
+    DeviceInUse(Box<DeviceInUse>),
+    /// A caller bug: completing a claim that was never started.
+    #[error("claim {0} is not in the checkpoint")]
+    UnknownClaim(String),
+    /// A caller bug: completing a claim that was not (re)started in this boot.
+    #[error("claim {uid} cannot complete prepare from state {state}")]
+    NotStarted { uid: String, state: ClaimState },
+}
+
+impl Checkpoint {
+    /// An empty checkpoint for the given boot.
+    pub fn new(boot_id: impl Into<String>) -> Self {
+        Self {
+            boot_id: boot_id.into(),
+            claims: BTreeMap::new(),
+        }
+    }
+
+    pub fn get(&self, uid: &str) -> Option<&ClaimRecord> {
+        self.claims.get(uid)
+    }
+
+    /// The claim, if any, whose record holds `pool/device`.
+    pub fn holder_of(&self, pool: &str, device: &str) -> Option<&ClaimRecord> {
+        self.claims.values().find(|r| r.holds(pool, device))
+    }
+
+    /// Inserts or replaces the record under its own UID; returns the previous one.
+    pub fn insert(&mut self, record: ClaimRecord) -> Option<ClaimRecord> {
+        self.claims.insert(record.uid.clone(), record)
+    }
+
+    pub fn remove(&mut self, uid: &str) -> Option<ClaimRecord> {
+        self.claims.remove(uid)
+    }
+}
+
+impl ClaimRecord {
+    pub fn holds(&self, pool: &str, device: &str) -> bool {
+        self.devices
+            .iter()
+            .any(|d| d.pool == pool && d.device == device)
+    }
+}
+
+/// Records that prepare of `claim` is starting, with everything needed to undo it.
+///
+/// Refuses when one of `devices` is held by another claim. A record already there for
+/// the same UID is replaced: the caller calls this only after deciding the prepare must
+/// be (re)done, e.g. for a retry or a [`ClaimState::NeedsReprepare`] record.
+pub fn begin_prepare(
+    checkpoint: &mut Checkpoint,
+    claim: ClaimIdentity,
+    devices: Vec<PreparedGpu>,
+    cdi_spec: Option<String>,
+    now: u64,
+) -> Result<&ClaimRecord, TransitionError> {
+    for d in &devices {
+        if let Some(holder) = checkpoint.holder_of(&d.pool, &d.device)
+            && holder.uid != claim.uid
+        {
+            return Err(DeviceInUse {
+                pool: d.pool.clone(),
+                device: d.device.clone(),
+                holder: ClaimIdentity {
+                    uid: holder.uid.clone(),
+                    namespace: holder.namespace.clone(),
+                    name: holder.name.clone(),
+                },
+            }
+            .into_transition());
+        }
+    }
+    let record = ClaimRecord {
+        uid: claim.uid.clone(),
+        namespace: claim.namespace,
+        name: claim.name,
+        state: ClaimState::PrepareStarted,
+        devices,
+        cdi_spec,
+        updated_at: now,
+    };
+    Ok(match checkpoint.claims.entry(claim.uid) {
+        Entry::Occupied(mut slot) => {
+            slot.insert(record);
+            slot.into_mut()
+        }
+        Entry::Vacant(slot) => slot.insert(record),
+    })
+}
+
+/// Marks a started prepare as done. Completing an already completed claim is a no-op,
+/// so a retried call is harmless; completing a claim that was never (re)started is a
+/// caller bug and refused.
+pub fn complete_prepare<'a>(
+    checkpoint: &'a mut Checkpoint,
+    uid: &str,
+    now: u64,
+) -> Result<&'a ClaimRecord, TransitionError> {
+    let record = checkpoint
+        .claims
+        .get_mut(uid)
+        .ok_or_else(|| TransitionError::UnknownClaim(uid.to_owned()))?;
+    match record.state {
+        ClaimState::PrepareCompleted => {}
+        ClaimState::PrepareStarted => {
+            record.state = ClaimState::PrepareCompleted;
+            record.updated_at = now;
+        }
+        ClaimState::NeedsReprepare => {
+            return Err(TransitionError::NotStarted {
+                uid: uid.to_owned(),
+                state: record.state,
+            });
+        }
+    }
+    Ok(record)
+}
+
+/// Claims a crash left in the middle of a prepare, or after its answer but before the
+/// completion was saved: each is rolled forward or back before new prepares are served.
+pub fn rollback_candidates(checkpoint: &Checkpoint) -> Vec<ClaimRecord> {
+    checkpoint
+        .claims
+        .values()
+        .filter(|r| r.state == ClaimState::PrepareStarted)
+        .cloned()
+        .collect()
+}
+
+/// Applies the reboot rule (see the module docs) when `current_boot_id` differs from
+/// the recorded one, and records the new boot id. Returns the UIDs turned into
+/// [`ClaimState::NeedsReprepare`]; calling it again in the same boot changes nothing.
+pub fn after_reboot(checkpoint: &mut Checkpoint, current_boot_id: &str) -> Vec<String> {
+    if checkpoint.boot_id == current_boot_id {
+        return Vec::new();
+    }
+    checkpoint.boot_id = current_boot_id.to_owned();
+    let mut marked = Vec::new();
+    for record in checkpoint.claims.values_mut() {
+        if record.state != ClaimState::NeedsReprepare {
+            record.state = ClaimState::NeedsReprepare;
+            marked.push(record.uid.clone());
+        }
+    }
+    marked
+}
+
+#[cfg(test)]
+mod tests;

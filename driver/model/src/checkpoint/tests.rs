@@ -1,0 +1,121 @@
+use super::fixtures::{claim, device, sample};
+use super::*;
+
+#[test]
+fn holder_of_finds_the_claim_holding_a_device() {
+    let cp = sample();
+    assert_eq!(cp.holder_of("node-1", "gpu-1").unwrap().uid, "u1");
+    assert_eq!(cp.holder_of("node-1", "gpu-3").unwrap().uid, "u2");
+    assert!(cp.holder_of("node-1", "gpu-2").is_none());
+    assert!(cp.holder_of("node-2", "gpu-0").is_none());
+}
+
+#[test]
+fn insert_replaces_and_remove_releases() {
+    let mut cp = sample();
+    let mut r = cp.get("u1").unwrap().clone();
+    r.devices.truncate(1);
+    let old = cp.insert(r).unwrap();
+    assert_eq!(old.devices.len(), 2);
+    assert!(cp.holder_of("node-1", "gpu-1").is_none());
+    assert_eq!(cp.remove("u1").unwrap().uid, "u1");
+    assert!(cp.holder_of("node-1", "gpu-0").is_none());
+    assert!(cp.remove("u1").is_none());
+}
+
+#[test]
+fn begin_prepare_refuses_a_device_of_another_claim() {
+    let mut cp = sample();
+    let err = begin_prepare(
+        &mut cp,
+        claim("u3"),
+        vec![
+            device("node-1", "gpu-2", "u3"),
+            device("node-1", "gpu-1", "u3"),
+        ],
+        None,
+        200,
+    )
+    .unwrap_err();
+    assert_eq!(
+        err,
+        TransitionError::DeviceInUse(Box::new(DeviceInUse {
+            pool: "node-1".into(),
+            device: "gpu-1".into(),
+            holder: claim("u1"),
+        }))
+    );
+    assert!(cp.get("u3").is_none(), "a refused prepare records nothing");
+}
+
+#[test]
+fn begin_prepare_again_for_the_same_claim_restarts_it() {
+    let mut cp = sample();
+    let r = begin_prepare(
+        &mut cp,
+        claim("u1"),
+        vec![device("node-1", "gpu-0", "u1")],
+        None,
+        300,
+    )
+    .unwrap();
+    assert_eq!(r.state, ClaimState::PrepareStarted);
+    assert_eq!(r.updated_at, 300);
+    assert!(cp.holder_of("node-1", "gpu-1").is_none());
+}
+
+#[test]
+fn complete_prepare_transitions() {
+    let mut cp = sample();
+    let r = complete_prepare(&mut cp, "u2", 400).unwrap();
+    assert_eq!((r.state, r.updated_at), (ClaimState::PrepareCompleted, 400));
+    // Idempotent: the timestamp of the real completion is kept.
+    let r = complete_prepare(&mut cp, "u2", 500).unwrap();
+    assert_eq!((r.state, r.updated_at), (ClaimState::PrepareCompleted, 400));
+    assert_eq!(
+        complete_prepare(&mut cp, "nope", 1).unwrap_err(),
+        TransitionError::UnknownClaim("nope".into())
+    );
+    after_reboot(&mut cp, "boot-b");
+    assert_eq!(
+        complete_prepare(&mut cp, "u1", 1).unwrap_err(),
+        TransitionError::NotStarted {
+            uid: "u1".into(),
+            state: ClaimState::NeedsReprepare
+        }
+    );
+}
+
+#[test]
+fn rollback_candidates_are_the_started_claims() {
+    let cp = sample();
+    let uids: Vec<_> = rollback_candidates(&cp)
+        .into_iter()
+        .map(|r| r.uid)
+        .collect();
+    assert_eq!(uids, ["u2"]);
+}
+
+#[test]
+fn after_reboot_keeps_records_and_asks_for_reprepare() {
+    let mut cp = sample();
+    assert!(after_reboot(&mut cp, "boot-a").is_empty(), "same boot");
+    assert_eq!(cp.get("u1").unwrap().state, ClaimState::PrepareCompleted);
+
+    assert_eq!(after_reboot(&mut cp, "boot-b"), ["u1", "u2"]);
+    assert_eq!(cp.boot_id, "boot-b");
+    assert_eq!(cp.get("u1").unwrap().state, ClaimState::NeedsReprepare);
+    // A started prepare may have been answered (its completion is saved lazily), and
+    // a power loss leaves no evidence either way: it keeps its devices too.
+    assert_eq!(cp.get("u2").unwrap().state, ClaimState::NeedsReprepare);
+    assert_eq!(cp.holder_of("node-1", "gpu-0").unwrap().uid, "u1");
+    assert_eq!(cp.holder_of("node-1", "gpu-3").unwrap().uid, "u2");
+    assert!(rollback_candidates(&cp).is_empty());
+    assert!(after_reboot(&mut cp, "boot-b").is_empty(), "idempotent");
+
+    // The kubelet's next prepare redoes the work.
+    let devices = cp.get("u1").unwrap().devices.clone();
+    begin_prepare(&mut cp, claim("u1"), devices, None, 600).unwrap();
+    let r = complete_prepare(&mut cp, "u1", 601).unwrap();
+    assert_eq!(r.state, ClaimState::PrepareCompleted);
+}

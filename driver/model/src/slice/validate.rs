@@ -1,0 +1,298 @@
+//! The API server's rules for ResourceSlices, checked before anything is sent.
+//!
+//! A slice the server refuses is a node whose GPUs the scheduler cannot see, reported
+//! only as an HTTP 422 in the plugin's log. Checking here turns that into an error that
+//! names the device and attribute at fault, at startup or in a unit test.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourceSlice};
+
+use super::SliceError;
+
+mod names;
+
+pub(crate) use names::{check_version, qualified_name};
+use names::{dns_label, dns_subdomain};
+
+/// Devices per slice.
+pub(crate) const MAX_DEVICES: usize = 128;
+/// Devices per slice when a device has taints, consumes counters or carries a
+/// list-typed attribute; those cost the server more to store and evaluate.
+pub(crate) const MAX_DEVICES_RESTRICTED: usize = 64;
+/// Attributes and capacities together, per device.
+pub(crate) const MAX_ATTRIBUTES: usize = 32;
+/// Bytes in a string or version value.
+pub(crate) const MAX_VALUE_LEN: usize = 64;
+/// Bytes in a driver name, and in the domain prefix of an attribute name.
+pub(crate) const MAX_DOMAIN_LEN: usize = 63;
+/// Bytes in the identifier part of an attribute or capacity name.
+pub(crate) const MAX_ID_LEN: usize = 32;
+/// Bytes in an object name, node name or pool name.
+pub(crate) const MAX_SUBDOMAIN_LEN: usize = 253;
+/// Bytes in a device name.
+pub(crate) const MAX_LABEL_LEN: usize = 63;
+
+/// The most devices one slice may hold, given the devices in it.
+pub(crate) fn device_limit<'a>(devices: impl IntoIterator<Item = &'a Device>) -> usize {
+    if devices.into_iter().any(is_restricted) {
+        MAX_DEVICES_RESTRICTED
+    } else {
+        MAX_DEVICES
+    }
+}
+
+/// Whether this device lowers its slice's device limit to [`MAX_DEVICES_RESTRICTED`].
+pub(crate) fn is_restricted(d: &Device) -> bool {
+    d.taints.as_ref().is_some_and(|t| !t.is_empty())
+        || d.consumes_counters.as_ref().is_some_and(|c| !c.is_empty())
+        || d.attributes
+            .as_ref()
+            .is_some_and(|a| a.values().any(is_list))
+}
+
+fn is_list(a: &DeviceAttribute) -> bool {
+    a.bools.is_some() || a.ints.is_some() || a.strings.is_some() || a.versions.is_some()
+}
+
+pub(crate) fn validate_driver_name(name: &str) -> Result<(), SliceError> {
+    dns_subdomain(name, MAX_DOMAIN_LEN).map_err(|reason| SliceError::DriverName {
+        name: name.to_owned(),
+        reason,
+    })
+}
+
+pub(crate) fn validate_node_name(name: &str) -> Result<(), SliceError> {
+    dns_subdomain(name, MAX_SUBDOMAIN_LEN).map_err(|reason| SliceError::NodeName {
+        name: name.to_owned(),
+        reason,
+    })
+}
+
+/// One slice on its own: names, limits and every device.
+pub(crate) fn validate_slice(slice: &ResourceSlice) -> Result<(), SliceError> {
+    let slice_name = slice.metadata.name.clone().unwrap_or_default();
+    dns_subdomain(&slice_name, MAX_SUBDOMAIN_LEN).map_err(|reason| SliceError::SliceName {
+        name: slice_name.clone(),
+        reason,
+    })?;
+    let spec = &slice.spec;
+    validate_driver_name(&spec.driver)?;
+    if let Some(node) = &spec.node_name {
+        validate_node_name(node)?;
+    }
+    dns_subdomain(&spec.pool.name, MAX_SUBDOMAIN_LEN).map_err(|reason| SliceError::PoolName {
+        name: spec.pool.name.clone(),
+        reason,
+    })?;
+    if spec.pool.generation < 0 {
+        return Err(SliceError::NegativeGeneration {
+            slice: slice_name,
+            generation: spec.pool.generation,
+        });
+    }
+    if spec.pool.resource_slice_count < 1 {
+        return Err(SliceError::SliceCount {
+            slice: slice_name,
+            declared: spec.pool.resource_slice_count,
+            actual: None,
+        });
+    }
+
+    let devices = spec.devices.as_deref().unwrap_or_default();
+    let max = device_limit(devices);
+    if devices.len() > max {
+        return Err(SliceError::TooManyDevices {
+            slice: slice_name,
+            count: devices.len(),
+            max,
+        });
+    }
+    let mut seen = BTreeSet::new();
+    for d in devices {
+        validate_device(&spec.driver, d)?;
+        if !seen.insert(d.name.as_str()) {
+            return Err(SliceError::DuplicateDevice {
+                pool: spec.pool.name.clone(),
+                device: d.name.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// All slices of one pool: each slice, plus what must agree across them.
+pub(crate) fn validate_pool(slices: &[ResourceSlice]) -> Result<(), SliceError> {
+    let Some(first) = slices.first() else {
+        return Ok(());
+    };
+    let pool = &first.spec.pool;
+    let mut devices = BTreeSet::new();
+    let mut names = BTreeSet::new();
+    for s in slices {
+        validate_slice(s)?;
+        let name = s.metadata.name.clone().unwrap_or_default();
+        let mixed = |field, expected: String, found: String| SliceError::MixedPool {
+            slice: name.clone(),
+            field,
+            expected,
+            found,
+        };
+        if s.spec.driver != first.spec.driver {
+            return Err(mixed(
+                "driver",
+                first.spec.driver.clone(),
+                s.spec.driver.clone(),
+            ));
+        }
+        if s.spec.pool.name != pool.name {
+            return Err(mixed(
+                "pool name",
+                pool.name.clone(),
+                s.spec.pool.name.clone(),
+            ));
+        }
+        if s.spec.pool.generation != pool.generation {
+            return Err(mixed(
+                "pool generation",
+                pool.generation.to_string(),
+                s.spec.pool.generation.to_string(),
+            ));
+        }
+        let actual = i64::try_from(slices.len()).unwrap_or(i64::MAX);
+        if s.spec.pool.resource_slice_count != actual {
+            return Err(SliceError::SliceCount {
+                slice: name,
+                declared: s.spec.pool.resource_slice_count,
+                actual: Some(slices.len()),
+            });
+        }
+        if !names.insert(name.clone()) {
+            return Err(SliceError::DuplicateSlice { slice: name });
+        }
+        for d in s.spec.devices.iter().flatten() {
+            if !devices.insert(d.name.as_str()) {
+                return Err(SliceError::DuplicateDevice {
+                    pool: pool.name.clone(),
+                    device: d.name.clone(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+fn validate_device(driver: &str, d: &Device) -> Result<(), SliceError> {
+    if let Err(reason) = dns_label(&d.name) {
+        return Err(SliceError::DeviceName {
+            device: d.name.clone(),
+            reason,
+        });
+    }
+    let empty = BTreeMap::new();
+    let attributes = d.attributes.as_ref().unwrap_or(&empty);
+    let capacity_names = d.capacity.iter().flat_map(|c| c.keys());
+    let count = attributes.len() + d.capacity.as_ref().map_or(0, |c| c.len());
+    if count > MAX_ATTRIBUTES {
+        return Err(SliceError::TooManyAttributes {
+            device: d.name.clone(),
+            count,
+            max: MAX_ATTRIBUTES,
+        });
+    }
+    for name in attributes.keys().chain(capacity_names) {
+        qualified_name(name).map_err(|reason| SliceError::AttributeName {
+            device: d.name.clone(),
+            attribute: name.clone(),
+            reason,
+        })?;
+    }
+    // CEL reads an unqualified name as `<driver>/<name>`, so `uuid` and
+    // `gpu.topodra.dev/uuid` are one attribute to a selector and one would shadow the
+    // other.
+    let qualify = |n: &str| match n.contains('/') {
+        true => n.to_owned(),
+        false => format!("{driver}/{n}"),
+    };
+    for names in [
+        attributes.keys().collect::<Vec<_>>(),
+        d.capacity.iter().flat_map(|c| c.keys()).collect(),
+    ] {
+        let mut seen = BTreeSet::new();
+        for n in names {
+            if !seen.insert(qualify(n)) {
+                return Err(SliceError::DuplicateAttribute {
+                    device: d.name.clone(),
+                    attribute: qualify(n),
+                });
+            }
+        }
+    }
+    for (name, value) in attributes {
+        validate_value(&d.name, name, value)?;
+    }
+    Ok(())
+}
+
+fn validate_value(device: &str, attribute: &str, a: &DeviceAttribute) -> Result<(), SliceError> {
+    let err_ctx = || (device.to_owned(), attribute.to_owned());
+    let set = [
+        a.bool.is_some(),
+        a.bools.is_some(),
+        a.int.is_some(),
+        a.ints.is_some(),
+        a.string.is_some(),
+        a.strings.is_some(),
+        a.version.is_some(),
+        a.versions.is_some(),
+    ]
+    .into_iter()
+    .filter(|s| *s)
+    .count();
+    if set != 1 {
+        let (device, attribute) = err_ctx();
+        return Err(SliceError::ValueCount {
+            device,
+            attribute,
+            count: set,
+        });
+    }
+    let empty_list = a.bools.as_ref().is_some_and(Vec::is_empty)
+        || a.ints.as_ref().is_some_and(Vec::is_empty)
+        || a.strings.as_ref().is_some_and(Vec::is_empty)
+        || a.versions.as_ref().is_some_and(Vec::is_empty);
+    if empty_list {
+        let (device, attribute) = err_ctx();
+        return Err(SliceError::EmptyList { device, attribute });
+    }
+    let strings = a.string.iter().chain(a.strings.iter().flatten());
+    let versions = a.version.iter().chain(a.versions.iter().flatten());
+    // Go's len(), which the server uses, counts bytes.
+    for s in strings.clone().chain(versions.clone()) {
+        if s.len() > MAX_VALUE_LEN {
+            let (device, attribute) = err_ctx();
+            return Err(SliceError::ValueTooLong {
+                device,
+                attribute,
+                value: s.clone(),
+                len: s.len(),
+                max: MAX_VALUE_LEN,
+            });
+        }
+    }
+    for v in versions {
+        check_version(v).map_err(|reason| {
+            let (device, attribute) = err_ctx();
+            SliceError::InvalidVersion {
+                device,
+                attribute,
+                value: v.clone(),
+                reason,
+            }
+        })?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,221 @@
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use topodra_model::{Gpu, PciAddress};
+
+use super::super::source::SourceError;
+use super::*;
+
+fn inventory(n: u8) -> Inventory {
+    let gpus = (0..n)
+        .map(|i| {
+            let mut g = Gpu::at(PciAddress::new(0, 0x18 + i, 0, 0));
+            g.index = Some(u32::from(i));
+            g.minor = Some(u32::from(i));
+            g.uuid = Some(format!("GPU-{i}"));
+            g
+        })
+        .collect();
+    Inventory {
+        gpus,
+        ..Inventory::default()
+    }
+}
+
+/// Scripted events; probes answer from a shared table, `Ok` by default.
+#[derive(Clone, Default)]
+struct Scripted {
+    events: Arc<Mutex<VecDeque<XidEvent>>>,
+    lost: Arc<Mutex<Vec<String>>>,
+    fail_open: bool,
+}
+
+impl EventSource for Scripted {
+    fn wait(&mut self, timeout: Duration) -> Result<Option<XidEvent>, SourceError> {
+        if let Some(ev) = self.events.lock().unwrap().pop_front() {
+            return Ok(Some(ev));
+        }
+        std::thread::sleep(timeout.min(Duration::from_millis(5)));
+        Ok(None)
+    }
+
+    fn probe(&mut self, device: &DeviceRef) -> Probe {
+        if self.lost.lock().unwrap().contains(&device.name) {
+            Probe::Lost
+        } else {
+            Probe::Ok
+        }
+    }
+}
+
+impl EventSourceOpener for Scripted {
+    fn with_source(
+        &mut self,
+        _devices: &[DeviceRef],
+        body: &mut dyn FnMut(&mut dyn EventSource),
+    ) -> Result<(), SourceError> {
+        if self.fail_open {
+            return Err(SourceError::Unavailable("no driver".into()));
+        }
+        let mut src = self.clone();
+        body(&mut src);
+        Ok(())
+    }
+}
+
+fn fast() -> MonitorConfig {
+    MonitorConfig {
+        probe_interval: Duration::from_millis(20),
+        wait_slice: Duration::from_millis(10),
+        reopen_interval: Duration::from_millis(50),
+        ..MonitorConfig::default()
+    }
+}
+
+async fn until(rx: &mut watch::Receiver<HealthState>, f: impl Fn(&HealthState) -> bool) {
+    tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|s| f(s)))
+        .await
+        .expect("state not reached")
+        .unwrap();
+}
+
+fn status(s: &HealthState, dev: &str) -> Status {
+    s.devices[dev].status
+}
+
+#[tokio::test]
+async fn an_xid_of_a_mig_gpu_marks_each_of_its_mig_devices() {
+    let mut inv = inventory(2);
+    inv.gpus[0].mig_mode = Some(topodra_model::inventory::MigMode {
+        current: true,
+        pending: true,
+    });
+    inv.gpus[0].mig_devices = (1..=2)
+        .map(|gi| topodra_model::MigDevice {
+            uuid: format!("MIG-{gi}"),
+            gpu_instance: gi,
+            compute_instance: 0,
+            profile: None,
+            memory_bytes: None,
+            multiprocessors: None,
+        })
+        .collect();
+    let src = Scripted::default();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (task, mut rx) = HealthMonitor::spawn(&inv, src.clone(), fast(), async {
+        let _ = stop_rx.await;
+    });
+    let names: Vec<String> = rx.borrow().devices.keys().cloned().collect();
+    assert_eq!(names, ["gpu-0-mig-1-0", "gpu-0-mig-2-0", "gpu-1"]);
+    until(&mut rx, |s| {
+        s.devices.values().all(|h| h.status == Status::Healthy)
+    })
+    .await;
+    // XIDs name the physical GPU, never a MIG device.
+    src.events.lock().unwrap().push_back(XidEvent {
+        device: EventDevice::Uuid("GPU-0".into()),
+        xid: 79,
+    });
+    until(&mut rx, |s| {
+        status(s, "gpu-0-mig-1-0") == Status::Unhealthy
+            && status(s, "gpu-0-mig-2-0") == Status::Unhealthy
+    })
+    .await;
+    assert_eq!(status(&rx.borrow(), "gpu-1"), Status::Healthy);
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn xids_probes_and_shutdown() {
+    let src = Scripted::default();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let observer: Observer = {
+        let seen = Arc::clone(&seen);
+        Arc::new(move |o| seen.lock().unwrap().push(o))
+    };
+    let (task, mut rx) =
+        HealthMonitor::spawn_observed(&inventory(3), src.clone(), fast(), observer, async {
+            let _ = stop_rx.await;
+        });
+    assert!(
+        rx.borrow()
+            .devices
+            .values()
+            .all(|h| h.status == Status::Unknown)
+    );
+    until(&mut rx, |s| {
+        s.devices.values().all(|h| h.status == Status::Healthy)
+    })
+    .await;
+
+    src.events.lock().unwrap().extend([
+        XidEvent {
+            device: EventDevice::Uuid("GPU-1".into()),
+            xid: 13,
+        },
+        XidEvent {
+            device: EventDevice::BusId(PciAddress::new(0, 0x19, 0, 0)),
+            xid: 94,
+        },
+    ]);
+    until(&mut rx, |s| status(s, "gpu-1") == Status::Unhealthy).await;
+    assert_eq!(
+        rx.borrow().devices["gpu-1"].reason,
+        "XID 94: contained ECC error"
+    );
+    // Both XIDs reach the observer, the application error as not fatal.
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            Observed::Xid {
+                xid: 13,
+                fatal: false
+            },
+            Observed::Xid {
+                xid: 94,
+                fatal: true
+            }
+        ]
+    );
+
+    src.lost.lock().unwrap().push("gpu-2".into());
+    until(&mut rx, |s| status(s, "gpu-2") == Status::Unhealthy).await;
+    src.lost.lock().unwrap().clear();
+    until(&mut rx, |s| status(s, "gpu-2") == Status::Healthy).await;
+    assert_eq!(status(&rx.borrow(), "gpu-0"), Status::Healthy);
+
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap();
+    // The sender is gone with the task, which ends the health streams.
+    assert!(rx.changed().await.is_err());
+}
+
+#[tokio::test]
+async fn unavailable_nvml_is_unknown_and_does_not_crash() {
+    let src = Scripted {
+        fail_open: true,
+        ..Scripted::default()
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (task, mut rx) = HealthMonitor::spawn(&inventory(1), src, fast(), async {
+        let _ = stop_rx.await;
+    });
+    until(&mut rx, |s| s.devices["gpu-0"].reason.contains("no driver")).await;
+    assert_eq!(status(&rx.borrow(), "gpu-0"), Status::Unknown);
+    // Several reopen attempts later the task is still alive.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!task.is_finished());
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap();
+}

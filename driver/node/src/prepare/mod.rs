@@ -1,0 +1,295 @@
+//! The prepare/unprepare state machine behind the kubelet's DRA calls.
+//!
+//! A claim is prepared in two phases: the checkpoint first records the claim as
+//! started (with the CDI spec path it is about to write) and is synced, then the spec
+//! is renamed into place, then the claim is marked completed in memory and the
+//! kubelet answered. The completion reaches disk with the next save of any kind
+//! (another prepare, an unprepare, the fence): the spec, which only appears after the
+//! started record is durable, is the mark that the prepare finished. A crash at any
+//! point leaves a started record, which the next start rolls forward when its spec is
+//! there and back when it is not; a completed one, which a retried prepare returns as
+//! is; or nothing. One synced save per prepare instead of two is what makes a prepare
+//! cost two fsyncs (see `docs/design.md`, "Crash safety of prepare"). Unprepare needs
+//! nothing but the checkpoint.
+//!
+//! Devices are locked one by one, so claims on disjoint GPUs proceed in parallel;
+//! their checkpoint changes share saves (`commit`), and a call returns only once a
+//! save holding its change is on disk, but for the completions above, which memory
+//! holds ahead of it.
+//! Every error is per claim: the caller answers each claim of a batch separately.
+//!
+//! A handover is a fence ([`Preparer::fence`]): once it returns, every prepare and
+//! unprepare that was under way has finished, the completions are saved, and every
+//! later one is refused without touching the checkpoint or the CDI directory. A
+//! prepare that was still waiting for its claim on a slow API server when this
+//! process gave the node's state away can therefore never overwrite what the new
+//! owner recorded since.
+
+mod claim;
+mod commit;
+#[cfg(feature = "crash-points")]
+mod crash;
+mod error;
+mod locks;
+mod plan;
+mod recovery;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{PoisonError, RwLock, RwLockReadGuard};
+
+#[cfg(feature = "crash-points")]
+pub use crash::{CrashHook, CrashPoint};
+pub use error::{ClaimError, ClaimErrorKind, RecoveryError};
+pub use recovery::StartupReport;
+
+use crate::cdi::{self, DeviceNodes, DriverFiles, SpecWriter};
+use crate::checkpoint::{CheckpointError, CheckpointStore, unix_now};
+use topodra_model::checkpoint::{self, Checkpoint, ClaimIdentity, PreparedGpu};
+use topodra_model::inventory::{AllocatableDevice, Inventory};
+
+/// Where the state machine keeps its state and who it is.
+#[derive(Debug, Clone)]
+pub struct PreparerConfig {
+    pub driver_name: String,
+    /// This node's name, which is also its pool's name.
+    pub node_name: String,
+    /// Directory of the checkpoint.
+    pub state_dir: PathBuf,
+    /// The current boot id (`/proc/sys/kernel/random/boot_id`).
+    pub boot_id: String,
+    /// Directory of the CDI specs.
+    pub cdi_spec_dir: PathBuf,
+}
+
+impl PreparerConfig {
+    /// The checkpoint file and the CDI spec directory this configuration names.
+    fn store_and_writer(&self) -> (CheckpointStore, SpecWriter) {
+        (
+            CheckpointStore::new(&self.state_dir),
+            SpecWriter::new(
+                &self.cdi_spec_dir,
+                cdi::CdiKind::for_driver(&self.driver_name),
+            ),
+        )
+    }
+}
+
+pub struct Preparer {
+    driver_name: String,
+    pool: String,
+    /// Every allocatable device (whole GPU or MIG device) by its slice name.
+    gpus: BTreeMap<String, AllocatableDevice>,
+    locks: locks::DeviceLocks,
+    writer: SpecWriter,
+    nodes: Box<dyn DeviceNodes + Send + Sync>,
+    files: DriverFiles,
+    /// The checkpoint, in memory and saved (group commit).
+    state: commit::Committer,
+    /// `Some(new owner)` once the state is handed over. Every prepare and unprepare
+    /// holds the read side for as long as it runs, so taking the write side (in
+    /// `fence`) waits for all of them.
+    fence: RwLock<Option<String>>,
+    /// Why the state directory may not be written, when it may not
+    /// ([`Preparer::start_read_only`]).
+    read_only: Option<String>,
+    #[cfg(feature = "crash-points")]
+    crash_hook: Option<CrashHook>,
+}
+
+impl std::fmt::Debug for Preparer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Preparer")
+            .field("driver_name", &self.driver_name)
+            .field("pool", &self.pool)
+            .field("devices", &self.gpus.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Preparer {
+    /// Loads the checkpoint and brings disk and checkpoint back in line (see
+    /// `recovery`); the report says what had to be done, for logs and Events.
+    pub fn start(
+        config: &PreparerConfig,
+        inventory: &Inventory,
+        nodes: Box<dyn DeviceNodes + Send + Sync>,
+        files: impl Into<DriverFiles>,
+    ) -> Result<(Self, StartupReport), RecoveryError> {
+        let (store, writer) = config.store_and_writer();
+        let (checkpoint, report) =
+            recovery::recover(&store, &writer, &config.boot_id, &config.node_name)?;
+        let preparer = Self::assemble(
+            config,
+            inventory,
+            nodes,
+            files.into(),
+            store,
+            writer,
+            checkpoint,
+        );
+        Ok((preparer, report))
+    }
+
+    /// Starts without writing the state directory, for a process that could not
+    /// take ownership of it (read-only, full, or its lock file unusable): the
+    /// checkpoint is read as it is, recovery is left to the next owner, every
+    /// prepare is refused with `reason`, and unprepare removes a known claim's CDI
+    /// spec and forgets its record in memory only. The checkpoint on disk keeps the
+    /// record, so the GPUs stay held for the next owner until its stale-claim check
+    /// finds the claim gone; never the reverse, a GPU handed out twice.
+    pub fn start_read_only(
+        config: &PreparerConfig,
+        inventory: &Inventory,
+        nodes: Box<dyn DeviceNodes + Send + Sync>,
+        files: impl Into<DriverFiles>,
+        reason: String,
+    ) -> Self {
+        let (store, writer) = config.store_and_writer();
+        let (mut checkpoint, unreadable) = store.read_only(&config.boot_id);
+        if let Some(why) = unreadable {
+            tracing::error!(error = %why, "checkpoint not readable; serving read-only with no known claims");
+        }
+        checkpoint::after_reboot(&mut checkpoint, &config.boot_id);
+        // In memory only, as a start that owns the state would do it on disk.
+        recovery::roll_forward(&mut checkpoint, &writer, &config.node_name);
+        Self {
+            read_only: Some(reason),
+            ..Self::assemble(
+                config,
+                inventory,
+                nodes,
+                files.into(),
+                store,
+                writer,
+                checkpoint,
+            )
+        }
+    }
+
+    fn assemble(
+        config: &PreparerConfig,
+        inventory: &Inventory,
+        nodes: Box<dyn DeviceNodes + Send + Sync>,
+        files: DriverFiles,
+        store: CheckpointStore,
+        writer: SpecWriter,
+        checkpoint: Checkpoint,
+    ) -> Self {
+        let gpus: BTreeMap<String, AllocatableDevice> = inventory
+            .allocatable()
+            .into_iter()
+            .map(|d| (d.name(), d))
+            .collect();
+        Self {
+            driver_name: config.driver_name.clone(),
+            pool: config.node_name.clone(),
+            locks: locks::DeviceLocks::new(gpus.keys().cloned()),
+            gpus,
+            writer,
+            nodes,
+            files,
+            state: commit::Committer::new(store, checkpoint),
+            fence: RwLock::new(None),
+            read_only: None,
+            #[cfg(feature = "crash-points")]
+            crash_hook: None,
+        }
+    }
+
+    /// Why this state machine serves read-only, if it does.
+    pub fn read_only(&self) -> Option<&str> {
+        self.read_only.as_deref()
+    }
+
+    /// Applies `change` (to at most the record of `uid`) and saves it; see
+    /// `commit` for how saves are shared. A refused change saves nothing.
+    fn update<T, E: From<CheckpointError>>(
+        &self,
+        uid: Option<&str>,
+        change: impl FnOnce(&mut Checkpoint) -> Result<T, E>,
+    ) -> Result<T, E> {
+        self.state.update(uid, change)
+    }
+
+    /// Records a prepare as completed in memory only; the spec on disk stands for
+    /// the completion until the next save carries it.
+    fn complete_in_memory(&self, claim_ref: &ClaimIdentity) -> Result<(), ClaimError> {
+        self.state
+            .in_memory(true, |cp| {
+                checkpoint::complete_prepare(cp, &claim_ref.uid, unix_now()).map(|_| ())
+            })
+            .map_err(|e| ClaimError::transition(claim_ref, e))
+    }
+
+    /// Saves the completions memory holds ahead of disk, so that the checkpoint alone
+    /// says what is prepared (for a handover, or an older version after a rollback).
+    /// Best effort: what is not saved the next start rolls forward from the specs.
+    fn save_completions(&self) {
+        if self.read_only.is_some() || !self.state.has_unsaved() {
+            return;
+        }
+        if let Err(e) = self.update(None, |_| Ok::<_, CheckpointError>(())) {
+            tracing::warn!(error = %e, "could not save completed prepares; the next start rolls them forward");
+        }
+    }
+
+    /// Brings a completed record's answer up to date (request names after a
+    /// rebuild). Best effort: the answer given is right either way; the record only
+    /// matters again after a restart.
+    fn refresh_record(&self, uid: &str, prepared: &[PreparedGpu]) {
+        let result = self.update(Some(uid), |cp| {
+            if let Some(record) = cp.claims.get_mut(uid) {
+                record.devices = prepared.to_vec();
+            }
+            Ok::<_, CheckpointError>(())
+        });
+        if let Err(e) = result {
+            tracing::warn!(claim = uid, error = %e, "could not record refreshed request names");
+        }
+    }
+
+    /// Stops this process from writing the node's state, for the instance `to`
+    /// that takes it over: waits until every prepare and unprepare in flight has
+    /// returned, then refuses all later ones with [`ClaimError::HandedOver`]. Call
+    /// it before letting go of the ownership lock. Blocks; idempotent.
+    pub fn fence(&self, to: &str) {
+        let mut fence = self.fence.write().unwrap_or_else(PoisonError::into_inner);
+        if fence.is_none() {
+            self.save_completions();
+            *fence = Some(to.to_owned());
+        }
+    }
+
+    /// Whether [`Preparer::fence`] has been called.
+    pub fn is_fenced(&self) -> bool {
+        self.fence
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+
+    /// The read side of the fence, held by a call for as long as it may write;
+    /// refused once the state is handed over.
+    fn owned(&self) -> Result<RwLockReadGuard<'_, Option<String>>, ClaimError> {
+        let fence = self.fence.read().unwrap_or_else(PoisonError::into_inner);
+        match fence.as_ref() {
+            Some(to) => Err(ClaimError::HandedOver { to: to.clone() }),
+            None => Ok(fence),
+        }
+    }
+
+    /// A copy of the current checkpoint.
+    pub fn checkpoint(&self) -> Checkpoint {
+        self.state.read(Checkpoint::clone)
+    }
+
+    /// Number of devices held by prepared (or preparing) claims.
+    pub fn prepared_devices(&self) -> usize {
+        self.state
+            .read(|cp| cp.claims.values().map(|c| c.devices.len()).sum())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,67 @@
+//! Regression fixtures from real GPU machines (`tests/fake-nvml/real/<machine>/`):
+//! what the release `topodra-kubelet-plugin discover` printed there, against what
+//! discovery gives here from the same machine's hwloc export (`lstopo.xml`, taken
+//! on it) with the fake NVML answering as that machine's NVML did (`nvml.yaml`,
+//! written from its `nvidia-smi -q -x`). Each machine's README says how the files
+//! were taken. A difference is a change of behaviour on real hardware (or a fake
+//! NVML answer that drifted from the real one), so it fails.
+
+// clippy.toml allows unwrap in #[test] functions only; this crate's helpers are tests too.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use topodra_fake_nvml::install;
+use topodra_model::slice::{self, SliceOptions};
+use topodra_node::discovery::{self, DiscoveryConfig, NvmlPolicy, TopologyInput};
+
+fn real_dir(machine: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fake-nvml/real")
+        .join(machine)
+}
+
+fn read_json(path: &Path) -> Value {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
+}
+
+/// The inventory and the slices (int `numaNode`, default driver name) discovery
+/// gives for the machine, as JSON.
+fn discover(machine: &str, node_name: &str) -> (Value, Value) {
+    let dir = real_dir(machine);
+    let nvml = std::fs::read_to_string(dir.join("nvml.yaml")).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let lib = install(tmp.path(), &nvml);
+    let mut config = DiscoveryConfig::default();
+    config.nvml_lib = Some(lib);
+    config.nvml = NvmlPolicy::Required;
+    config.topology = TopologyInput::HwlocXml(dir.join("lstopo.xml"));
+    config.sysfs_root = PathBuf::from("/nonexistent");
+    let inventory = discovery::discover(&config).unwrap();
+    let slices = slice::build_slices(&inventory, &SliceOptions::new(node_name.to_owned())).unwrap();
+    (
+        serde_json::to_value(&inventory).unwrap(),
+        serde_json::to_value(slice::to_list(&slices)).unwrap(),
+    )
+}
+
+/// An H200 passed through to a one-node KVM guest: no NUMA proximity from the
+/// firmware (sysfs `numa_node` -1), the GPU on the guest's root bus, no NVLink.
+#[test]
+fn h200_vm_discovers_as_on_the_machine() {
+    let dir = real_dir("h200-vm");
+    let (inventory, slices) = discover("h200-vm", "h200-probe");
+    assert_eq!(
+        inventory,
+        read_json(&dir.join("inventory.json")),
+        "inventory differs from the real machine's"
+    );
+    assert_eq!(
+        slices,
+        read_json(&dir.join("slices.json")),
+        "slices differ from the real machine's"
+    );
+}

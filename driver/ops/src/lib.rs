@@ -1,0 +1,20 @@
+//! What every topodra binary runs beside its job: structured logs ([`logging`]), the
+//! HTTP endpoint for metrics, liveness and readiness ([`endpoint`], served by
+//! [`http`]), a count of every request it sends to the API server ([`requests`]), the
+//! metrics registry those start ([`metrics`]), the capped, jittered backoff of its
+//! retries ([`backoff`]), the signal that ends it ([`signal`]), and the version it
+//! reports ([`version`]).
+//!
+//! The kubelet plugin and the controller share these so that operators meet the same
+//! flags, the same endpoint hardening and the same request metrics in both.
+
+#![forbid(unsafe_code)]
+
+pub mod backoff;
+pub mod endpoint;
+pub mod http;
+pub mod logging;
+pub mod metrics;
+pub mod requests;
+pub mod signal;
+pub mod version;

@@ -1,0 +1,181 @@
+use super::*;
+use crate::publish::tests::pool_slices;
+
+/// The pool of `devices` devices on node `n`, two per slice.
+fn pool(devices: u32) -> Vec<ResourceSlice> {
+    pool_slices("n", devices, Some(2), &BTreeMap::new())
+}
+
+fn at(devices: u32, generation: i64) -> Vec<ResourceSlice> {
+    at_generation(&pool(devices), generation)
+}
+
+fn stored(mut s: ResourceSlice, rv: u32) -> ResourceSlice {
+    s.metadata.resource_version = Some(rv.to_string());
+    s.metadata.uid = Some(format!("uid-{}", s.metadata.name.as_deref().unwrap()));
+    s
+}
+
+fn synced_with(slices: Vec<ResourceSlice>) -> PoolState {
+    let mut st = PoolState::new("gpu.topodra.dev", "n");
+    st.on_event(&watcher::Event::Init);
+    for (i, s) in slices.into_iter().enumerate() {
+        st.on_event(&watcher::Event::InitApply(stored(s, i as u32 + 1)));
+    }
+    assert!(!st.is_synced());
+    assert!(st.on_event(&watcher::Event::InitDone));
+    assert!(st.is_synced());
+    st
+}
+
+#[test]
+fn nothing_observed_starts_at_generation_one() {
+    let st = synced_with(vec![]);
+    let Decision::Write(plan) = st.decide(&pool(3), Instant::now()) else {
+        panic!("expected a write");
+    };
+    assert_eq!(plan.generation, 1);
+    assert!(plan.apply.is_empty());
+    assert_eq!(plan.create.len(), 2);
+    for s in &plan.create {
+        assert_eq!(s.metadata.name, None);
+        assert_eq!(
+            s.metadata.generate_name.as_deref(),
+            Some("n-gpu.topodra.dev-")
+        );
+    }
+    assert!(plan.delete.is_empty());
+}
+
+#[test]
+fn an_identical_pool_keeps_its_generation() {
+    let st = synced_with(at(3, 7));
+    assert_eq!(
+        st.decide(&pool(3), Instant::now()),
+        Decision::InSync { generation: 7 }
+    );
+}
+
+#[test]
+fn a_shrunk_pool_bumps_and_deletes_the_extra_slice() {
+    let st = synced_with(at(5, 7));
+    let Decision::Write(plan) = st.decide(&pool(3), Instant::now()) else {
+        panic!("expected a write");
+    };
+    assert_eq!(plan.generation, 8);
+    assert_eq!(plan.apply.len(), 2);
+    assert!(plan.apply.iter().all(|s| s.spec.pool.generation == 8));
+    let deleted: Vec<_> = plan
+        .delete
+        .iter()
+        .map(|s| s.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(deleted, ["n-gpu.topodra.dev-2"]);
+}
+
+#[test]
+fn generations_never_go_back_after_a_wipe() {
+    let now = Instant::now();
+    let mut st = synced_with(at(1, 4));
+    let Decision::Write(plan) = st.decide(&pool(2), now) else {
+        panic!("expected a write");
+    };
+    assert_eq!(plan.generation, 5);
+    let response = stored(plan.apply[0].clone(), 10);
+    st.applied(&plan.apply[0], response.clone(), now);
+    // Before the echo arrives, the response stands in for it.
+    assert_eq!(st.decide(&pool(2), now), Decision::InSync { generation: 5 });
+    st.on_event(&watcher::Event::Apply(response.clone()));
+    // The kubelet wipes the pool: it comes back one generation higher.
+    st.on_event(&watcher::Event::Delete(response));
+    let Decision::Write(plan) = st.decide(&pool(2), now) else {
+        panic!("expected a write");
+    };
+    assert_eq!(plan.generation, 6);
+}
+
+#[test]
+fn stale_events_do_not_override_a_pending_write() {
+    let now = Instant::now();
+    let old = at(1, 1);
+    let mut st = synced_with(old.clone());
+    let Decision::Write(plan) = st.decide(&pool(2), now) else {
+        panic!("expected a write");
+    };
+    st.applied(&plan.apply[0], stored(plan.apply[0].clone(), 20), now);
+    // An event from before our write arrives late.
+    st.on_event(&watcher::Event::Apply(stored(old[0].clone(), 15)));
+    assert_eq!(st.decide(&pool(2), now), Decision::InSync { generation: 2 });
+    // Without the echo, the watch is believed again after the grace period.
+    let later = now + ECHO_GRACE;
+    assert!(matches!(st.decide(&pool(2), later), Decision::Write(_)));
+}
+
+#[test]
+fn a_server_normalization_does_not_cause_a_write_loop() {
+    let now = Instant::now();
+    let mut st = synced_with(vec![]);
+    let Decision::Write(plan) = st.decide(&pool(1), now) else {
+        panic!("expected a write");
+    };
+    // The server names the slice it creates.
+    let mut response = plan.create[0].clone();
+    response.metadata.name = Some("n-gpu.topodra.dev-bcdfg".to_owned());
+    let mut response = stored(response, 3);
+    response.spec.pool.name = "normalized".to_owned();
+    st.applied(&plan.create[0], response.clone(), now);
+    st.on_event(&watcher::Event::Apply(response.clone()));
+    assert_eq!(st.decide(&pool(1), now), Decision::InSync { generation: 1 });
+    // Someone else changing it afterwards is a difference again.
+    response.spec.pool.name = "edited".to_owned();
+    response.metadata.resource_version = Some("4".to_owned());
+    st.on_event(&watcher::Event::Apply(response));
+    assert!(matches!(st.decide(&pool(1), now), Decision::Write(_)));
+}
+
+#[test]
+fn slices_are_matched_by_devices_whatever_their_names() {
+    let now = Instant::now();
+    // Two of ours, under names the server made, listed in the other order.
+    let mut observed = at(4, 3);
+    observed[0].metadata.name = Some("n-gpu.topodra.dev-zzzzz".to_owned());
+    observed[1].metadata.name = Some("n-gpu.topodra.dev-bbbbb".to_owned());
+    let st = synced_with(observed);
+    assert_eq!(st.decide(&pool(4), now), Decision::InSync { generation: 3 });
+
+    // gpu-3 is gone: the new generation goes on both slices, each under its name.
+    let Decision::Write(plan) = st.decide(&pool(3), now) else {
+        panic!("expected a write");
+    };
+    let names: Vec<_> = plan
+        .apply
+        .iter()
+        .map(|s| s.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["n-gpu.topodra.dev-zzzzz", "n-gpu.topodra.dev-bbbbb"]
+    );
+    assert!(plan.create.is_empty() && plan.delete.is_empty());
+    // A pool that grew by a slice creates one and keeps the others.
+    let Decision::Write(plan) = st.decide(&pool(6), now) else {
+        panic!("expected a write");
+    };
+    assert_eq!(
+        (plan.apply.len(), plan.create.len(), plan.delete.len()),
+        (2, 1, 0)
+    );
+}
+
+#[test]
+fn other_drivers_and_nodes_are_not_ours() {
+    let mut foreign = at(1, 9).remove(0);
+    foreign.spec.driver = "other.example.com".to_owned();
+    foreign.metadata.name = Some("foreign".to_owned());
+    let st = synced_with(vec![foreign]);
+    let Decision::Write(plan) = st.decide(&pool(1), Instant::now()) else {
+        panic!("expected a write");
+    };
+    assert_eq!(plan.generation, 1);
+    assert!(plan.delete.is_empty());
+}
