@@ -83,9 +83,9 @@ impl Driver for NodeDriver {
         result.map_err(|e| claim_error(&e))
     }
 
-    fn prepared_devices(&self) -> Option<usize> {
-        Some(self.preparer.prepared_devices())
-    }
+    // No `prepared_devices`: prepare and unprepare above set that gauge themselves,
+    // from the same copy of the checkpoint as the NUMA series, so the helper leaves
+    // it alone rather than read the checkpoint again and write it a second time.
 
     fn health(&self) -> Option<watch::Receiver<NodeHealth>> {
         Some(self.health.clone())
