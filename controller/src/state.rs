@@ -5,7 +5,7 @@
 mod tracker;
 mod watched;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use crate::classes::OurClasses;
@@ -259,7 +259,7 @@ impl State {
     pub(crate) fn plan_events(&mut self, now: Instant, min_interval: Duration) -> Vec<Write> {
         self.pods_dirty = false;
         let mut writes = Vec::new();
-        let mut waiting: BTreeMap<String, ()> = BTreeMap::new();
+        let mut waiting: HashSet<String> = HashSet::new();
         for ((namespace, name), pod) in &self.pods {
             if !pending::is_unschedulable(pod) {
                 continue;
@@ -283,7 +283,7 @@ impl State {
             else {
                 continue;
             };
-            waiting.insert(uid.clone(), ());
+            waiting.insert(uid.clone());
             let last = self.explained.get(&uid);
             let changed = last.is_none_or(|l| l.message != verdict.message);
             let due = last.is_none_or(|l| now.duration_since(l.at) >= min_interval);
@@ -306,7 +306,7 @@ impl State {
                 self.pods_dirty = true;
             }
         }
-        self.explained.retain(|uid, _| waiting.contains_key(uid));
+        self.explained.retain(|uid, _| waiting.contains(uid));
         writes
     }
 }

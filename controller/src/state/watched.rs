@@ -203,7 +203,7 @@ impl Watched for Nodes {
     type Key = String;
 
     fn key(o: &PartialObjectMeta<Node>) -> Option<String> {
-        o.metadata.name.clone()
+        name_of(o)
     }
     fn apply(state: &mut State, name: String, n: PartialObjectMeta<Node>) {
         let Some(uid) = n.metadata.uid else {
@@ -251,7 +251,7 @@ impl Watched for Nrts {
     type Key = String;
 
     fn key(o: &DynamicObject) -> Option<String> {
-        o.metadata.name.clone()
+        name_of(o)
     }
     fn apply(state: &mut State, name: String, o: DynamicObject) {
         let Ok(value) = serde_json::to_value(&o) else {

@@ -1,6 +1,8 @@
 //! The NodeResourceTopology objects planned from slices that no plugin of ours
 //! publishes: hostile values, a pool split across nodes, a device named twice.
 
+use std::collections::BTreeMap;
+
 use serde_json::json;
 use topodra_model::capacity::Finding;
 use topodra_model::slice::attributes::NUMA_NODE;
