@@ -204,6 +204,26 @@ fn a_hook_that_hangs_is_killed_after_the_timeout() {
     assert!(err.to_string().contains("within 300 ms"), "{err}");
 }
 
+/// A hook that prints its version and leaves a child holding its output open: what
+/// it printed counts, and the check does not wait for the child.
+#[test]
+fn a_hook_whose_child_keeps_the_output_open_is_read_in_bounded_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    let forking = script(
+        tmp.path(),
+        "forking",
+        "echo 'stand-in hook version 1.0'; echo 'a warning' >&2; sleep 8 &",
+    );
+    let started = Instant::now();
+    let version = check(&forking, Role::Source, SHORT).unwrap();
+    assert_eq!(version, "stand-in hook version 1.0");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "waited {:?} for the child",
+        started.elapsed()
+    );
+}
+
 /// A binary for another architecture: this machine's /bin/sh with another ELF
 /// machine number, which the kernel refuses to load.
 #[test]

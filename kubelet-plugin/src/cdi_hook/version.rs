@@ -1,10 +1,16 @@
 //! Running `nvidia-cdi-hook --version` to prove a hook binary works on this node:
 //! bounded in time and in output, and every failure told in an operator's terms.
 
+use std::sync::{Arc, Mutex, PoisonError};
+
 use super::*;
 
 /// What of the hook's `--version` output is read.
-const OUTPUT_LIMIT: u64 = 64 * 1024;
+const OUTPUT_LIMIT: usize = 64 * 1024;
+/// How long the output is waited for once the hook has exited. What it printed is
+/// in the pipe by then; the end of the pipe may never come, when a child the hook
+/// left behind holds it open.
+const OUTPUT_GRACE: Duration = Duration::from_secs(1);
 
 /// Runs `<path> --version` with an empty environment (the runtime gives a hook
 /// only what the spec says) and returns the first non-empty line of its output.
@@ -36,13 +42,10 @@ pub(super) fn run_version(path: &Path, timeout: Duration) -> Result<String, Stri
             Err(e) => return Err(format!("could not be waited for ({e})")),
         }
     };
-    // A child of the hook that keeps the pipes open must not hold the start up.
-    let collect = |rx: mpsc::Receiver<Vec<u8>>| {
-        rx.recv_timeout(Duration::from_secs(1))
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-            .unwrap_or_default()
-    };
-    let (out, err) = (collect(stdout), collect(stderr));
+    // A child of the hook that keeps the pipes open must not hold the start up,
+    // nor hide what the hook printed before it exited.
+    let until = Instant::now() + OUTPUT_GRACE;
+    let (out, err) = (stdout.collect(until), stderr.collect(until));
     if !status.success() {
         return Err(format!(
             "failed to run `--version` ({}){}",
@@ -62,16 +65,51 @@ pub(super) fn run_version(path: &Path, timeout: Duration) -> Result<String, Stri
         })
 }
 
-fn read_in_background(pipe: Option<impl Read + Send + 'static>) -> mpsc::Receiver<Vec<u8>> {
-    let (tx, rx) = mpsc::channel();
-    if let Some(pipe) = pipe {
+/// What a pipe of the hook brought so far, read by a thread of its own.
+struct Output {
+    read: Arc<Mutex<Vec<u8>>>,
+    /// Closed when the thread is done: the end of the pipe, an error or the limit.
+    done: mpsc::Receiver<()>,
+}
+
+impl Output {
+    /// What was read by the time the pipe ended, or by `until`, whichever is first.
+    fn collect(self, until: Instant) -> String {
+        let _ = self
+            .done
+            .recv_timeout(until.saturating_duration_since(Instant::now()));
+        let read = self.read.lock().unwrap_or_else(PoisonError::into_inner);
+        String::from_utf8_lossy(&read).into_owned()
+    }
+}
+
+fn read_in_background(pipe: Option<impl Read + Send + 'static>) -> Output {
+    let (tx, done) = mpsc::channel::<()>();
+    let read = Arc::new(Mutex::new(Vec::new()));
+    if let Some(mut pipe) = pipe {
+        let read = Arc::clone(&read);
+        // Chunk by chunk into the shared buffer, so that what came is there to
+        // collect even while the pipe stays open. The thread ends with the pipe.
         std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            let _ = pipe.take(OUTPUT_LIMIT).read_to_end(&mut buf);
-            let _ = tx.send(buf);
+            let _tx = tx;
+            let mut chunk = [0u8; 4096];
+            loop {
+                let n = match pipe.read(&mut chunk) {
+                    Ok(0) => return,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(_) => return,
+                };
+                let mut read = read.lock().unwrap_or_else(PoisonError::into_inner);
+                let room = OUTPUT_LIMIT.saturating_sub(read.len());
+                read.extend_from_slice(&chunk[..n.min(room)]);
+                if read.len() >= OUTPUT_LIMIT {
+                    return;
+                }
+            }
         });
     }
-    rx
+    Output { read, done }
 }
 
 /// Why the kernel refused to start it, in the terms of the likely cause.
