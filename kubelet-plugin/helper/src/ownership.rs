@@ -22,6 +22,15 @@
 //!    never takes the lock. The old owner, idle after the handover, tries the lock
 //!    again once `Timing::abandoned` has passed, and serves again when it is still
 //!    free: the node is without an owner for seconds, not until a restart.
+//!
+//! An instance should ask only for state it can use: one that takes the lock from a
+//! live owner, finds it cannot write the directory and drops the lock again leaves
+//! the node to the old owner, which takes it back (step 5) and is asked again at
+//! the next try, for ever. So a driver checks the directory (with
+//! [`probe_writable`], and whatever else it needs) while [`try_acquire`] says the
+//! lock is held, and calls [`acquire`] only when that check passes; and an
+//! instance that took the lock and then cannot write keeps it, serving what it can
+//! and answering handover requests like any owner.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -130,6 +139,26 @@ pub fn probe_writable(dir: &Path, state: &[&str]) -> Result<(), OwnershipError> 
     Ok(())
 }
 
+/// Takes ownership of `dir` for the instance `name` if nobody holds it; `None` when
+/// another instance does. Never asks for it. Creates `dir` if needed.
+pub fn try_acquire(dir: &Path, name: &str) -> Result<Option<Ownership>, OwnershipError> {
+    let (lock_path, file) = open_lock(dir)?;
+    if try_lock(&file).map_err(io_err("lock", &lock_path))? {
+        take(dir, name, &lock_path, file).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+/// Who the lock file of `dir` names as the owner (`<name> pid <pid>`), as far as it
+/// can be read; for messages.
+pub fn named_owner(dir: &Path) -> Option<String> {
+    fs::read_to_string(dir.join(LOCK_FILE))
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
 /// Takes ownership of `dir` for the instance `name`, asking a live owner to hand
 /// over and waiting until it has. Creates `dir` if needed.
 pub async fn acquire(dir: &Path, name: &str, timing: Timing) -> Result<Ownership, OwnershipError> {
@@ -236,7 +265,8 @@ impl Ownership {
     }
 }
 
-/// A state directory this instance owned and handed over.
+/// A state directory this instance owned and handed over, or one it stepped back
+/// from because another instance owns it.
 #[derive(Debug)]
 pub struct Released {
     dir: PathBuf,
@@ -244,6 +274,15 @@ pub struct Released {
 }
 
 impl Released {
+    /// `dir`, owned by another instance, for `name` to take once that one is gone
+    /// ([`Released::reclaim_when_abandoned`]).
+    pub fn standing_by(dir: &Path, name: &str) -> Self {
+        Self {
+            dir: dir.to_owned(),
+            name: name.to_owned(),
+        }
+    }
+
     /// Resolves with the ownership again once the lock is still free
     /// `timing.abandoned` after the handover, or free again later (the new owner
     /// died): nobody else serves the node then. Never asks: a live owner keeps it.

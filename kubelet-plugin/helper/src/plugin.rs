@@ -117,8 +117,17 @@ impl PluginBuilder {
                 .collect(),
             registered: registered.clone(),
         };
-        let (reg_guard, reg_incoming) =
-            uds::serve_uds(&self.sockets.registration).map_err(StartError::Registration)?;
+        let (reg_guard, reg_incoming) = match uds::serve_uds(&self.sockets.registration) {
+            Ok(bound) => bound,
+            Err(e) => {
+                // The DRA server is up already, and its socket goes with its guard:
+                // left running it would hold its connections for nothing, and a
+                // caller that tries again would start a second one.
+                let _ = dra_stop.send(true);
+                dra_server.abort();
+                return Err(StartError::Registration(e));
+            }
+        };
         let reg_server = tokio::spawn(
             uds::grpc_server()
                 .add_service(RegistrationServer::new(registration))

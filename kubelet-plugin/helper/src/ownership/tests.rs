@@ -166,3 +166,43 @@ async fn an_unusable_state_dir_is_a_clear_error() {
         .unwrap_err();
     assert!(err.to_string().contains("not-a-dir"), "{err}");
 }
+
+#[tokio::test]
+async fn try_acquire_takes_a_free_lock_and_never_asks() {
+    let dir = tempfile::tempdir().unwrap();
+    let owner = try_acquire(dir.path(), "pod-a").unwrap().expect("free");
+    assert_eq!(
+        named_owner(dir.path()).unwrap(),
+        format!("pod-a pid {}", std::process::id())
+    );
+    assert!(try_acquire(dir.path(), "pod-b").unwrap().is_none(), "held");
+    // No request was written: the owner is not asked to hand over.
+    assert!(!dir.path().join(TAKEOVER_FILE).exists());
+    let r =
+        tokio::time::timeout(Duration::from_millis(100), owner.handover_requested(fast())).await;
+    assert!(r.is_err());
+    drop(owner);
+    assert!(try_acquire(dir.path(), "pod-b").unwrap().is_some());
+}
+
+#[tokio::test]
+async fn one_standing_by_takes_the_state_only_once_its_owner_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let owner = try_acquire(dir.path(), "pod-a").unwrap().unwrap();
+    let path = dir.path().to_owned();
+    let waiting = tokio::spawn(async move {
+        Released::standing_by(&path, "pod-b")
+            .reclaim_when_abandoned(fast())
+            .await
+            .unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "a live owner keeps it");
+    assert!(!dir.path().join(TAKEOVER_FILE).exists(), "and is not asked");
+    drop(owner);
+    let taken = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(taken.name(), "pod-b");
+}

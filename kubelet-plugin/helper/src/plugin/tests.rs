@@ -136,6 +136,42 @@ async fn registers_prepares_on_both_versions_and_removes_its_sockets() {
     assert!(!sockets.dra.exists());
 }
 
+/// A registration socket that cannot be bound fails the start without leaving the
+/// DRA server behind, so the caller can try again later.
+#[tokio::test]
+async fn a_failed_start_leaves_no_server_and_can_be_tried_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let sockets = PluginSockets::new(
+        &dir.path().join("registry"),
+        &dir.path().join("plugins"),
+        "example.com",
+        None,
+    );
+    std::fs::create_dir_all(&sockets.registration).unwrap();
+    let start = || {
+        PluginBuilder::new(
+            "example.com",
+            "node-a",
+            sockets.clone(),
+            Arc::new(Fake::default()),
+            Arc::new(AnyClaim),
+        )
+        .start()
+    };
+    let err = start().unwrap_err();
+    assert!(matches!(err, super::StartError::Registration(_)), "{err}");
+    assert!(
+        !sockets.dra.exists(),
+        "the DRA socket went with the failed start"
+    );
+    assert!(connect(&sockets.dra).await.is_err());
+
+    std::fs::remove_dir(&sockets.registration).unwrap();
+    let plugin = start().unwrap();
+    assert!(sockets.dra.exists() && sockets.registration.exists());
+    plugin.stop().await;
+}
+
 /// Claim reads that wait at a gate, counting how many wait at once.
 struct Gated {
     gate: tokio::sync::Semaphore,
