@@ -61,7 +61,10 @@ pub(crate) struct KubeletFlags {
     pub(crate) state_dir: Option<PathBuf>,
 
     /// How often a plugin that serves read-only, because its state directory is
-    /// unusable (read-only, full, lock file not a file), tries the directory again.
+    /// unusable (read-only, full, lock file not a file) or its nvidia-cdi-hook
+    /// cannot be installed, tries again; also how often a new instance that cannot
+    /// use the directory checks it before it asks for the node state, and how often
+    /// sockets that could not be bound are bound again.
     #[arg(
         long,
         env = "TOPODRA_STATE_RETRY_SECONDS",

@@ -20,9 +20,20 @@
 //!
 //! Either way the hook is checked before any spec can name it: it must exist, be a
 //! regular, executable file, and answer `--version` within a few seconds. A binary
-//! for another architecture, or one whose C library is missing, fails that check,
-//! and the plugin does not start: a spec whose hooks cannot run would fail every
-//! container that uses the claim, far from the cause.
+//! for another architecture, or one whose C library is missing, fails that check:
+//! a spec whose hooks cannot run would fail every container that uses the claim,
+//! far from the cause.
+//!
+//! What a failure does depends on whose it is ([`HookError::stops_the_start`]). A
+//! source or host hook that does not work is the image's or the flags' mistake,
+//! which nothing on the node can fix, and the plugin does not start. The plugin's
+//! directory that cannot take the copy (read-only, full, a directory in the way,
+//! mounted noexec) is the node's condition, which an operator fixes while the
+//! plugin runs. Then a copy already there that prints the same `--version` as the
+//! source (the same release, installed by an earlier start) is named instead
+//! ([`Action::Kept`]): what the specs need is that release's hooks, not these very
+//! bytes. Without one the plugin serves read-only, since no spec can be written,
+//! and tries again with the state directory.
 
 use std::fs::{self, File, OpenOptions, Permissions};
 use std::io::{self, Read, Write};
@@ -73,6 +84,9 @@ pub(crate) enum Action {
     Unchanged,
     /// A hook on the host is named; nothing is installed.
     HostHook,
+    /// The copy could not be written, and the one there, of the same version as
+    /// the source, is named as it is.
+    Kept,
 }
 
 /// A checked hook, ready to be named by the specs.
@@ -85,6 +99,18 @@ pub(crate) struct Hook {
     /// SHA-256 of the file, hex.
     pub(crate) sha256: String,
     pub(crate) action: Action,
+}
+
+impl Hook {
+    pub(crate) fn log_ready(&self) {
+        tracing::info!(
+            path = %self.path.display(),
+            version = %self.version,
+            sha256 = %self.sha256,
+            action = ?self.action,
+            "nvidia-cdi-hook ready; the CDI specs' hooks name this path"
+        );
+    }
 }
 
 /// Which file a problem is about; it decides what the error suggests.
@@ -155,6 +181,29 @@ pub(crate) enum HookError {
     },
 }
 
+impl HookSetup {
+    /// The host path the specs name, whether or not a hook is there yet.
+    pub(crate) fn path(&self) -> PathBuf {
+        match self {
+            HookSetup::Install { plugin_dir, .. } => plugin_dir.join(INSTALLED_NAME),
+            HookSetup::Host { path } => path.clone(),
+        }
+    }
+}
+
+impl HookError {
+    /// Whether the plugin must not start: the hook it was given (the image's
+    /// source, the host's hook) does not work, which no change on the node fixes
+    /// while it runs. The plugin's directory that cannot take or run the copy is
+    /// not such a reason: the plugin serves read-only and tries again.
+    pub(crate) fn stops_the_start(&self) -> bool {
+        match self {
+            HookError::Unusable { role, .. } => *role != Role::Installed,
+            HookError::Install { .. } => false,
+        }
+    }
+}
+
 /// Checks the hook `setup` names, installing it first where it says so, and
 /// returns the host path the specs must name.
 pub(crate) fn prepare(setup: &HookSetup) -> Result<Hook, HookError> {
@@ -176,10 +225,13 @@ fn prepare_with_timeout(setup: &HookSetup, timeout: Duration) -> Result<Hook, Ho
         HookSetup::Install { source, plugin_dir } => {
             // The source first: a broken one must not replace a working copy that
             // the specs of a running instance (a rolling update's old pod) name.
-            check(source, Role::Source, timeout)?;
+            let source_version = check(source, Role::Source, timeout)?;
             let bytes =
                 fs::read(source).map_err(|e| unusable(Role::Source, source, read_problem(&e)))?;
-            let (path, action) = install(&bytes, plugin_dir)?;
+            let (path, action) = match install(&bytes, plugin_dir) {
+                Ok(installed) => installed,
+                Err(e) => return keep_installed(plugin_dir, &source_version, timeout, e),
+            };
             // Then the copy, where the runtime will run it: a noexec mount fails here.
             let version = check(&path, Role::Installed, timeout)?;
             Ok(Hook {
@@ -190,6 +242,36 @@ fn prepare_with_timeout(setup: &HookSetup, timeout: Duration) -> Result<Hook, Ho
             })
         }
     }
+}
+
+/// After `failed` (the copy could not be written): the copy already in
+/// `plugin_dir` when it works and prints `source_version`, else `failed`.
+fn keep_installed(
+    plugin_dir: &Path,
+    source_version: &str,
+    timeout: Duration,
+    failed: HookError,
+) -> Result<Hook, HookError> {
+    let path = plugin_dir.join(INSTALLED_NAME);
+    let kept = check(&path, Role::Installed, timeout)
+        .ok()
+        .filter(|version| version == source_version)
+        .and_then(|version| Some((version, fs::read(&path).ok()?)));
+    let Some((version, bytes)) = kept else {
+        return Err(failed);
+    };
+    tracing::warn!(
+        error = %failed,
+        path = %path.display(),
+        version,
+        "cannot write the image's nvidia-cdi-hook; the copy already there is the same version and is named instead"
+    );
+    Ok(Hook {
+        path,
+        version,
+        sha256: sha256_hex(&bytes),
+        action: Action::Kept,
+    })
 }
 
 fn unusable(role: Role, path: &Path, problem: impl Into<String>) -> HookError {

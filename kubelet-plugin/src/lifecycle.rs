@@ -16,18 +16,28 @@ use topodra_ops::http::Check;
 
 #[derive(Debug, Clone)]
 enum Phase {
-    /// Waiting for another instance to hand over the node's state.
-    Waiting,
+    /// Waiting for another instance to hand over the node's state; with the reason
+    /// when this one does not ask for it (it could not use it).
+    Waiting { unusable: Option<String> },
     Serving {
-        registration: PathBuf,
-        dra: PathBuf,
-        registered: Arc<AtomicBool>,
+        /// The sockets the kubelet reaches it on, or why they could not be bound.
+        kubelet: Result<KubeletSockets, String>,
         published: watch::Receiver<PublishStatus>,
         /// Why it serves read-only, when it does.
         read_only: Option<String>,
     },
-    /// Gave the state to another instance; idles until its pod is deleted.
+    /// Gave the state to another instance (or found another holding it); idles
+    /// until its pod is deleted.
     HandedOver { to: String },
+}
+
+/// The sockets an instance serves the kubelet on.
+#[derive(Debug, Clone)]
+pub(crate) struct KubeletSockets {
+    pub(crate) registration: PathBuf,
+    pub(crate) dra: PathBuf,
+    /// The kubelet's last word on the registration.
+    pub(crate) registered: Arc<AtomicBool>,
 }
 
 /// Shared between the serving code (which moves it on) and the HTTP checks.
@@ -39,7 +49,7 @@ pub(crate) struct Lifecycle {
 impl Lifecycle {
     pub(crate) fn waiting() -> Self {
         Self {
-            phase: Arc::new(Mutex::new(Phase::Waiting)),
+            phase: Arc::new(Mutex::new(Phase::Waiting { unusable: None })),
         }
     }
 
@@ -54,18 +64,27 @@ impl Lifecycle {
             .clone()
     }
 
+    /// Waiting for the owner of the node state to hand it over, having asked.
+    pub(crate) fn waiting_for_handover(&self) {
+        self.set(Phase::Waiting { unusable: None });
+    }
+
+    /// Another instance owns the node state, and this one does not ask for it
+    /// while it could not use it, for `reason`.
+    pub(crate) fn waiting_unusable(&self, reason: &str) {
+        self.set(Phase::Waiting {
+            unusable: Some(reason.to_owned()),
+        });
+    }
+
     pub(crate) fn serving(
         &self,
-        registration: PathBuf,
-        dra: PathBuf,
-        registered: Arc<AtomicBool>,
+        kubelet: Result<KubeletSockets, String>,
         published: watch::Receiver<PublishStatus>,
         read_only: Option<String>,
     ) {
         self.set(Phase::Serving {
-            registration,
-            dra,
-            registered,
+            kubelet,
             published,
             read_only,
         });
@@ -76,7 +95,8 @@ impl Lifecycle {
     }
 
     /// Live while waiting and after a handover; while serving, when both sockets
-    /// answer.
+    /// answer, or when they could not be bound (binding is tried again; a restart
+    /// would find the same directory).
     pub(crate) fn live_check(&self) -> Check {
         let me = self.clone();
         Arc::new(move || {
@@ -84,9 +104,14 @@ impl Lifecycle {
             Box::pin(async move {
                 match phase {
                     Phase::Serving {
-                        registration, dra, ..
-                    } => crate::liveness::check(&registration, &dra).await,
-                    Phase::Waiting | Phase::HandedOver { .. } => Ok(()),
+                        kubelet: Ok(sockets),
+                        ..
+                    } => crate::liveness::check(&sockets.registration, &sockets.dra).await,
+                    Phase::Serving {
+                        kubelet: Err(_), ..
+                    }
+                    | Phase::Waiting { .. }
+                    | Phase::HandedOver { .. } => Ok(()),
                 }
             })
         })
@@ -101,19 +126,35 @@ impl Lifecycle {
             let phase = me.get();
             Box::pin(async move {
                 match phase {
-                    Phase::Waiting => {
+                    Phase::Waiting { unusable: None } => {
                         Err("waiting for another instance to hand over the node state".to_owned())
                     }
+                    Phase::Waiting {
+                        unusable: Some(reason),
+                    } => Err(format!(
+                        "another instance owns the node state; this one does not ask for it \
+                         while it could not use it: {reason}"
+                    )),
                     Phase::HandedOver { to } => Err(format!("handed the node state over to {to}")),
                     Phase::Serving {
-                        registered,
+                        kubelet,
                         published,
                         read_only,
-                        ..
                     } => {
-                        if let Some(reason) = read_only {
-                            return Err(format!("serving read-only: {reason}"));
+                        let problems: Vec<String> = [
+                            read_only.map(|r| format!("serving read-only: {r}")),
+                            kubelet
+                                .as_ref()
+                                .err()
+                                .map(|r| format!("cannot serve the kubelet: {r}")),
+                        ]
+                        .into_iter()
+                        .flatten()
+                        .collect();
+                        if !problems.is_empty() {
+                            return Err(problems.join("; "));
                         }
+                        let registered = kubelet.map(|s| s.registered).unwrap_or_default();
                         if !registered.load(Ordering::SeqCst) {
                             return Err("not registered with the kubelet yet".to_owned());
                         }

@@ -15,9 +15,9 @@ pub(crate) use crate::args::ServeArgs;
 use crate::cdi_hook;
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
-use crate::node_state::{self, Owner};
+use crate::node_state::{self, Owner, Retaken, StartNeeds};
 use crate::shutdown::Stop;
-use dra_kubeletplugin::ownership;
+use dra_kubeletplugin::ownership::{self, Ownership};
 
 mod round;
 mod setup;
@@ -50,18 +50,27 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
 
     // Before any spec can name it: the nvidia-cdi-hook the runtime runs for the
     // specs' hooks, installed from the image into the plugin's host directory (or
-    // the host's own), checked to run. Without one the plugin does not start.
-    let setup = args.cdi_hook_setup();
-    let hook = tokio::task::spawn_blocking(move || cdi_hook::prepare(&setup))
-        .await
-        .context("installing nvidia-cdi-hook")??;
-    tracing::info!(
-        path = %hook.path.display(),
-        version = %hook.version,
-        sha256 = %hook.sha256,
-        action = ?hook.action,
-        "nvidia-cdi-hook ready; the CDI specs' hooks name this path"
-    );
+    // the host's own), checked to run. A hook the plugin was given that does not
+    // work stops the start; a directory that cannot take the copy makes it serve
+    // read-only until it can (`node_state`).
+    let hook_setup = args.cdi_hook_setup();
+    let first_hook = {
+        let setup = hook_setup.clone();
+        tokio::task::spawn_blocking(move || cdi_hook::prepare(&setup))
+            .await
+            .context("installing nvidia-cdi-hook")?
+    };
+    let hook_ready = match first_hook {
+        Ok(hook) => {
+            hook.log_ready();
+            true
+        }
+        Err(e) if e.stops_the_start() => return Err(e.into()),
+        Err(e) => {
+            tracing::error!(error = %e, "nvidia-cdi-hook not in place; serving read-only until it is");
+            false
+        }
+    };
 
     // Every field is set today; the default stays for the fields CdiConfig gains.
     #[allow(clippy::needless_update)]
@@ -73,7 +82,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
     cdi.dev_root = args.cdi.dev_root.clone();
     cdi.capabilities_dir = args.cdi.nvidia_capabilities_dir.clone();
     cdi.sysfs_root = d.sysfs_root.clone();
-    cdi.hook_path = hook.path;
+    cdi.hook_path = hook_setup.path();
     let files =
         DriverFiles::load(&cdi).context("finding the NVIDIA driver's files for CDI specs")?;
     if let Ok(now) = files.current() {
@@ -110,14 +119,8 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
     let name = args.instance_name();
     let state_dir = args.state_dir();
     let timing = ownership::Timing::default();
-    let mut owner = tokio::select! {
-        owner = Owner::take(&state_dir, &name, timing) => owner,
-        () = topodra_ops::signal::terminated() => {
-            tracing::info!("terminated while waiting for the node state");
-            http.stop().await;
-            return Ok(());
-        }
-    };
+    let retry = Duration::from_secs(args.kubelet.state_retry_seconds);
+    let needs = StartNeeds::new(state_dir.clone(), hook_setup, hook_ready);
     let ctx = Setup {
         args: &args,
         inventory: &inventory,
@@ -128,65 +131,106 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         metrics: &metrics,
         lifecycle: &lifecycle,
     };
+    let waiting = |not_asking: Option<node_state::NotAsking<'_>>| ctx.waiting(not_asking);
+    let mut owner = tokio::select! {
+        owner = node_state::take(&state_dir, &name, timing, retry, &needs, &waiting) => owner,
+        () = topodra_ops::signal::terminated() => {
+            tracing::info!("terminated while waiting for the node state");
+            http.stop().await;
+            return Ok(());
+        }
+    };
     loop {
-        let stop = match &owner {
+        // Err: the state machine could not start from the state.
+        let stop: Result<Stop, String> = match &owner {
             Owner::Owned(ownership) => {
                 tracing::info!(owner = ownership.name(), "owns the node state");
                 match ctx.start_preparer() {
-                    Ok(preparer) => {
-                        let until = async {
-                            let who = ownership.handover_requested(timing).await;
-                            tracing::info!(to = %who, "handing the node state over to another instance");
-                            Stop::Handover(who)
-                        };
-                        serve(&ctx, preparer, until).await?
-                    }
+                    Ok(preparer) => Ok(serve(&ctx, preparer, handover(ownership, timing)).await?),
                     Err(e) => {
                         tracing::error!(
                             error = format!("{e:#}"),
                             "cannot start from the node state"
                         );
-                        owner = Owner::ReadOnly(format!("{e:#}"));
-                        continue;
+                        Err(format!("{e:#}"))
                     }
                 }
             }
-            Owner::ReadOnly(reason) => {
+            Owner::ReadOnly {
+                reason,
+                lock: Some(ownership),
+            } => {
                 let preparer = ctx.start_read_only(reason);
                 let until = async {
-                    let retry = Duration::from_secs(args.kubelet.state_retry_seconds);
-                    Stop::StateUsable(
-                        node_state::usable_again(&state_dir, &name, timing, retry).await,
-                    )
+                    tokio::select! {
+                        stop = handover(ownership, timing) => stop,
+                        () = node_state::usable_again(retry, &needs) => Stop::Usable,
+                    }
                 };
-                serve(&ctx, preparer, until).await?
+                Ok(serve(&ctx, preparer, until).await?)
+            }
+            Owner::ReadOnly { reason, lock: None } => {
+                let preparer = ctx.start_read_only(reason);
+                let until = async {
+                    Stop::Retaken(node_state::retake(&state_dir, &name, retry, &needs).await)
+                };
+                Ok(serve(&ctx, preparer, until).await?)
             }
         };
-        owner = match stop {
-            Stop::Terminate => break,
-            Stop::StateUsable(ownership) => {
-                tracing::info!("the node state directory is usable again");
-                Owner::Owned(ownership)
-            }
-            Stop::Handover(to) => {
-                let Owner::Owned(ownership) = owner else {
-                    unreachable!("only an owner is asked to hand over")
+        // What this instance idles on after it stopped serving, and for whom.
+        let (released, to) = match stop {
+            Err(reason) => {
+                owner = Owner::ReadOnly {
+                    reason,
+                    lock: owner.into_lock(),
                 };
+                continue;
+            }
+            Ok(Stop::Terminate) => break,
+            Ok(Stop::Usable) => {
+                tracing::info!("the node state directory is usable again");
+                let lock = owner.into_lock();
+                owner =
+                    Owner::Owned(lock.expect("only an instance with the lock waits for usable"));
+                continue;
+            }
+            Ok(Stop::Retaken(Retaken::Owner(retaken))) => {
+                if matches!(retaken, Owner::Owned(_)) {
+                    tracing::info!("the node state directory is usable again");
+                }
+                owner = retaken;
+                continue;
+            }
+            Ok(Stop::Retaken(Retaken::OwnedElsewhere)) => {
+                // Another instance took the state this one could not: it serves the
+                // node now, and two instances must not both serve the kubelet.
+                let to = ownership::named_owner(&state_dir)
+                    .unwrap_or_else(|| "another instance".to_owned());
+                tracing::warn!(to = %to, "another instance owns the node state now; idle until this pod is deleted");
+                (ownership::Released::standing_by(&state_dir, &name), to)
+            }
+            Ok(Stop::Handover(to)) => {
                 // Serving has ended and the state is fenced (nothing here writes it
                 // any more); releasing the lock lets the new owner read the
                 // checkpoint. Exiting would only restart this container.
-                let released = ownership.release();
-                lifecycle.handed_over(&to);
+                let ownership = owner
+                    .into_lock()
+                    .expect("only an instance with the lock is asked to hand over");
                 tracing::info!(to = %to, "handed the node state over; idle until this pod is deleted");
-                tokio::select! {
-                    () = topodra_ops::signal::terminated() => break,
-                    back = released.reclaim_when_abandoned(timing) => {
-                        tracing::warn!(
-                            to = %to,
-                            "the instance the node state was handed to did not take it, or gave it up; serving again"
-                        );
-                        back.map_or_else(|e| Owner::ReadOnly(e.to_string()), Owner::Owned)
-                    }
+                (ownership.release(), to)
+            }
+        };
+        lifecycle.handed_over(&to);
+        owner = tokio::select! {
+            () = topodra_ops::signal::terminated() => break,
+            back = released.reclaim_when_abandoned(timing) => {
+                tracing::warn!(
+                    to = %to,
+                    "the instance the node state was handed to did not take it, or gave it up; serving again"
+                );
+                match back {
+                    Ok(lock) => node_state::with_lock(lock, &needs).await,
+                    Err(e) => Owner::ReadOnly { reason: e.to_string(), lock: None },
                 }
             }
         };
@@ -194,4 +238,11 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
     http.stop().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Resolves once another instance asks for the node state `ownership` holds.
+async fn handover(ownership: &Ownership, timing: ownership::Timing) -> Stop {
+    let who = ownership.handover_requested(timing).await;
+    tracing::info!(to = %who, "handing the node state over to another instance");
+    Stop::Handover(who)
 }

@@ -287,3 +287,86 @@ async fn a_handover_nobody_takes_comes_back_to_the_old_pod() {
     assert_eq!(prepare_on(&dra_socket(&node, OLD), "u-1").await.error, "");
     assert!(!state.join("takeover-request").exists());
 }
+
+/// A new pod that could take the node's lock but cannot write the state directory
+/// (here: its probe file's path is taken by a directory, which fails only this
+/// process's write) must not take the state from a live old pod: taking it, failing
+/// and dropping it again would make the old pod hand over and take it back every
+/// retry. It waits, not ready and saying why, while the old pod keeps serving; once
+/// it can write, it takes over as usual.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_pod_that_cannot_write_leaves_the_state_with_the_old_one() {
+    let node = NodeDirs::profile("dgx-h100");
+    let api = MockApiServer::start().await.unwrap();
+    api.add_node(&node.name, "node-uid-1");
+    for (uid, gpu) in [("u-old", "gpu-0"), ("u-mid", "gpu-1"), ("u-new", "gpu-2")] {
+        api.put_claim(claim_json(uid, "node-a", &[gpu], None));
+    }
+    let kubeconfig = api.kubeconfig(node.root.path()).unwrap();
+    let retry = ("TOPODRA_STATE_RETRY_SECONDS", "1");
+    let mut old = Plugin::start(&node, &kubeconfig, &[("POD_UID", OLD), retry]);
+    old.wait_live(Duration::from_secs(60)).await;
+    let old_dra = dra_socket(&node, OLD);
+    assert_eq!(prepare_on(&old_dra, "u-old").await.error, "");
+
+    // `.probe-<pid>` is the file the ownership probe writes (dra_kubeletplugin::
+    // ownership::probe_writable); `$$` is the plugin's pid after the exec.
+    let state = node.path("plugins").join(DRIVER);
+    let probe_setup = format!("mkdir '{}/.probe-'$$", state.display());
+    let mut new = Plugin::start_after(&node, &kubeconfig, &[("POD_UID", NEW), retry], &probe_setup);
+    new.wait_healthy(Duration::from_secs(60)).await;
+    let probe = state.join(format!(".probe-{}", new.child.id()));
+    assert!(probe.is_dir());
+
+    // Many retries' worth: the old pod never hands over, and keeps serving.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(
+        !old.logs().contains("handing the node state over"),
+        "{}",
+        both_logs(&old, &new)
+    );
+    assert_eq!(
+        prepare_on(&old_dra, "u-mid").await.error,
+        "",
+        "{}",
+        both_logs(&old, &new)
+    );
+    assert!(
+        !registration_socket(&node, NEW).exists(),
+        "{}",
+        both_logs(&old, &new)
+    );
+    let (status, body) = http_get(new.http, "/readyz").await.unwrap();
+    assert_eq!(status, 503);
+    assert!(body.contains(".probe-"), "{body}");
+    assert_eq!(
+        http_get(new.http, "/healthz").await.map(|(s, _)| s),
+        Some(200)
+    );
+
+    // Fixed: the new pod asks, and takes over once.
+    std::fs::remove_dir(&probe).unwrap();
+    let new_dra = dra_socket(&node, NEW);
+    wait_for(
+        "the new pod takes over",
+        Duration::from_secs(60),
+        || registration_socket(&node, NEW).exists() && new_dra.exists(),
+        || both_logs(&old, &new),
+    )
+    .await;
+    new.wait_live(Duration::from_secs(30)).await;
+    assert_eq!(prepare_on(&new_dra, "u-new").await.error, "");
+    assert_eq!(checkpoint_claims(&node), ["u-mid", "u-new", "u-old"]);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        old.logs().matches("handing the node state over").count(),
+        1,
+        "{}",
+        both_logs(&old, &new)
+    );
+    new.wait_live(Duration::from_secs(5)).await;
+}
+
+fn both_logs(old: &Plugin, new: &Plugin) -> String {
+    format!("old:\n{}\nnew:\n{}", old.logs(), new.logs())
+}

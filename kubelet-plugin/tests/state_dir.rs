@@ -3,13 +3,21 @@
 //! restart into the same error, forever) nor prepares anything: it serves
 //! read-only, with an Event and a metric, unprepares the claims it knows, and
 //! serves from the state again once the directory is usable.
+//!
+//! In the chart's layout (no `--state-dir`) that directory is the plugin's own
+//! directory under the kubelet's plugins directory, where the plugin also installs
+//! `nvidia-cdi-hook` and binds its DRA socket: a read-only or full directory, or
+//! something in the way of the hook, must not stop the start either. The plugin
+//! then serves what it can (slices, its HTTP endpoint, the DRA socket where it can
+//! bind one), says why it is not ready, and tries again.
 
 // clippy.toml allows unwrap in #[test] functions only; this crate's helpers are tests too.
 #![allow(clippy::unwrap_used)]
 
 mod support;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::*;
@@ -211,4 +219,257 @@ async fn a_full_disk_with_no_lock_file_yet_serves_read_only() {
         "the plugin exited:\n{}",
         plugin.logs()
     );
+}
+
+/// The chart's layout: no `--state-dir`, so the lock, the checkpoint, the
+/// installed hook and the DRA socket all live in the plugin's directory.
+const DEFAULT_LAYOUT: &[(&str, &str)] = &[("TOPODRA_STATE_RETRY_SECONDS", "1")];
+
+impl Setup {
+    fn plugin_dir(&self) -> PathBuf {
+        self.node.path("plugins").join(DRIVER)
+    }
+
+    /// A plugin in the default layout that installed its hook, prepared a claim and
+    /// stopped: a node that worked before its directory went bad.
+    async fn worked_before(&self) {
+        let mut plugin = Plugin::start(&self.node, &self.kubeconfig, DEFAULT_LAYOUT);
+        plugin.wait_live(Duration::from_secs(60)).await;
+        assert_eq!(
+            prepare(&self.node, &["u-known"]).await.claims["u-known"].error,
+            ""
+        );
+        assert!(plugin.terminate().success());
+        assert!(self.node.installed_hook().is_file());
+    }
+
+    /// What a plugin that cannot serve from its state still does: it stays up, live
+    /// and not ready with the reason, with the metric and the Event, and publishes
+    /// the node's slices.
+    async fn assert_serves_what_it_can(&self, plugin: &mut Plugin, causes: &[&str]) {
+        plugin.wait_healthy(Duration::from_secs(60)).await;
+        wait_readyz(plugin, "readyz names the cause", |status, body| {
+            status == 503
+                && body.contains("serving read-only")
+                && causes.iter().all(|c| body.contains(c))
+        })
+        .await;
+        let (_, metrics) = http_get(plugin.http, "/metrics").await.unwrap();
+        assert!(metrics.contains("topodra_state_read_only 1"), "{metrics}");
+        wait_until(
+            "an Event on the Node",
+            Duration::from_secs(10),
+            plugin,
+            || {
+                self.api
+                    .events_posted()
+                    .iter()
+                    .any(|e| e["reason"] == "StateDirUnusable")
+            },
+        )
+        .await;
+        wait_until(
+            "the slices published",
+            Duration::from_secs(30),
+            plugin,
+            || !self.api.slices().is_empty(),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(
+            plugin.child.try_wait().unwrap().is_none(),
+            "the plugin exited:\n{}",
+            plugin.logs()
+        );
+    }
+
+    /// Back to normal: serving from the state, not read-only, and preparing.
+    async fn assert_serves_again(&self, plugin: &mut Plugin, dra: &Path) {
+        wait_until(
+            "serving from the state again",
+            Duration::from_secs(60),
+            plugin,
+            || {
+                plugin
+                    .logs()
+                    .contains("the node state directory is usable again")
+            },
+        )
+        .await;
+        plugin.dra = dra.to_owned();
+        plugin.wait_live(Duration::from_secs(30)).await;
+        let (_, ready) = http_get(plugin.http, "/readyz").await.unwrap();
+        assert!(!ready.contains("read-only"), "{ready}");
+        let (_, metrics) = http_get(plugin.http, "/metrics").await.unwrap();
+        assert!(metrics.contains("topodra_state_read_only 0"), "{metrics}");
+        let held = prepare_at(dra, &["u-new"]).await;
+        assert_eq!(held.claims["u-new"].error, "");
+    }
+}
+
+/// Waits until `/readyz` answers what `f` accepts; returns the body.
+async fn wait_readyz(plugin: &Plugin, what: &str, f: impl Fn(u16, &str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let last = http_get(plugin.http, "/readyz").await;
+        if let Some((status, body)) = &last
+            && f(*status, body)
+        {
+            return body.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: last {last:?}\n{}",
+            plugin.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Runs `mount`/`umount` arguments inside the plugin's mount namespace.
+fn in_plugin_namespace(plugin: &Plugin, args: &[&str]) {
+    let status = Command::new("nsenter")
+        .arg(format!("--target={}", plugin.child.id()))
+        .arg("--mount")
+        .arg("--")
+        .args(args)
+        .status()
+        .unwrap();
+    assert!(status.success(), "nsenter {args:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_read_only_plugin_directory_serves_read_only_until_it_is_writable() {
+    if !can_unshare_mounts() {
+        eprintln!("skipped: cannot make a mount namespace here (needs root or CAP_SYS_ADMIN)");
+        return;
+    }
+    let s = setup().await;
+    s.worked_before().await;
+    s.api.wipe_slices();
+    let dir = s.plugin_dir().display().to_string();
+    // Read-only for root too: a read-only bind mount, in the plugin's namespace.
+    let mut plugin = Plugin::start_in_mount_namespace(
+        &s.node,
+        &s.kubeconfig,
+        DEFAULT_LAYOUT,
+        &format!("mount --bind '{dir}' '{dir}'\nmount -o remount,bind,ro '{dir}'"),
+    );
+    s.assert_serves_what_it_can(&mut plugin, &["Read-only file system"])
+        .await;
+    // No DRA socket can be bound there: the kubelet cannot reach it, and is not
+    // told of it.
+    assert!(!s.node.dra_socket().exists());
+    assert!(!s.node.registration_socket().exists());
+    let readyz = http_get(plugin.http, "/readyz").await.unwrap().1;
+    assert!(readyz.contains("serving read-only"), "{readyz}");
+
+    in_plugin_namespace(&plugin, &["umount", &dir]);
+    s.assert_serves_again(&mut plugin, &s.node.dra_socket())
+        .await;
+    // The claim prepared before is still known.
+    let un = unprepare(&s.node, &["u-known"]).await;
+    assert_eq!(un.claims["u-known"].error, "");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_plugin_directory_that_needs_a_newer_hook_serves_read_only_until_space_is_freed() {
+    if !can_unshare_mounts() {
+        eprintln!("skipped: cannot make a mount namespace here (needs root or CAP_SYS_ADMIN)");
+        return;
+    }
+    let s = setup().await;
+    let dir = s.plugin_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.display().to_string();
+    // A small file system, with the hook an older image installed, then filled: the
+    // new image's hook cannot be written.
+    let mut plugin = Plugin::start_in_mount_namespace(
+        &s.node,
+        &s.kubeconfig,
+        DEFAULT_LAYOUT,
+        &format!(
+            "mount -t tmpfs -o size=256k tmpfs '{d}'\n\
+             printf '#!/bin/sh\\necho \"NVIDIA CDI Hook version 0.0.1-older\"\\n' > '{d}/nvidia-cdi-hook'\n\
+             chmod 0755 '{d}/nvidia-cdi-hook'\n\
+             head -c 1048576 /dev/zero > '{d}/filler' || true"
+        ),
+    );
+    s.assert_serves_what_it_can(&mut plugin, &["No space left on device", "nvidia-cdi-hook"])
+        .await;
+    // A socket needs no data block: the kubelet reaches it, and is refused.
+    let dra = plugin.in_namespace(&s.node.dra_socket());
+    plugin.dra = dra.clone();
+    plugin.wait_live(Duration::from_secs(30)).await;
+    let refused = prepare_at(&dra, &["u-new"]).await;
+    let error = &refused.claims["u-new"].error;
+    assert!(error.contains("No space left on device"), "{error}");
+
+    std::fs::remove_file(plugin.in_namespace(&dir.join("filler"))).unwrap();
+    s.assert_serves_again(&mut plugin, &dra).await;
+    // The new image's hook is the one installed now.
+    assert_eq!(
+        std::fs::read(plugin.in_namespace(&s.node.installed_hook())).unwrap(),
+        std::fs::read(s.node.hook_source()).unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_directory_at_the_hook_path_serves_read_only_until_it_is_removed() {
+    let s = setup().await;
+    s.worked_before().await;
+    s.api.wipe_slices();
+    let hook = s.node.installed_hook();
+    std::fs::remove_file(&hook).unwrap();
+    std::fs::create_dir_all(hook.join("left-by-someone")).unwrap();
+
+    let mut plugin = Plugin::start(&s.node, &s.kubeconfig, DEFAULT_LAYOUT);
+    s.assert_serves_what_it_can(&mut plugin, &["Is a directory", "nvidia-cdi-hook"])
+        .await;
+    // The directory itself is writable: the DRA socket is there, prepares are
+    // refused with the reason (no spec may name a hook that is not there), and the
+    // claim prepared before can be unprepared.
+    plugin.wait_live(Duration::from_secs(30)).await;
+    let refused = prepare(&s.node, &["u-new"]).await;
+    let error = &refused.claims["u-new"].error;
+    assert!(error.contains("Is a directory"), "{error}");
+    assert_eq!(
+        unprepare(&s.node, &["u-known"]).await.claims["u-known"].error,
+        ""
+    );
+
+    std::fs::remove_dir_all(&hook).unwrap();
+    s.assert_serves_again(&mut plugin, &s.node.dra_socket())
+        .await;
+    assert!(hook.is_file());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dra_socket_that_cannot_be_bound_is_tried_again() {
+    let s = setup().await;
+    // Something that is not a socket where the DRA socket goes: the plugin refuses
+    // to remove it, and owns a usable state directory (elsewhere) all the same.
+    std::fs::create_dir_all(s.node.dra_socket()).unwrap();
+    let mut plugin = s.start();
+    plugin.wait_healthy(Duration::from_secs(60)).await;
+    let body = wait_readyz(
+        &plugin,
+        "readyz says the socket cannot be bound",
+        |status, body| status == 503 && body.contains("dra.sock"),
+    )
+    .await;
+    assert!(!body.contains("read-only"), "{body}");
+    assert!(!s.node.registration_socket().exists());
+    wait_until(
+        "the slices published",
+        Duration::from_secs(30),
+        &plugin,
+        || !s.api.slices().is_empty(),
+    )
+    .await;
+
+    std::fs::remove_dir(s.node.dra_socket()).unwrap();
+    plugin.wait_live(Duration::from_secs(30)).await;
+    let held = prepare(&s.node, &["u-new"]).await;
+    assert_eq!(held.claims["u-new"].error, "");
 }

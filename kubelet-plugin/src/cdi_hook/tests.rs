@@ -224,6 +224,80 @@ fn a_hook_whose_child_keeps_the_output_open_is_read_in_bounded_time() {
     );
 }
 
+/// `chattr +i` on a directory: read-only for root too, as a read-only mount is. On
+/// a file system without the attribute the test that needs it is skipped.
+struct Immutable(PathBuf);
+
+impl Immutable {
+    fn set(dir: &Path) -> Option<Self> {
+        let ok = Command::new("chattr")
+            .arg("+i")
+            .arg(dir)
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Self(dir.to_owned()))
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        let _ = Command::new("chattr").arg("-i").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_directory_that_cannot_take_the_copy_keeps_one_of_the_same_version() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("p");
+    // What an earlier start installed: version 1.0, other bytes (another build).
+    let older_build = prep(&setup(
+        &script(
+            tmp.path(),
+            "older-build",
+            "# another build\necho 'stand-in hook version 1.0'",
+        ),
+        &dir,
+    ))
+    .unwrap();
+    let Some(_frozen) = Immutable::set(&dir) else {
+        eprintln!("skipped: chattr +i does not work here");
+        return;
+    };
+    let hook = prep(&setup(&stand_in(tmp.path(), "1.0"), &dir)).unwrap();
+    assert_eq!(hook.action, Action::Kept);
+    assert_eq!(hook.path, older_build.path);
+    assert_eq!(hook.sha256, older_build.sha256);
+    assert_eq!(hook.version, "stand-in hook version 1.0");
+
+    // Another version is not kept: its hooks may not be the ones the specs use.
+    let other = tmp.path().join("newer");
+    fs::create_dir_all(&other).unwrap();
+    let err = prep(&setup(&stand_in(&other, "2.0"), &dir)).unwrap_err();
+    assert!(matches!(err, HookError::Install { .. }), "{err}");
+    assert!(!err.stops_the_start(), "{err}");
+    assert!(err.to_string().contains("Operation not permitted"), "{err}");
+}
+
+#[test]
+fn only_a_hook_the_plugin_was_given_stops_the_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("missing");
+    let source = prep(&setup(&missing, &tmp.path().join("p"))).unwrap_err();
+    assert!(source.stops_the_start(), "{source}");
+    let host = prep(&HookSetup::Host { path: missing }).unwrap_err();
+    assert!(host.stops_the_start(), "{host}");
+    // Something in the way of the copy is the node's condition, not the image's.
+    let dir = tmp.path().join("q");
+    fs::create_dir_all(dir.join(INSTALLED_NAME)).unwrap();
+    let in_the_way = prep(&setup(&stand_in(tmp.path(), "1.0"), &dir)).unwrap_err();
+    assert!(!in_the_way.stops_the_start(), "{in_the_way}");
+    assert!(
+        in_the_way.to_string().contains("Is a directory"),
+        "{in_the_way}"
+    );
+}
+
 /// A binary for another architecture: this machine's /bin/sh with another ELF
 /// machine number, which the kernel refuses to load.
 #[test]

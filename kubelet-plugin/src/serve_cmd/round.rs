@@ -13,6 +13,7 @@ use tokio::task::JoinHandle;
 use topodra_node::prepare::Preparer;
 
 use crate::events;
+use crate::lifecycle::KubeletSockets;
 use crate::node_driver::NodeDriver;
 use crate::pool::PoolBuilder;
 use crate::reconcile::{self, ReconcileConfig};
@@ -96,22 +97,45 @@ pub(super) async fn serve(
         health_rx.clone(),
         metrics.clone(),
     ));
-    let mut plugin = PluginBuilder::new(
-        &args.discovery.driver_name,
-        &args.node_name,
-        sockets,
-        driver,
-        api_claims,
-    )
-    .metrics(metrics.claims().clone())
-    .concurrency(
-        ClaimConcurrency::new(
-            args.claims.max_concurrent_claims_per_call as usize,
-            args.claims.max_concurrent_claims as usize,
+    let start_plugin = || {
+        PluginBuilder::new(
+            &args.discovery.driver_name,
+            &args.node_name,
+            sockets.clone(),
+            driver.clone(),
+            api_claims.clone(),
         )
-        .call_deadline(Duration::from_secs(args.claims.call_deadline_seconds)),
-    )
-    .start()?;
+        .metrics(metrics.claims().clone())
+        .concurrency(
+            ClaimConcurrency::new(
+                args.claims.max_concurrent_claims_per_call as usize,
+                args.claims.max_concurrent_claims as usize,
+            )
+            .call_deadline(Duration::from_secs(args.claims.call_deadline_seconds)),
+        )
+        .start()
+        .map_err(|e| format!("{:#}", anyhow::Error::from(e)))
+    };
+    // A socket that cannot be bound (the plugin's directory read-only, full, or
+    // something else at the socket's path) is no reason to exit: a restart finds
+    // the same directory. What needs no socket goes on (slices, device health, the
+    // HTTP endpoint), and binding is tried again.
+    let mut plugin = start_plugin();
+    if let Err(reason) = &plugin {
+        tracing::error!(
+            reason,
+            "cannot serve the kubelet; publishing and health go on, binding is tried again"
+        );
+        let (client, node) = (client.clone(), args.node_name.clone());
+        let note = format!(
+            "the plugin cannot bind its sockets ({reason}); the kubelet cannot reach it until \
+             they are, which it tries every {} s",
+            args.kubelet.state_retry_seconds
+        );
+        tokio::spawn(async move {
+            events::node_event(client, &node, "PluginSocketUnusable", "Start", note).await;
+        });
+    }
 
     let publisher_config = PublisherConfig::new(&args.discovery.driver_name, &args.node_name);
     let slices = match &*desired_rx.borrow() {
@@ -126,36 +150,64 @@ pub(super) async fn serve(
         health_rx.clone(),
         publish_status.clone(),
     ));
-    let (check_client, node, driver) = (
+    let (check_client, node, driver_name) = (
         client.clone(),
         args.node_name.clone(),
         args.discovery.driver_name.clone(),
     );
-    tokio::spawn(async move { events::squatted_names(check_client, &node, &driver, slices).await });
-    lifecycle.serving(
-        plugin.sockets().registration.clone(),
-        plugin.sockets().dra.clone(),
-        plugin.registered(),
-        publish_status,
-        preparer.read_only().map(str::to_owned),
-    );
-
-    let stop = tokio::select! {
-        () = topodra_ops::signal::terminated() => Stop::Terminate,
-        stop = until => stop,
+    tokio::spawn(async move {
+        events::squatted_names(check_client, &node, &driver_name, slices).await;
+    });
+    let announce = |plugin: &Result<dra_kubeletplugin::Plugin, String>| {
+        lifecycle.serving(
+            plugin
+                .as_ref()
+                .map_err(Clone::clone)
+                .map(|p| KubeletSockets {
+                    registration: p.sockets().registration.clone(),
+                    dra: p.sockets().dra.clone(),
+                    registered: p.registered(),
+                }),
+            publish_status.clone(),
+            preparer.read_only().map(str::to_owned),
+        );
     };
+    announce(&plugin);
+
+    let retry = Duration::from_secs(args.kubelet.state_retry_seconds);
+    let terminated = topodra_ops::signal::terminated();
+    tokio::pin!(terminated, until);
+    let stop = loop {
+        tokio::select! {
+            () = &mut terminated => break Stop::Terminate,
+            stop = &mut until => break stop,
+            () = tokio::time::sleep(retry), if plugin.is_err() => {
+                plugin = start_plugin();
+                match &plugin {
+                    Ok(_) => tracing::info!("the sockets are bound; serving the kubelet"),
+                    Err(reason) => tracing::info!(reason, "still cannot serve the kubelet"),
+                }
+                announce(&plugin);
+            }
+        }
+    };
+    let mut plugin = plugin.ok();
     // Unregister first: with the registration socket gone the kubelet stops sending
     // new claims here, while prepares in flight finish on the DRA socket.
-    plugin.unregister().await;
+    if let Some(plugin) = plugin.as_mut() {
+        plugin.unregister().await;
+    }
     let _ = shutdown_tx.send(true);
-    plugin.stop().await;
+    if let Some(plugin) = plugin {
+        plugin.stop().await;
+    }
     // The drain is shorter than a claim read may take on a slow API server, so a
     // prepare can still be on its way to the state machine. The fence waits for
     // every call that is writing and refuses every later one: after it, this
     // process writes no checkpoint and no CDI spec.
     let to = match &stop {
         Stop::Handover(to) => to.clone(),
-        Stop::Terminate | Stop::StateUsable(_) => "the next instance".to_owned(),
+        Stop::Terminate | Stop::Usable | Stop::Retaken(_) => "the next instance".to_owned(),
     };
     let fencing = preparer.clone();
     if let Err(e) = tokio::task::spawn_blocking(move || fencing.fence(&to)).await {

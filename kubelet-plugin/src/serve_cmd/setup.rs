@@ -16,6 +16,7 @@ pub(crate) use crate::args::ServeArgs;
 use crate::events;
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
+use crate::node_state::NotAsking;
 use topodra_node::monitor::nvml::NvmlOpener;
 use topodra_node::monitor::{HealthMonitor, MonitorConfig};
 
@@ -50,6 +51,27 @@ impl Setup<'_> {
         )
     }
 
+    /// Says why this instance waits without asking the owner for the node state:
+    /// in `/readyz`, and in an Event on the Node; or, with `None`, that it asks now.
+    pub(super) fn waiting(&self, not_asking: Option<NotAsking<'_>>) {
+        let Some(NotAsking { owner, reason }) = not_asking else {
+            self.lifecycle.waiting_for_handover();
+            return;
+        };
+        self.lifecycle.waiting_unusable(reason);
+        let (client, node) = (self.client.clone(), self.args.node_name.clone());
+        let note = format!(
+            "a new plugin instance cannot use the state directory {} ({reason}); it leaves the \
+             node state with {owner}, which keeps serving, and does not become ready until it \
+             can, which it checks every {} s",
+            self.args.state_dir().display(),
+            self.args.kubelet.state_retry_seconds
+        );
+        tokio::spawn(async move {
+            events::node_event(client, &node, "StateDirUnusable", "Takeover", note).await;
+        });
+    }
+
     /// Serves read-only: an Event on the Node, and a state machine that writes
     /// nothing to the state directory.
     pub(super) fn start_read_only(&self, reason: &str) -> Arc<Preparer> {
@@ -59,9 +81,11 @@ impl Setup<'_> {
         );
         let (client, node) = (self.client.clone(), self.args.node_name.clone());
         let note = format!(
-            "the plugin cannot use its state directory {} ({reason}); it serves read-only: \
-             prepared claims can be unprepared, no claim can be prepared until the directory is writable",
-            self.args.state_dir().display()
+            "the plugin cannot use its state directory {} or write what it needs there \
+             ({reason}); it serves read-only: prepared claims can be unprepared, no claim can be \
+             prepared until this is fixed, which it checks every {} s",
+            self.args.state_dir().display(),
+            self.args.kubelet.state_retry_seconds
         );
         tokio::spawn(async move {
             events::node_event(client, &node, "StateDirUnusable", "Start", note).await;

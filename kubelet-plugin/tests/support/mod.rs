@@ -147,6 +147,29 @@ impl Plugin {
         Self::spawn(cmd, node, kubeconfig, env, "127.0.0.1:0".parse().unwrap())
     }
 
+    /// Like [`Plugin::start`], after the shell commands `setup` ran in the shell
+    /// that then becomes the plugin (`exec`), so `$$` in them is the plugin's pid.
+    pub fn start_after(
+        node: &NodeDirs,
+        kubeconfig: &Path,
+        env: &[(&str, &str)],
+        setup: &str,
+    ) -> Self {
+        let mut cmd = Command::new("sh");
+        cmd.arg("-ec")
+            .arg(format!("{setup}\nexec \"$@\""))
+            .arg("sh")
+            .arg(env!("CARGO_BIN_EXE_topodra-kubelet-plugin"));
+        Self::spawn(cmd, node, kubeconfig, env, "127.0.0.1:0".parse().unwrap())
+    }
+
+    /// `path` as this process sees it inside the plugin's mount namespace (a file
+    /// system mounted by [`Plugin::start_in_mount_namespace`]'s setup, say).
+    pub fn in_namespace(&self, path: &Path) -> PathBuf {
+        let inside = path.strip_prefix("/").unwrap_or(path);
+        PathBuf::from(format!("/proc/{}/root", self.child.id())).join(inside)
+    }
+
     fn spawn(
         mut cmd: Command,
         node: &NodeDirs,
@@ -227,6 +250,29 @@ impl Plugin {
             assert!(
                 Instant::now() < deadline,
                 "plugin not live in {timeout:?}:\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until the HTTP endpoint is bound and `/healthz` answers 200, sockets
+    /// or not (an instance that waits for the node state, or cannot bind them).
+    pub async fn wait_healthy(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("plugin exited with {status}:\n{}", self.logs());
+            }
+            if let Some(addr) = self.bound_http() {
+                self.http = addr;
+                if http_get(addr, "/healthz").await.map(|(s, _)| s) == Some(200) {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "plugin not healthy in {timeout:?}:\n{}",
                 self.logs()
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -346,9 +392,13 @@ pub async fn dra_client(node: &NodeDirs) -> v1::dra_plugin_client::DraPluginClie
 
 /// NodePrepareResources for the claims `uids` (see [`claim_ref`]), over a new connection.
 pub async fn prepare(node: &NodeDirs, uids: &[&str]) -> v1::NodePrepareResourcesResponse {
+    prepare_at(&node.dra_socket(), uids).await
+}
+
+/// [`prepare`] on the DRA socket at `socket`.
+pub async fn prepare_at(socket: &Path, uids: &[&str]) -> v1::NodePrepareResourcesResponse {
     let claims = uids.iter().map(|u| claim_ref(u)).collect();
-    dra_client(node)
-        .await
+    v1::dra_plugin_client::DraPluginClient::new(channel(socket).await)
         .node_prepare_resources(v1::NodePrepareResourcesRequest { claims })
         .await
         .unwrap()
