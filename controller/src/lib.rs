@@ -18,6 +18,11 @@
 //!   schedulers and platforms that read that CRD.
 
 #![forbid(unsafe_code)]
+// Numbers from the API server (capacities, requests, counts) reach sums here as in
+// the model crate: checked or saturating only, so that no object can panic the
+// controller or wrap a published figure.
+#![deny(clippy::arithmetic_side_effects)]
+#![cfg_attr(test, allow(clippy::arithmetic_side_effects))]
 
 mod args;
 pub mod classes;

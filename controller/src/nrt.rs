@@ -85,7 +85,7 @@ pub fn desired(
                 resources.push(json!({
                     "name": opts.resource_name,
                     "capacity": c.total.to_string(),
-                    "allocatable": (c.total - c.unhealthy).to_string(),
+                    "allocatable": c.total.saturating_sub(c.unhealthy).to_string(),
                     "available": c.free.to_string(),
                 }));
             }

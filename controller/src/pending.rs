@@ -183,7 +183,9 @@ fn extended_requests(pod: &Pod, classes: &OurClasses) -> BTreeMap<String, u32> {
     let mut sum: BTreeMap<String, u32> = BTreeMap::new();
     for c in &spec.containers {
         for (k, v) in of(c) {
-            *sum.entry(k).or_default() += v;
+            let e = sum.entry(k).or_default();
+            // Saturating: two containers may each ask for up to u32::MAX.
+            *e = e.saturating_add(v);
         }
     }
     for c in spec.init_containers.iter().flatten() {
@@ -248,9 +250,9 @@ const MAX_MESSAGE: usize = 1024;
 
 fn limit(mut message: String) -> String {
     if message.len() > MAX_MESSAGE {
-        let mut cut = MAX_MESSAGE - 3;
+        let mut cut = MAX_MESSAGE.saturating_sub(3);
         while !message.is_char_boundary(cut) {
-            cut -= 1;
+            cut = cut.saturating_sub(1);
         }
         message.truncate(cut);
         message.push_str("...");

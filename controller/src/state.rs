@@ -245,7 +245,9 @@ impl State {
             let want =
                 uid.and_then(|uid| nrt::desired(self.cluster.node(&node)?, &cpus, uid, opts));
             match (want, self.nrts.get(&node)) {
-                (Some(want), Some(have)) if nrt::up_to_date(have, &want) => *skipped += 1,
+                (Some(want), Some(have)) if nrt::up_to_date(have, &want) => {
+                    *skipped = skipped.saturating_add(1);
+                }
                 (Some(object), _) => writes.push(Write::ApplyNrt { node, object }),
                 (None, Some(_)) => writes.push(Write::DeleteNrt { node }),
                 (None, None) => {}

@@ -141,8 +141,8 @@ async fn drain(
         match result {
             Ok(()) => debug!(node, operation, "NodeResourceTopology written"),
             Err(e) => {
-                warn!(node, operation, error = %e, failures = failures + 1, "writing the NodeResourceTopology failed; will retry");
-                failed.insert(node, (op, failures + 1));
+                warn!(node, operation, error = %e, failures = failures.saturating_add(1), "writing the NodeResourceTopology failed; will retry");
+                failed.insert(node, (op, failures.saturating_add(1)));
             }
         }
     }

@@ -297,7 +297,7 @@ fn candidates(demand: &Demand, e: &Explanation) -> String {
             out.push_str(&format!("    {line}\n"));
         }
         if n > LISTED {
-            out.push_str(&format!("    ... and {} more\n", n - LISTED));
+            out.push_str(&format!("    ... and {} more\n", n.saturating_sub(LISTED)));
         }
     }
     if !demand.unjudged.is_empty() {

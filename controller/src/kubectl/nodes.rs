@@ -108,10 +108,10 @@ fn mig(c: &Counts) -> String {
 fn mig_totals(cluster: &Cluster) -> Counts {
     cluster.nodes().fold(Counts::default(), |mut sum, s| {
         let m = &s.mig_devices;
-        sum.total += m.total;
-        sum.allocated += m.allocated;
-        sum.unhealthy += m.unhealthy;
-        sum.free += m.free;
+        sum.total = sum.total.saturating_add(m.total);
+        sum.allocated = sum.allocated.saturating_add(m.allocated);
+        sum.unhealthy = sum.unhealthy.saturating_add(m.unhealthy);
+        sum.free = sum.free.saturating_add(m.free);
         sum
     })
 }

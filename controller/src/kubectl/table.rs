@@ -52,7 +52,7 @@ impl Table {
                     .map(|c| c.chars().count())
                     .max()
                     .unwrap_or(0);
-                (widest + PADDING).max(MIN_WIDTH)
+                widest.saturating_add(PADDING).max(MIN_WIDTH)
             })
             .collect();
         let mut out = String::new();
@@ -60,7 +60,7 @@ impl Table {
             let mut text = String::new();
             for (i, cell) in line.iter().enumerate() {
                 text.push_str(cell);
-                if i + 1 < line.len() {
+                if i.saturating_add(1) < line.len() {
                     let pad = widths[i].saturating_sub(cell.chars().count());
                     text.extend(std::iter::repeat_n(' ', pad));
                 }

@@ -18,7 +18,7 @@ pub(crate) fn escape(value: &str) -> Cow<'_, str> {
     if !value.chars().any(needs_escape) {
         return Cow::Borrowed(value);
     }
-    let mut out = String::with_capacity(value.len() + 8);
+    let mut out = String::with_capacity(value.len().saturating_add(8));
     for c in value.chars() {
         match c {
             '\\' => out.push_str("\\\\"),

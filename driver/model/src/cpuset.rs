@@ -64,7 +64,7 @@ impl FromStr for IdList {
                 Some((lo, hi)) => {
                     let lo: u32 = lo.trim().parse().map_err(|_| err())?;
                     let hi: u32 = hi.trim().parse().map_err(|_| err())?;
-                    if lo > hi || hi - lo > 1 << 20 {
+                    if hi.checked_sub(lo).is_none_or(|span| span > 1 << 20) {
                         return Err(err());
                     }
                     set.extend(lo..=hi);
@@ -84,9 +84,8 @@ impl fmt::Display for IdList {
         let mut first = true;
         while let Some(lo) = ids.next() {
             let mut hi = lo;
-            while ids.peek() == Some(&(hi + 1)) {
-                hi += 1;
-                ids.next();
+            while let Some(next) = ids.next_if(|id| Some(*id) == hi.checked_add(1)) {
+                hi = next;
             }
             if !first {
                 f.write_str(",")?;

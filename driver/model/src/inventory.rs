@@ -106,21 +106,24 @@ pub struct DistanceMatrix {
 impl DistanceMatrix {
     /// Returns `None` when the value count does not match the node count.
     pub fn new(nodes: Vec<u32>, values: Vec<u64>) -> Option<Self> {
-        (values.len() == nodes.len() * nodes.len()).then_some(Self { nodes, values })
+        (Some(values.len()) == nodes.len().checked_mul(nodes.len()))
+            .then_some(Self { nodes, values })
     }
 
     pub fn get(&self, from: u32, to: u32) -> Option<u64> {
         let i = self.nodes.iter().position(|n| *n == from)?;
         let j = self.nodes.iter().position(|n| *n == to)?;
-        self.values.get(i * self.nodes.len() + j).copied()
+        // In range by construction (`new` checks the length); checked all the same.
+        let at = i.checked_mul(self.nodes.len())?.checked_add(j)?;
+        self.values.get(at).copied()
     }
 
     pub fn rows(&self) -> BTreeMap<u32, Vec<u64>> {
-        let n = self.nodes.len();
+        let n = self.nodes.len().max(1);
         self.nodes
             .iter()
-            .enumerate()
-            .map(|(i, id)| (*id, self.values[i * n..(i + 1) * n].to_vec()))
+            .zip(self.values.chunks(n))
+            .map(|(id, row)| (*id, row.to_vec()))
             .collect()
     }
 }

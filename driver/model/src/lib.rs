@@ -25,6 +25,13 @@
 //! them), and [`IdList`] (CPU and NUMA node lists such as `0-55,112-167`).
 
 #![forbid(unsafe_code)]
+// Every number the model adds up can come from the API server (capacities of
+// another driver's slices, consumed capacities, pod requests up to 2^64-1), and an
+// overflow panics the controller in a debug build and publishes a wrapped figure in
+// a release build. So arithmetic here is checked or saturating, and the lint makes
+// a new `+` a build error. Tests and their fixtures compute on their own values.
+#![deny(clippy::arithmetic_side_effects)]
+#![cfg_attr(test, allow(clippy::arithmetic_side_effects))]
 
 /// Serializes a type as its `Display` string and deserializes it with `FromStr`: the
 /// form operators read in JSON and YAML (`0000:18:00.0`, `pci0000:15`, `0-55,112-167`).

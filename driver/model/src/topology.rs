@@ -59,7 +59,8 @@ pub fn shared_pcie_switches(
     let mut gpus_below: HashMap<PciAddress, usize> = HashMap::new();
     for chain in chains.values() {
         for bridge in chain.iter().collect::<BTreeSet<_>>() {
-            *gpus_below.entry(*bridge).or_default() += 1;
+            let n = gpus_below.entry(*bridge).or_default();
+            *n = n.saturating_add(1);
         }
     }
     chains

@@ -200,7 +200,8 @@ impl Cluster {
             }
         }
         for r in &results {
-            *self.allocated.entry(r.clone()).or_default() += 1;
+            let n = self.allocated.entry(r.clone()).or_default();
+            *n = n.saturating_add(1);
         }
         if !results.is_empty() {
             self.claims.insert(key, results);

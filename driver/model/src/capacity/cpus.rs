@@ -184,8 +184,10 @@ impl CpuPools {
         }
         for (_, devices) in pools.values() {
             for (numa, cpus, grouped) in devices.values() {
+                // Saturating: a slice may publish any capacity up to 2^64-1 (the API
+                // server takes it), and a sum of two such must neither panic nor wrap.
                 let c = out.entry(*numa).or_default();
-                c.total += cpus;
+                c.total = c.total.saturating_add(*cpus);
                 c.grouped |= grouped;
             }
         }
@@ -195,7 +197,8 @@ impl CpuPools {
                     continue;
                 };
                 if let Some((numa, _, _)) = devices.get(device.as_str()) {
-                    out.entry(*numa).or_default().allocated += cpus;
+                    let c = out.entry(*numa).or_default();
+                    c.allocated = c.allocated.saturating_add(*cpus);
                 }
             }
         }
@@ -334,6 +337,86 @@ mod tests {
         });
         assert_eq!(p.numa("node-a")[&1].free(), 44);
         assert!(p.numa("node-b").is_empty());
+    }
+
+    /// A slice of `(numa node, cpus)` grouped devices named `cpudev<i>`.
+    fn slice_of(node: &str, devices: &[(u32, u64)]) -> ResourceSlice {
+        let devices: Vec<_> = devices
+            .iter()
+            .enumerate()
+            .map(|(i, (numa, cpus))| {
+                json!({"name": format!("cpudev{i}"), "attributes": {NUMA: {"int": numa}},
+                       "capacity": {"dra.cpu/cpu": {"value": cpus.to_string()}}})
+            })
+            .collect();
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("{node}-cpus")},
+            "spec": {"driver": "dra.cpu", "nodeName": node,
+                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                     "devices": devices}
+        }))
+        .unwrap()
+    }
+
+    fn consuming(name: &str, node: &str, device: usize, cpus: u64) -> ResourceClaim {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "cpus", "driver": "dra.cpu", "pool": node,
+                 "device": format!("cpudev{device}"),
+                 "consumedCapacity": {"dra.cpu/cpu": cpus.to_string()}}
+            ]}}}
+        }))
+        .unwrap()
+    }
+
+    /// The attack as found: two devices on one NUMA node with 2^64-1 CPUs each, and
+    /// two claims consuming that much, once panicked the controller at every start
+    /// ("attempt to add with overflow") and wrapped in a release build.
+    #[test]
+    fn capacities_at_the_top_of_the_range_saturate() {
+        let mut p = pools();
+        p.apply_slice(&slice_of("node-a", &[(0, u64::MAX), (0, u64::MAX), (1, 8)]));
+        p.apply_claim(&consuming("c1", "node-a", 0, u64::MAX));
+        p.apply_claim(&consuming("c2", "node-a", 1, u64::MAX));
+        let n = p.numa("node-a");
+        assert_eq!(
+            (n[&0].total, n[&0].allocated, n[&0].free()),
+            (u64::MAX, u64::MAX, 0)
+        );
+        assert_eq!((n[&1].total, n[&1].free()), (8, 8));
+    }
+
+    proptest::proptest! {
+        /// Over the whole u64 range: per NUMA node the total is the saturating sum of
+        /// its devices' CPUs, the allocation that of its claims' consumption, and free
+        /// never exceeds the total.
+        #[test]
+        fn any_capacities_and_consumptions_sum_without_overflow(
+            devices in proptest::collection::vec((0u32..3, proptest::num::u64::ANY), 1..6),
+            claims in proptest::collection::vec((0usize..6, proptest::num::u64::ANY), 0..6),
+        ) {
+            let mut p = pools();
+            p.apply_slice(&slice_of("node-a", &devices));
+            for (i, (device, cpus)) in claims.iter().enumerate() {
+                p.apply_claim(&consuming(&format!("c{i}"), "node-a", *device, *cpus));
+            }
+            let n = p.numa("node-a");
+            for (numa, counts) in &n {
+                let total = devices
+                    .iter()
+                    .filter(|(d, _)| d == numa)
+                    .fold(0u64, |s, (_, c)| s.saturating_add(*c));
+                let allocated = claims
+                    .iter()
+                    .filter(|(d, _)| devices.get(*d).is_some_and(|(m, _)| m == numa))
+                    .fold(0u64, |s, (_, c)| s.saturating_add(*c));
+                proptest::prop_assert_eq!(counts.total, total);
+                proptest::prop_assert_eq!(counts.allocated, allocated);
+                proptest::prop_assert!(counts.free() <= counts.total);
+            }
+        }
     }
 
     #[test]

@@ -151,7 +151,9 @@ fn candidates(
         }
     }
     // Those that fit, then those short of one kind, then of both; more free first.
-    let short = |(c, cpus_fit): &(Candidate, bool)| u8::from(c.free < gpus) + u8::from(!cpus_fit);
+    let short = |(c, cpus_fit): &(Candidate, bool)| {
+        u8::from(c.free < gpus).saturating_add(u8::from(!cpus_fit))
+    };
     all.sort_by_key(|e| {
         (
             short(e),

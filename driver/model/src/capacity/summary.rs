@@ -21,20 +21,24 @@ pub struct Counts {
 }
 
 impl Counts {
+    // Counts are of devices the model holds, far below u32::MAX; saturating all the
+    // same, so that no sum in the model can panic (the crate denies unchecked
+    // arithmetic).
     fn add(&mut self, state: State) {
-        self.total += 1;
-        match state {
-            State::Allocated => self.allocated += 1,
-            State::Unhealthy => self.unhealthy += 1,
-            State::Free => self.free += 1,
-        }
+        self.total = self.total.saturating_add(1);
+        let n = match state {
+            State::Allocated => &mut self.allocated,
+            State::Unhealthy => &mut self.unhealthy,
+            State::Free => &mut self.free,
+        };
+        *n = n.saturating_add(1);
     }
 
     pub(super) fn merge(&mut self, other: &Counts) {
-        self.total += other.total;
-        self.allocated += other.allocated;
-        self.unhealthy += other.unhealthy;
-        self.free += other.free;
+        self.total = self.total.saturating_add(other.total);
+        self.allocated = self.allocated.saturating_add(other.allocated);
+        self.unhealthy = self.unhealthy.saturating_add(other.unhealthy);
+        self.free = self.free.saturating_add(other.free);
     }
 }
 
@@ -155,8 +159,8 @@ impl NodeSummary {
             .iter()
             .map(|g| g.counts.free)
             .filter(|free| *free >= size)
-            .sum();
-        self.gpus.free - usable
+            .fold(0, u32::saturating_add);
+        self.gpus.free.saturating_sub(usable)
     }
 }
 

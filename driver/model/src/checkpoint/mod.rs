@@ -33,6 +33,7 @@
 //!   `checkpoint` module.
 
 #[cfg(any(test, feature = "test-fixtures"))]
+#[allow(clippy::arithmetic_side_effects)] // fixtures compute on their own values
 pub mod fixtures;
 mod format;
 mod records;

@@ -94,7 +94,7 @@ impl Parsed<'_> {
         for d in int.bytes().chain(frac.bytes()) {
             mantissa = mantissa
                 .checked_mul(10)?
-                .checked_add(u128::from(d - b'0'))?;
+                .checked_add(u128::from(d.checked_sub(b'0')?))?;
         }
         if mantissa == 0 {
             return Some(0);
@@ -169,7 +169,11 @@ fn parse_exponent(suffix: &str) -> Option<i32> {
     // Beyond a few hundred the value is zero or overflows either way; saturating keeps
     // the arithmetic simple without changing the outcome.
     let magnitude = digits.parse::<i32>().unwrap_or(i32::MAX).min(1000);
-    Some(if negative { -magnitude } else { magnitude })
+    Some(if negative {
+        magnitude.saturating_neg()
+    } else {
+        magnitude
+    })
 }
 
 impl Serialize for MemoryQuantity {

@@ -328,16 +328,18 @@ pub fn to_list(slices: &[ResourceSlice]) -> serde_json::Value {
 pub(crate) fn slice_name(node_name: &str, driver_name: &str, index: usize) -> String {
     let base = format!("{node_name}-{driver_name}");
     let suffix = format!("-{index}");
-    if base.len() + suffix.len() <= validate::MAX_SUBDOMAIN_LEN {
+    if base.len().saturating_add(suffix.len()) <= validate::MAX_SUBDOMAIN_LEN {
         return base + &suffix;
     }
     let hash = format!("-{:016x}", fnv1a(base.as_bytes()));
-    let keep = validate::MAX_SUBDOMAIN_LEN - hash.len() - suffix.len();
+    let keep = validate::MAX_SUBDOMAIN_LEN
+        .saturating_sub(hash.len())
+        .saturating_sub(suffix.len());
     // Valid names are ASCII; the boundary check only keeps an invalid one from
     // panicking here, so validation can report it.
     let mut cut = keep.min(base.len());
     while !base.is_char_boundary(cut) {
-        cut -= 1;
+        cut = cut.saturating_sub(1);
     }
     let prefix = base[..cut].trim_end_matches(['-', '.']);
     format!("{prefix}{hash}{suffix}")
@@ -378,6 +380,7 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 }
 
 #[cfg(any(test, feature = "test-fixtures"))]
+#[allow(clippy::arithmetic_side_effects)] // fixtures compute on their own values
 pub mod fixtures;
 
 #[cfg(test)]

@@ -38,7 +38,7 @@ pub(crate) fn bytes(n: u64) -> Quantity {
     if n != 0 {
         for (suffix, unit) in DECIMAL {
             if n.is_multiple_of(unit) {
-                return Quantity(format!("{}{suffix}", n / unit));
+                return Quantity(format!("{}{suffix}", n.checked_div(unit).unwrap_or(n)));
             }
         }
     }

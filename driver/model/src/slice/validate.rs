@@ -192,7 +192,9 @@ fn validate_device(driver: &str, d: &Device) -> Result<(), SliceError> {
     let empty = BTreeMap::new();
     let attributes = d.attributes.as_ref().unwrap_or(&empty);
     let capacity_names = d.capacity.iter().flat_map(|c| c.keys());
-    let count = attributes.len() + d.capacity.as_ref().map_or(0, |c| c.len());
+    let count = attributes
+        .len()
+        .saturating_add(d.capacity.as_ref().map_or(0, |c| c.len()));
     if count > MAX_ATTRIBUTES {
         return Err(SliceError::TooManyAttributes {
             device: d.name.clone(),

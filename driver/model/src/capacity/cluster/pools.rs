@@ -10,7 +10,7 @@ impl Cluster {
     pub(super) fn release(&mut self, pool: &str, dev: &str) {
         let key = (pool.to_owned(), dev.to_owned());
         if let Some(n) = self.allocated.get_mut(&key) {
-            *n -= 1;
+            *n = n.saturating_sub(1);
             if *n == 0 {
                 self.allocated.remove(&key);
             }
