@@ -60,6 +60,8 @@ pub(crate) struct Metrics {
     pending_pods: Gauge,
     watch_events: Family<ResourceLabels, Counter>,
     watch_errors: Family<ResourceLabels, Counter>,
+    objects_pruned: Family<ResourceLabels, Counter>,
+    objects_undecodable: Family<ResourceLabels, Counter>,
     writes: Family<WriteLabels, Counter>,
     writes_skipped: Counter,
     invalid_values: Family<LevelLabels, Counter>,
@@ -80,6 +82,8 @@ impl Metrics {
             pending_pods: Gauge::default(),
             watch_events: Family::default(),
             watch_errors: Family::default(),
+            objects_pruned: Family::default(),
+            objects_undecodable: Family::default(),
             writes: Family::default(),
             writes_skipped: Counter::default(),
             invalid_values: Family::default(),
@@ -126,6 +130,16 @@ impl Metrics {
             "watch_errors",
             "Watch errors (the watch resumes with backoff), by resource",
             m.watch_errors.clone(),
+        );
+        registry.register(
+            "objects_pruned",
+            "Watched objects nested deeper than the decoder keeps, taken without their deepest values, by resource",
+            m.objects_pruned.clone(),
+        );
+        registry.register(
+            "objects_undecodable",
+            "Watched objects that could not be decoded and were left out of the model, by resource",
+            m.objects_undecodable.clone(),
         );
         registry.register(
             "writes",
@@ -218,6 +232,22 @@ impl Metrics {
 
     pub(crate) fn watch_event(&self, kind: Kind) {
         self.watch_events
+            .get_or_create(&ResourceLabels {
+                resource: kind.as_str(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn object_pruned(&self, kind: Kind) {
+        self.objects_pruned
+            .get_or_create(&ResourceLabels {
+                resource: kind.as_str(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn object_undecodable(&self, kind: Kind) {
+        self.objects_undecodable
             .get_or_create(&ResourceLabels {
                 resource: kind.as_str(),
             })

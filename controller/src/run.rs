@@ -16,6 +16,7 @@ use kube::runtime::watcher::{self, watcher};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use topodra_model::capacity::Finding;
+use topodra_ops::bounded::Bounded;
 use topodra_ops::endpoint::Endpoint;
 use topodra_ops::http::Endpoints;
 use topodra_ops::requests::{RequestCounter, counted_client};
@@ -124,23 +125,25 @@ pub(crate) async fn run(cli: Args) -> Result<()> {
         Kind::Nodes,
         Kind::Pods,
     ]);
-    let mut inputs = inputs(&client, &cli.driver_name);
+    let mut inputs = inputs(&client, &cli.driver_name, &metrics);
     if !cli.cpu_driver_name.is_empty() {
         watched.insert(Kind::CpuSlices);
-        inputs.push(stream(
-            Api::<ResourceSlice>::all(client.clone()),
+        inputs.push(bounded::<ResourceSlice>(
+            &client,
             watcher::Config::default().fields(&format!("spec.driver={}", cli.cpu_driver_name)),
             Input::CpuSlice,
             Kind::CpuSlices,
+            &metrics,
         ));
     }
     if taint_rules {
         watched.insert(Kind::TaintRules);
-        inputs.push(stream(
-            Api::<DeviceTaintRule>::all(client.clone()),
+        inputs.push(bounded::<DeviceTaintRule>(
+            &client,
             watcher::Config::default(),
             Input::TaintRule,
             Kind::TaintRules,
+            &metrics,
         ));
     }
     if nrt_enabled {
@@ -182,7 +185,10 @@ pub(crate) async fn run(cli: Args) -> Result<()> {
     let min_interval = Duration::from_secs(cli.pending_event_min_interval_seconds);
     let mut leader = *leadership.is_leader.borrow_and_update();
     metrics.set_leader(leader);
-    let mut flush_at: Option<Instant> = Some(Instant::now() + delay);
+    // Checked: the delay is an operator's number, and `Instant + Duration` panics
+    // past the clock's range.
+    let after = |d: Duration| Instant::now().checked_add(d).unwrap_or_else(Instant::now);
+    let mut flush_at: Option<Instant> = Some(after(delay));
     let mut synced = false;
     let shutdown = topodra_ops::signal::terminated();
     tokio::pin!(shutdown);
@@ -198,7 +204,7 @@ pub(crate) async fn run(cli: Args) -> Result<()> {
                     report_findings(&applied.findings, &metrics);
                     // Nothing a pass acts on changed: no pass, and no wake-up for it.
                     if applied.pass_due && flush_at.is_none() {
-                        flush_at = Some(Instant::now() + delay);
+                        flush_at = Some(after(delay));
                     }
                 }
                 Some(Err((kind, e))) => {
@@ -251,7 +257,7 @@ pub(crate) async fn run(cli: Args) -> Result<()> {
                     writes.extend(state.plan_events(std::time::Instant::now(), min_interval));
                     if state.pods_dirty() {
                         // An explanation changed too soon after the last Event: look again.
-                        flush_at = Some(Instant::now() + Duration::from_secs(1).max(delay));
+                        flush_at = Some(after(Duration::from_secs(1).max(delay)));
                     }
                 }
                 metrics.set_pending_pods(state.pending_pods());
@@ -298,39 +304,131 @@ where
         .boxed()
 }
 
-fn inputs(client: &kube::Client, driver: &str) -> Inputs {
+/// [`stream`] for objects whose writers choose their nesting (claims' opaque
+/// parameters, and the `managedFields` that mirror any object): each is decoded with
+/// bounded depth, so one object nested past serde_json's limit is pruned or, failing
+/// that, dropped and counted, instead of failing the whole watch at every relist.
+fn bounded<K>(
+    client: &kube::Client,
+    config: watcher::Config,
+    wrap: fn(watcher::Event<K>) -> Input,
+    kind: Kind,
+    metrics: &Arc<Metrics>,
+) -> BoxStream<'static, Result<Input, (Kind, watcher::Error)>>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + Default
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+{
+    let metrics = metrics.clone();
+    watcher(
+        Api::<Bounded<K>>::all(client.clone()),
+        config.streaming_lists(),
+    )
+    .default_backoff()
+    .try_filter_map(move |event| {
+        let event = decoded_event(event, kind, &metrics);
+        async move { Ok(event.map(wrap)) }
+    })
+    .map_err(move |e| (kind, e))
+    .boxed()
+}
+
+/// The event with its object decoded; `None` for a new or changed object that could
+/// not be decoded at all (what was known of it stays until it decodes or is gone).
+/// A deleted object is deleted by its name, decoded or not.
+fn decoded_event<K>(
+    event: watcher::Event<Bounded<K>>,
+    kind: Kind,
+    metrics: &Metrics,
+) -> Option<watcher::Event<K>>
+where
+    K: kube::Resource + Default,
+{
+    use watcher::Event;
+    let object = |b: Bounded<K>, deleted: bool| -> Option<K> {
+        match b {
+            Bounded::Whole(o) => Some(o),
+            Bounded::Pruned { object, paths } => {
+                metrics.object_pruned(kind);
+                warn!(
+                    resource = %kind,
+                    namespace = object.meta().namespace.as_deref().unwrap_or_default(),
+                    name = object.meta().name.as_deref().unwrap_or_default(),
+                    pruned = ?paths,
+                    max_depth = topodra_ops::bounded::MAX_DEPTH,
+                    "object nested too deep; taken without its deepest values"
+                );
+                Some(object)
+            }
+            Bounded::Undecodable(u) => {
+                metrics.object_undecodable(kind);
+                warn!(
+                    resource = %kind,
+                    namespace = u.metadata.namespace.as_deref().unwrap_or_default(),
+                    name = u.metadata.name.as_deref().unwrap_or_default(),
+                    error = %u.error,
+                    "object not decodable; left out of the model"
+                );
+                deleted.then(|| {
+                    let mut gone = K::default();
+                    *gone.meta_mut() = u.metadata;
+                    gone
+                })
+            }
+        }
+    };
+    match event {
+        Event::Apply(b) => object(b, false).map(Event::Apply),
+        Event::InitApply(b) => object(b, false).map(Event::InitApply),
+        Event::Delete(b) => object(b, true).map(Event::Delete),
+        Event::Init => Some(Event::Init),
+        Event::InitDone => Some(Event::InitDone),
+    }
+}
+
+fn inputs(client: &kube::Client, driver: &str, metrics: &Arc<Metrics>) -> Inputs {
     let c = client;
     let mut all = SelectAll::new();
-    all.push(stream(
-        Api::<ResourceSlice>::all(c.clone()),
+    all.push(bounded::<ResourceSlice>(
+        c,
         watcher::Config::default().fields(&format!("spec.driver={driver}")),
         Input::Slice,
         Kind::Slices,
+        metrics,
     ));
-    all.push(stream(
-        Api::<ResourceClaim>::all(c.clone()),
+    all.push(bounded::<ResourceClaim>(
+        c,
         watcher::Config::default(),
         Input::Claim,
         Kind::Claims,
+        metrics,
     ));
-    all.push(stream(
-        Api::<DeviceClass>::all(c.clone()),
+    all.push(bounded::<DeviceClass>(
+        c,
         watcher::Config::default(),
         Input::Class,
         Kind::Classes,
+        metrics,
     ));
-    all.push(stream(
-        Api::<PartialObjectMeta<Node>>::all(c.clone()),
+    all.push(bounded::<PartialObjectMeta<Node>>(
+        c,
         watcher::Config::default(),
         Input::Node,
         Kind::Nodes,
+        metrics,
     ));
     // Only pods no node has taken yet: the ones that can be waiting for GPUs.
-    all.push(stream(
-        Api::<Pod>::all(c.clone()),
+    all.push(bounded::<Pod>(
+        c,
         watcher::Config::default().fields("spec.nodeName="),
         Input::Pod,
         Kind::Pods,
+        metrics,
     ));
     all
 }

@@ -186,6 +186,71 @@ async fn per_claim_errors_name_the_problem() {
     );
 }
 
+/// Issue 42, case 3: a claim whose config for another driver nests 150 objects
+/// (past serde_json's 128 levels) once failed its every prepare as a transient read
+/// error, 20 GETs in 30 s per kubelet retry. Now the other driver's deep parameters
+/// are pruned and the claim prepares; a deep config of ours is refused as invalid;
+/// an object that decodes in no way fails alone; and each is read once.
+#[tokio::test(flavor = "multi_thread")]
+async fn claims_nested_past_the_decoder_limit_are_read_once_and_fail_alone() {
+    let node = NodeDirs::profile("dgx-h100");
+    let (api, kubeconfig) = api_for(&node).await;
+    let mut plugin = Plugin::start(&node, &kubeconfig, &[]);
+    plugin.wait_live(Duration::from_secs(60)).await;
+    let mut deep = serde_json::json!({"x": 1});
+    for _ in 0..150 {
+        deep = serde_json::json!({ "a": deep });
+    }
+    let mut other = claim_json("deep-other", "node-a", &["gpu-0"], None);
+    other["status"]["allocation"]["devices"]["config"] = serde_json::json!([
+        {"source": "FromClaim", "opaque": {"driver": "other.example.com", "parameters": deep.clone()}}
+    ]);
+    api.put_claim(other);
+    api.put_claim(claim_json(
+        "deep-ours",
+        "node-a",
+        &["gpu-1"],
+        Some(serde_json::json!({"apiVersion": "gpu.topodra.dev/v1alpha1", "kind": "GpuConfig", "sharing": deep})),
+    ));
+    let mut shapeless = claim_json("shapeless", "node-a", &["gpu-2"], None);
+    shapeless["spec"] = serde_json::json!(5);
+    api.put_claim(shapeless);
+
+    let resp = prepare(&node, &["deep-other", "deep-ours", "shapeless"]).await;
+    assert_eq!(
+        resp.claims["deep-other"].error,
+        "",
+        "{:?}\n{}",
+        resp.claims["deep-other"],
+        plugin.logs()
+    );
+    assert!(
+        resp.claims["deep-ours"].error.contains("sharing"),
+        "{:?}",
+        resp.claims["deep-ours"]
+    );
+    assert!(
+        resp.claims["shapeless"]
+            .error
+            .contains("the object cannot be decoded"),
+        "{:?}",
+        resp.claims["shapeless"]
+    );
+    for uid in ["deep-other", "deep-ours", "shapeless"] {
+        let path = format!("/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/claim-{uid}");
+        let gets = api
+            .requests()
+            .iter()
+            .filter(|r| r.method == "GET" && r.path == path)
+            .count();
+        assert_eq!(gets, 1, "{uid}: a decoded answer is final");
+    }
+    assert_eq!(
+        node.cdi_specs(),
+        vec!["k8s.gpu.topodra.dev-claim_deep-other.json"]
+    );
+}
+
 // The binary has `--test-crash-at` only when built with the crash-points feature; a
 // bin-only crate cannot turn its own feature on for its tests, so `make test-unit`
 // passes `--features topodra-kubelet-plugin/crash-points`.

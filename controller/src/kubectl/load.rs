@@ -14,6 +14,9 @@ use kube::api::{Api, ListParams, ObjectList};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use topodra_model::capacity::{Cluster, CpuPools, Finding};
+use topodra_ops::bounded::Bounded;
+
+use super::terminal::escape;
 
 /// Items per LIST page: what kubectl asks for, so a 1,000-node cluster takes a few
 /// small responses rather than one large one.
@@ -142,8 +145,8 @@ where
     loop {
         match fetch(token.clone()).await {
             Ok(list) => {
-                pages.pages += 1;
-                pages.items += list.items.len();
+                pages.pages = pages.pages.saturating_add(1);
+                pages.items = pages.items.saturating_add(list.items.len());
                 list.items.into_iter().for_each(&mut each);
                 token = list.metadata.continue_.filter(|t| !t.is_empty());
                 if token.is_none() {
@@ -185,12 +188,15 @@ impl Connection {
         }
     }
 
+    /// Lists every page, each object decoded with bounded depth: an object nested
+    /// past the decoder's limit is taken without its deepest values, and one that does
+    /// not decode at all is left out with a warning, instead of failing the command.
     async fn list<K>(
         &self,
-        api: &Api<K>,
+        api: &Api<Bounded<K>>,
         plural: &str,
         params: &ListParams,
-        each: impl FnMut(K),
+        mut each: impl FnMut(K),
     ) -> Result<Pages, kube::Error>
     where
         K: Clone + std::fmt::Debug + serde::de::DeserializeOwned,
@@ -203,7 +209,18 @@ impl Connection {
                 }
                 async move { api.list(&p).await }
             },
-            each,
+            |b: Bounded<K>| match b.into_result() {
+                Ok(object) => each(object),
+                Err(u) => eprintln!(
+                    "warning: left out {plural} {}: {}",
+                    escape(&format!(
+                        "{}/{}",
+                        u.metadata.namespace.as_deref().unwrap_or_default(),
+                        u.metadata.name.as_deref().unwrap_or_default()
+                    )),
+                    escape(&u.error)
+                ),
+            },
         )
         .await?;
         self.note(&format!(
@@ -231,7 +248,7 @@ impl Connection {
         mut cpus: Option<&mut CpuPools>,
     ) -> Result<(Cluster, BTreeMap<String, ResourceClaim>)> {
         let mut cluster = Cluster::new(driver);
-        let slices: Api<ResourceSlice> = Api::all(self.client.clone());
+        let slices: Api<Bounded<ResourceSlice>> = Api::all(self.client.clone());
         let by_driver = ListParams::default().fields(&format!("spec.driver={driver}"));
         self.list(&slices, "resourceslices", &by_driver, |s| {
             cluster.apply_slice(&s);
@@ -251,7 +268,7 @@ impl Connection {
         }
 
         let mut kept = BTreeMap::new();
-        let claims: Api<ResourceClaim> = Api::all(self.client.clone());
+        let claims: Api<Bounded<ResourceClaim>> = Api::all(self.client.clone());
         self.list(&claims, "resourceclaims", &ListParams::default(), |c| {
             cluster.apply_claim(&c);
             if let Some(cpus) = cpus.as_deref_mut() {
@@ -267,7 +284,7 @@ impl Connection {
         .await
         .map_err(|e| self.fail("cannot list resourceclaims", &e))?;
 
-        let rules: Api<DeviceTaintRule> = Api::all(self.client.clone());
+        let rules: Api<Bounded<DeviceTaintRule>> = Api::all(self.client.clone());
         let listed = self
             .list(&rules, "devicetaintrules", &ListParams::default(), |r| {
                 cluster.apply_taint_rule(&r);
@@ -296,7 +313,7 @@ impl Connection {
         extra: &[String],
         cpu_driver: &str,
     ) -> Result<(OurClasses, OurClasses)> {
-        let api: Api<DeviceClass> = Api::all(self.client.clone());
+        let api: Api<Bounded<DeviceClass>> = Api::all(self.client.clone());
         let mut all = Vec::new();
         self.list(&api, "deviceclasses", &ListParams::default(), |c| {
             all.push(c)
@@ -324,12 +341,12 @@ impl Connection {
 /// each of them with `verbose`. A finding's text quotes names in escaped form.
 fn findings_report(findings: &[Finding], verbose: bool) -> Vec<String> {
     let mut lines = Vec::new();
-    let mut ignored = 0;
+    let mut ignored: usize = 0;
     for f in findings {
         match f {
             Finding::PoolSkipped { .. } => lines.push(format!("warning: {f}")),
             Finding::InvalidValue { .. } => {
-                ignored += 1;
+                ignored = ignored.saturating_add(1);
                 if verbose {
                     lines.push(format!("warning: {f}"));
                 }

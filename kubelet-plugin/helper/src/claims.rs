@@ -8,6 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use topodra_ops::backoff::Backoff;
+use topodra_ops::bounded::Bounded;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -86,6 +87,15 @@ pub enum ClaimReadError {
         #[source]
         source: Box<kube::Error>,
     },
+    /// The claim's object could not be decoded, even without what lies nested past
+    /// the decoder's depth limit. The same object decodes no better on a retry, so
+    /// it is not retried: the kubelet's next call reads it again, changed or not.
+    #[error("reading claim {namespace}/{name}: the object cannot be decoded: {error}")]
+    Undecodable {
+        namespace: String,
+        name: String,
+        error: String,
+    },
     /// Every attempt within the deadline failed in a way that may pass: throttling,
     /// a 5xx, a timeout, a broken connection.
     #[error(
@@ -151,11 +161,19 @@ fn classify(
     source: kube::Error,
 ) -> Result<Box<kube::Error>, ClaimReadError> {
     let source = Box::new(source);
+    let (namespace, name) = (namespace.to_owned(), name.to_owned());
     let code = match &*source {
         kube::Error::Api(status) => status.code,
+        // The answer arrived and is not a claim: a retry gets the same bytes.
+        kube::Error::SerdeError(e) => {
+            return Err(ClaimReadError::Undecodable {
+                namespace,
+                name,
+                error: e.to_string(),
+            });
+        }
         _ => return Ok(source),
     };
-    let (namespace, name) = (namespace.to_owned(), name.to_owned());
     Err(match code {
         429 | 500 | 502 | 503 | 504 => return Ok(source),
         404 => ClaimReadError::NotFound {
@@ -212,7 +230,11 @@ impl ClaimReader for ApiClaims {
         name: &'a str,
     ) -> BoxFuture<'a, Result<ResourceClaim, ClaimReadError>> {
         Box::pin(async move {
-            let api = kube::Api::<ResourceClaim>::namespaced(self.client.clone(), namespace);
+            // Bounded: another driver's opaque parameters may nest past serde_json's
+            // limit; they are pruned, and none of ours can lie that deep and be valid
+            // (topodra_ops::bounded).
+            let api =
+                kube::Api::<Bounded<ResourceClaim>>::namespaced(self.client.clone(), namespace);
             let policy = self.policy;
             let deadline = tokio::time::Instant::now() + policy.deadline;
             let mut backoff = Backoff::new(policy.backoff_floor, Duration::from_secs(2));
@@ -220,7 +242,23 @@ impl ClaimReader for ApiClaims {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 let limit = policy.attempt_timeout.min(left);
                 let last = match tokio::time::timeout(limit, api.get(name)).await {
-                    Ok(Ok(claim)) => return Ok(claim),
+                    Ok(Ok(Bounded::Whole(claim))) => return Ok(claim),
+                    Ok(Ok(Bounded::Pruned { object, paths })) => {
+                        tracing::warn!(
+                            namespace,
+                            name,
+                            pruned = ?paths,
+                            "claim nested too deep; read without its deepest values"
+                        );
+                        return Ok(object);
+                    }
+                    Ok(Ok(Bounded::Undecodable(u))) => {
+                        return Err(ClaimReadError::Undecodable {
+                            namespace: namespace.to_owned(),
+                            name: name.to_owned(),
+                            error: u.error,
+                        });
+                    }
                     Ok(Err(e)) => TransientError::Api(classify(namespace, name, e)?),
                     Err(_) => TransientError::Timeout(limit),
                 };
@@ -310,6 +348,12 @@ mod tests {
         assert!(matches!(final_error(403), ClaimReadError::Forbidden { .. }));
         assert!(matches!(final_error(401), ClaimReadError::Forbidden { .. }));
         assert!(matches!(final_error(422), ClaimReadError::Rejected { .. }));
+        // A decode error is the answer itself, not a failure to get one.
+        let garbled = serde_json::from_str::<ResourceClaim>("{").unwrap_err();
+        assert!(matches!(
+            classify("team-a", "c", kube::Error::SerdeError(garbled)),
+            Err(ClaimReadError::Undecodable { .. })
+        ));
         let e = final_error(404);
         assert!(e.to_string().starts_with("reading claim team-a/c: "), "{e}");
         assert!(std::error::Error::source(&e).is_some());
