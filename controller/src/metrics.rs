@@ -62,6 +62,7 @@ pub(crate) struct Metrics {
     watch_errors: Family<ResourceLabels, Counter>,
     objects_pruned: Family<ResourceLabels, Counter>,
     objects_undecodable: Family<ResourceLabels, Counter>,
+    cpu_numa_ignored: Gauge,
     writes: Family<WriteLabels, Counter>,
     writes_skipped: Counter,
     invalid_values: Family<LevelLabels, Counter>,
@@ -84,6 +85,7 @@ impl Metrics {
             watch_errors: Family::default(),
             objects_pruned: Family::default(),
             objects_undecodable: Family::default(),
+            cpu_numa_ignored: Gauge::default(),
             writes: Family::default(),
             writes_skipped: Counter::default(),
             invalid_values: Family::default(),
@@ -135,6 +137,11 @@ impl Metrics {
             "objects_pruned",
             "Watched objects nested deeper than the decoder keeps, taken without their deepest values, by resource",
             m.objects_pruned.clone(),
+        );
+        registry.register(
+            "cpu_numa_nodes_ignored",
+            "NUMA node ids the CPU driver publishes that the node's own slices do not announce, left out of NodeResourceTopology zones",
+            m.cpu_numa_ignored.clone(),
         );
         registry.register(
             "objects_undecodable",
@@ -236,6 +243,11 @@ impl Metrics {
                 resource: kind.as_str(),
             })
             .inc();
+    }
+
+    pub(crate) fn set_cpu_numa_ignored(&self, n: usize) {
+        self.cpu_numa_ignored
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     pub(crate) fn object_pruned(&self, kind: Kind) {

@@ -249,6 +249,7 @@ pub(crate) async fn run(cli: Args) -> Result<()> {
                 if nrt_enabled && state.has_dirty_nodes() {
                     let mut skipped = 0;
                     writes.extend(state.plan_nrt(&opts, &mut skipped));
+                    metrics.set_cpu_numa_ignored(state.ignored_cpu_numa_nodes());
                     for _ in 0..skipped {
                         metrics.write_skipped();
                     }

@@ -5,7 +5,7 @@
 mod tracker;
 mod watched;
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use crate::classes::OurClasses;
@@ -122,6 +122,9 @@ pub(crate) struct State {
     /// The capacity model changed during the event being applied.
     model_changed: bool,
     explained: HashMap<String, Explained>,
+    /// Per node, the CPU driver's NUMA ids that are not among the node's own (its
+    /// slices announce those): left out of its NodeResourceTopology zones.
+    ignored_cpu_numa: BTreeMap<String, BTreeSet<u32>>,
 }
 
 impl State {
@@ -143,6 +146,7 @@ impl State {
             pods_dirty: false,
             model_changed: false,
             explained: HashMap::new(),
+            ignored_cpu_numa: BTreeMap::new(),
         }
     }
 
@@ -241,7 +245,26 @@ impl State {
         let mut writes = Vec::new();
         for node in std::mem::take(&mut self.dirty_nodes) {
             let uid = self.node_uids.get(&node);
-            let cpus = self.cpus.numa(&node);
+            let mut cpus = self.cpus.numa(&node);
+            // Another driver's NUMA ids count only where the node has them: a dra.cpu
+            // slice with ids 896-1023 would otherwise give a 2-NUMA node 130 zones.
+            let summary = self.cluster.node(&node);
+            let foreign: BTreeSet<u32> = cpus
+                .keys()
+                .copied()
+                .filter(|id| summary.is_some_and(|s| !s.has_numa_node(*id)))
+                .collect();
+            cpus.retain(|id, _| !foreign.contains(id));
+            if foreign.is_empty() {
+                self.ignored_cpu_numa.remove(&node);
+            } else if self.ignored_cpu_numa.get(&node) != Some(&foreign) {
+                tracing::warn!(
+                    node,
+                    ignored = %topodra_model::IdList::from_iter(foreign.iter().copied()),
+                    "the CPU driver publishes NUMA nodes this node's slices do not have; left out of its zones"
+                );
+                self.ignored_cpu_numa.insert(node.clone(), foreign);
+            }
             let want =
                 uid.and_then(|uid| nrt::desired(self.cluster.node(&node)?, &cpus, uid, opts));
             match (want, self.nrts.get(&node)) {
@@ -254,6 +277,11 @@ impl State {
             }
         }
         writes
+    }
+
+    /// The CPU driver's NUMA ids left out of zones, over all nodes.
+    pub(crate) fn ignored_cpu_numa_nodes(&self) -> usize {
+        self.ignored_cpu_numa.values().map(BTreeSet::len).sum()
     }
 
     /// Events for waiting pods whose explanation changed, at most one per pod per

@@ -290,3 +290,64 @@ fn a_claim_of_gpus_and_cpus_is_explained_and_zones_count_the_cpus() {
          and 16 CPUs free"
     );
 }
+
+/// Issue 42, case 5: the CPU driver's NUMA ids count only where the node's own
+/// slices announce them. One dra.cpu slice with 128 devices on NUMA 896-1023 once
+/// gave a two-NUMA node 130 zones; a NUMA node with CPUs and no GPUs (announced)
+/// keeps its zone.
+#[test]
+fn the_cpu_drivers_numa_ids_are_bounded_by_the_nodes_own() {
+    let mut s = synced().with_cpu_driver("dra.cpu", &["dra.net/numaNode".to_owned()]);
+    let mut ours = gpu_slice("node-a");
+    ours.metadata.annotations = Some(
+        [(
+            topodra_model::slice::NUMA_NODES_ANNOTATION.to_owned(),
+            "0-2".to_owned(),
+        )]
+        .into(),
+    );
+    let _ = s.apply(Input::Slice(Event::Apply(ours)));
+    let devices: Vec<Value> = (0..3)
+        .chain(896..1024)
+        .map(|i| {
+            json!({"name": format!("cpudevnuma{i:04}"),
+                   "attributes": {"dra.net/numaNode": {"int": i}},
+                   "capacity": {"dra.cpu/cpu": {"value": "8"}}})
+        })
+        .collect();
+    let hostile: ResourceSlice = serde_json::from_value(json!({
+        "metadata": {"name": "node-a-dra.cpu"},
+        "spec": {"driver": "dra.cpu", "nodeName": "node-a",
+                 "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1}, "devices": devices}
+    }))
+    .unwrap();
+    for input in [
+        Input::CpuSlice(Event::Init),
+        Input::CpuSlice(Event::InitApply(hostile)),
+        Input::CpuSlice(Event::InitDone),
+    ] {
+        let _ = s.apply(input);
+    }
+    let mut skipped = 0;
+    let writes = s.plan_nrt(&nrt_options(), &mut skipped);
+    let zones = &applied(&writes)[0].1;
+    let names: Vec<&str> = zones
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|z| z["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["node-0", "node-1", "node-2"]);
+    assert_eq!(
+        zones[2]["resources"],
+        json!([{"name": "cpu", "capacity": "8", "allocatable": "8", "available": "8"}])
+    );
+    assert_eq!(s.ignored_cpu_numa_nodes(), 128);
+
+    // A plugin that announces nothing (an older one): any id a kernel can have.
+    let mut plain = synced().with_cpu_driver("dra.cpu", &["dra.net/numaNode".to_owned()]);
+    let _ = plain.apply(Input::CpuSlice(Event::Apply(cpu_slice("node-a"))));
+    let writes = plain.plan_nrt(&nrt_options(), &mut skipped);
+    assert_eq!(applied(&writes)[0].1.as_array().unwrap().len(), 2);
+    assert_eq!(plain.ignored_cpu_numa_nodes(), 0);
+}

@@ -40,6 +40,8 @@ struct SliceFacts {
     duplicates: Vec<String>,
     /// Topology values not taken, by device name.
     invalid: Vec<(String, InvalidValue)>,
+    /// The node's NUMA node ids, as the slice announces them.
+    numa_nodes: Option<BTreeSet<u32>>,
 }
 
 /// The devices of a complete pool: one node's GPUs as the scheduler sees them.
@@ -47,6 +49,8 @@ struct SliceFacts {
 struct PoolView {
     node: String,
     devices: BTreeMap<String, DeviceRecord>,
+    /// The node's NUMA node ids its slices announce; `None` when none does.
+    numa_nodes: Option<BTreeSet<u32>>,
 }
 
 /// A DeviceTaintRule's selector, for the rules whose taint keeps claims off.
@@ -141,6 +145,12 @@ impl Cluster {
             devices: records,
             duplicates,
             invalid,
+            numa_nodes: slice
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(crate::slice::NUMA_NODES_ANNOTATION))
+                .and_then(|v| super::values::numa_node_set(v)),
         };
         let mut pools = BTreeSet::from([facts.pool.clone()]);
         if let Some(old) = self.slices.get(&name) {

@@ -1,6 +1,6 @@
 //! Per-node figures: counts per topology group, largest aligned free set, stranding.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
@@ -70,6 +70,11 @@ pub struct NodeSummary {
     /// Whole GPUs grouped at each level, groups sorted by key (numerically when the
     /// keys are numbers). A GPU without the attribute is in no group of that level.
     pub levels: BTreeMap<Level, Vec<Group>>,
+    /// The node's NUMA node ids as its slices announce them (the plugin's hwloc
+    /// view); `None` from a plugin that does not announce them. Bounds which NUMA
+    /// ids of other drivers count for the node.
+    #[serde(skip)]
+    pub numa_nodes: Option<BTreeSet<u32>>,
 }
 
 impl NodeSummary {
@@ -118,7 +123,23 @@ impl NodeSummary {
             gpus,
             mig_devices,
             levels,
+            numa_nodes: None,
         }
+    }
+
+    pub(super) fn with_numa_nodes(mut self, numa_nodes: Option<BTreeSet<u32>>) -> Self {
+        self.numa_nodes = numa_nodes;
+        self
+    }
+
+    /// Whether another driver's NUMA node id can be one of this node's: among the
+    /// announced ids, or any id a kernel can have where none are announced.
+    pub fn has_numa_node(&self, id: u32) -> bool {
+        self.numa_nodes
+            .as_ref()
+            .map_or(i64::from(id) <= super::values::MAX_NUMA_NODE, |s| {
+                s.contains(&id)
+            })
     }
 
     /// The groups of one level; empty when no GPU of the node carries its attribute.

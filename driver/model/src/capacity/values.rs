@@ -6,6 +6,7 @@
 //! form and range our plugin publishes; anything else is ignored (the device counts
 //! as not carrying the attribute, as when discovery did not know it) and reported.
 
+use std::collections::BTreeSet;
 use std::fmt;
 
 use k8s_openapi::api::resource::v1::DeviceAttribute;
@@ -21,6 +22,25 @@ pub const MAX_SOCKET: i64 = u32::MAX as i64;
 
 /// The longest string group key: the API's limit for a string attribute.
 pub const MAX_KEY_LEN: usize = 64;
+
+/// The NUMA node ids a node's slices announce under
+/// [`NUMA_NODES_ANNOTATION`](crate::slice::NUMA_NODES_ANNOTATION), taken only in the
+/// form our plugin writes (`0-1`, `0,2-3`, every id at most [`MAX_NUMA_NODE`]), so
+/// the set never holds more than 1024 ids whatever the text. `None` for any other
+/// text: the node then announces nothing.
+pub(crate) fn numa_node_set(value: &str) -> Option<BTreeSet<u32>> {
+    let mut set = BTreeSet::new();
+    for part in value.split(',') {
+        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+        let lo: u32 = lo.parse().ok()?;
+        let hi: u32 = hi.parse().ok()?;
+        if lo > hi || i64::from(hi) > MAX_NUMA_NODE {
+            return None;
+        }
+        set.extend(lo..=hi);
+    }
+    Some(set)
+}
 
 /// A topology value the model did not take.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -117,6 +137,27 @@ fn describe(a: &DeviceAttribute) -> String {
 mod tests {
     use super::*;
     use crate::slice::fixtures::{int, string};
+
+    #[test]
+    fn an_announced_numa_node_set_is_taken_only_in_the_plugins_form() {
+        let set = |v: &str| numa_node_set(v).map(|s| s.into_iter().collect::<Vec<_>>());
+        assert_eq!(set("0-1"), Some(vec![0, 1]));
+        assert_eq!(set("0,2-3"), Some(vec![0, 2, 3]));
+        assert_eq!(set("1023"), Some(vec![1023]));
+        for bad in [
+            "",
+            "0-1024",
+            "4294967295",
+            "3-1",
+            "0-",
+            "a",
+            "0,,1",
+            "-1",
+            "0-1\n",
+        ] {
+            assert_eq!(set(bad), None, "{bad:?}");
+        }
+    }
 
     fn key(level: Level, a: DeviceAttribute) -> Result<Option<String>, InvalidValue> {
         group_key(level, Some(&a))

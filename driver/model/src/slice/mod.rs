@@ -37,6 +37,7 @@ pub use aliases::{
 pub(crate) use attributes::{allocatable_attributes, allocatable_capacity};
 pub(crate) use validate::validate_pool;
 
+use crate::IdList;
 use crate::inventory::{AllocatableDevice, Inventory};
 
 /// The driver name unless the operator picks another.
@@ -49,6 +50,12 @@ pub const MANAGED_BY: &str = "topodra";
 /// label is for tools that only select by label. Left off when the node name is not a
 /// valid label value (over 63 characters).
 pub(crate) const NODE_LABEL: &str = "topodra.dev/node";
+
+/// Annotation on each of a node's slices: the node's NUMA node ids, as a list
+/// (`0-1`, `0,2-3`). The controller takes another driver's NUMA ids for the node
+/// (the CPU driver's) only where they are among these, so a slice of that driver
+/// cannot give a two-NUMA node a zone for each id up to 1023.
+pub const NUMA_NODES_ANNOTATION: &str = "topodra.dev/numa-nodes";
 
 /// How `resource.kubernetes.io/numaNode` is published.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -283,13 +290,14 @@ pub fn build_slices(
         .map(|d| build_device(&d, inv, opts))
         .collect();
     let chunks = split::into_chunks(devices, opts.max_devices_per_slice);
+    let numa_nodes: IdList = inv.numa_nodes.iter().map(|n| n.id).collect();
     let count = i64::try_from(chunks.len()).unwrap_or(i64::MAX);
 
     let slices: Vec<ResourceSlice> = chunks
         .into_iter()
         .enumerate()
         .map(|(i, devices)| ResourceSlice {
-            metadata: slice_metadata(opts, i),
+            metadata: slice_metadata(opts, i, &numa_nodes),
             spec: ResourceSliceSpec {
                 driver: opts.driver_name.clone(),
                 node_name: Some(opts.node_name.clone()),
@@ -345,7 +353,7 @@ pub(crate) fn slice_name(node_name: &str, driver_name: &str, index: usize) -> St
     format!("{prefix}{hash}{suffix}")
 }
 
-fn slice_metadata(opts: &SliceOptions, index: usize) -> ObjectMeta {
+fn slice_metadata(opts: &SliceOptions, index: usize, numa_nodes: &IdList) -> ObjectMeta {
     let mut labels = BTreeMap::from([(MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned())]);
     if opts.node_name.len() <= 63 {
         // A valid node name of this length is also a valid label value.
@@ -354,6 +362,8 @@ fn slice_metadata(opts: &SliceOptions, index: usize) -> ObjectMeta {
     ObjectMeta {
         name: Some(slice_name(&opts.node_name, &opts.driver_name, index)),
         labels: Some(labels),
+        annotations: (!numa_nodes.is_empty())
+            .then(|| BTreeMap::from([(NUMA_NODES_ANNOTATION.to_owned(), numa_nodes.to_string())])),
         owner_references: opts.node_uid.as_ref().map(|uid| {
             vec![OwnerReference {
                 api_version: "v1".to_owned(),

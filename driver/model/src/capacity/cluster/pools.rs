@@ -73,11 +73,20 @@ impl Cluster {
             self.skipped.remove(&pool);
             let node = current[0].node.clone();
             let devices = current.iter().flat_map(|f| f.devices.clone()).collect();
+            let numa_nodes =
+                current
+                    .iter()
+                    .filter_map(|f| f.numa_nodes.clone())
+                    .reduce(|mut all, s| {
+                        all.extend(s);
+                        all
+                    });
             let old = self.pools.insert(
                 pool.clone(),
                 PoolView {
                     node: node.clone(),
                     devices,
+                    numa_nodes,
                 },
             );
             if let Some(old) = old.filter(|o| o.node != node) {
@@ -114,7 +123,16 @@ impl Cluster {
             .filter(|(_, v)| v.node == node)
             .flat_map(|(pool, v)| v.devices.values().map(move |d| (pool, d)))
             .map(|(pool, d)| (d, self.state(pool, d)));
-        let summary = NodeSummary::build(node, devices);
+        let numa_nodes = self
+            .pools
+            .values()
+            .filter(|v| v.node == node)
+            .filter_map(|v| v.numa_nodes.clone())
+            .reduce(|mut all, s| {
+                all.extend(s);
+                all
+            });
+        let summary = NodeSummary::build(node, devices).with_numa_nodes(numa_nodes);
         if self.summaries.get(node) == Some(&summary) {
             return false;
         }
