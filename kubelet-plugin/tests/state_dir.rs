@@ -383,16 +383,19 @@ async fn a_full_plugin_directory_that_needs_a_newer_hook_serves_read_only_until_
     std::fs::create_dir_all(&dir).unwrap();
     let d = dir.display().to_string();
     // A small file system, with the hook an older image installed, then filled: the
-    // new image's hook cannot be written.
+    // new image's hook cannot be written. Room for the new hook (the toolkit's, some
+    // megabytes, under `make test`) once the filler is gone.
+    let hook_len = std::fs::metadata(s.node.hook_source()).unwrap().len();
+    let size = hook_len + (1 << 20);
     let mut plugin = Plugin::start_in_mount_namespace(
         &s.node,
         &s.kubeconfig,
         DEFAULT_LAYOUT,
         &format!(
-            "mount -t tmpfs -o size=256k tmpfs '{d}'\n\
+            "mount -t tmpfs -o size={size} tmpfs '{d}'\n\
              printf '#!/bin/sh\\necho \"NVIDIA CDI Hook version 0.0.1-older\"\\n' > '{d}/nvidia-cdi-hook'\n\
              chmod 0755 '{d}/nvidia-cdi-hook'\n\
-             head -c 1048576 /dev/zero > '{d}/filler' || true"
+             head -c {size} /dev/zero > '{d}/filler' || true"
         ),
     );
     s.assert_serves_what_it_can(&mut plugin, &["No space left on device", "nvidia-cdi-hook"])
