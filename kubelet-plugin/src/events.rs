@@ -195,6 +195,33 @@ pub(crate) async fn mig_events(
     }
 }
 
+/// One Event when the toolkit CDI spec the plugin adopted held what driver files
+/// cannot be (a mount of `/etc/shadow`, `LD_PRELOAD`, another binary as a hook):
+/// those entries were dropped, and the Event names each. Recorded in a task of its
+/// own, so the start never waits for the API server.
+pub(crate) fn toolkit_spec_dropped(
+    client: kube::Client,
+    node: &str,
+    files: &topodra_node::cdi::NvidiaFiles,
+) {
+    let dropped = files.dropped();
+    if dropped.is_empty() {
+        return;
+    }
+    let note = format!(
+        "the toolkit CDI spec ({:?}) holds {} entr{} that driver files cannot be, not \
+         adopted into claims' specs: {}",
+        files.source,
+        dropped.len(),
+        if dropped.len() == 1 { "y" } else { "ies" },
+        dropped.join("; ")
+    );
+    let node = node.to_owned();
+    tokio::spawn(async move {
+        node_event(client, &node, "ToolkitSpecNarrowed", "Start", note).await;
+    });
+}
+
 /// What the stale-claim check calls with each claim it unprepared: an Event on the
 /// Node, recorded in a task of its own so the check never waits for the API server.
 pub(crate) fn stale_claim_unprepared(

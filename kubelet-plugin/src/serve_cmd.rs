@@ -104,6 +104,9 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         .context("building the API client")?;
     let metrics = Arc::new(Metrics::new(&counter));
     host_node_check(&cdi, &inventory, &client, &args.node_name);
+    if let Ok(now) = files.current() {
+        crate::events::toolkit_spec_dropped(client.clone(), &args.node_name, &now);
+    }
     metrics.set_devices(&devices);
 
     // The HTTP endpoint first, and until the process exits: a pod waiting for the

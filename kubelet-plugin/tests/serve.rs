@@ -6,6 +6,7 @@
 
 mod support;
 
+use std::process::Command;
 use std::time::Duration;
 
 use support::*;
@@ -1020,4 +1021,95 @@ async fn a_slice_squatting_the_old_name_is_reported_and_ignored() {
         .collect();
     assert!(writes.is_empty(), "{writes:?}");
     assert_eq!(api.stored()[&squatted]["spec"]["nodeName"], "evil-node");
+}
+
+/// The versioned libcuda of the simulated node's driver root, as (host, container)
+/// paths.
+fn sim_libcuda(node: &NodeDirs) -> (String, String) {
+    let root = &node.sim.driver_root;
+    for dir in [
+        "usr/lib/x86_64-linux-gnu",
+        "usr/lib64",
+        "usr/lib/aarch64-linux-gnu",
+    ] {
+        let Ok(entries) = std::fs::read_dir(root.join(dir)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("libcuda.so.") && name.matches('.').count() >= 4 {
+                let container = format!("/{dir}/{name}");
+                return (e.path().display().to_string(), container);
+            }
+        }
+    }
+    panic!("no versioned libcuda under {}", root.display());
+}
+
+/// Issue 42, case 4, with the real plugin: the adopted toolkit spec is taken only as
+/// far as driver files go (a mount of /etc/shadow and LD_PRELOAD stay out of claims'
+/// specs), and when the file becomes a FIFO or a link to /dev/zero, a prepare that
+/// reloads it is refused at once naming what it is (it once blocked every prepare and
+/// SIGTERM, or grew the plugin by gigabytes), and SIGTERM still stops the plugin.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_toolkit_spec_is_bounded_in_what_it_adds_and_in_how_it_is_read() {
+    let node = NodeDirs::profile("l40s-pcie");
+    let (api, kubeconfig) = api_for(&node).await;
+    let (host, container) = sim_libcuda(&node);
+    let spec = node.path("toolkit/nvidia.yaml");
+    std::fs::create_dir_all(spec.parent().unwrap()).unwrap();
+    std::fs::write(
+        &spec,
+        format!(
+            "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ncontainerEdits:\n  env:\n  - LD_PRELOAD=/tmp/evil.so\n  mounts:\n  - hostPath: {host}\n    containerPath: {container}\n    options: [ro, nosuid, nodev, bind]\n  - hostPath: /etc/shadow\n    containerPath: /etc/shadow\n    options: [ro, bind]\n"
+        ),
+    )
+    .unwrap();
+    let spec_env = spec.display().to_string();
+    let mut plugin = Plugin::start(
+        &node,
+        &kubeconfig,
+        &[("TOPODRA_TOOLKIT_CDI_SPEC", spec_env.as_str())],
+    );
+    plugin.wait_live(Duration::from_secs(60)).await;
+    api.put_claim(claim_json("u1", "node-a", &["gpu-0"], None));
+    let resp = prepare(&node, &["u1"]).await;
+    assert_eq!(resp.claims["u1"].error, "", "{}", plugin.logs());
+    let written =
+        std::fs::read_to_string(node.cdi_dir().join("k8s.gpu.topodra.dev-claim_u1.json")).unwrap();
+    assert!(written.contains(&container), "{written}");
+    assert!(
+        !written.contains("/etc/shadow") && !written.contains("LD_PRELOAD"),
+        "{written}"
+    );
+    assert!(plugin.logs().contains("not adopted"), "{}", plugin.logs());
+
+    for (uid, gpu, make, what) in [
+        ("u2", "gpu-1", "fifo", "it is a FIFO"),
+        ("u3", "gpu-2", "zero", "it is a device"),
+    ] {
+        std::fs::remove_file(&spec).unwrap();
+        match make {
+            "fifo" => assert!(
+                Command::new("mkfifo")
+                    .arg(&spec)
+                    .status()
+                    .unwrap()
+                    .success()
+            ),
+            _ => std::os::unix::fs::symlink("/dev/zero", &spec).unwrap(),
+        }
+        api.put_claim(claim_json(uid, "node-a", &[gpu], None));
+        // Generous: without the bound the FIFO blocks the prepare for good.
+        let resp = tokio::time::timeout(Duration::from_secs(30), prepare(&node, &[uid]))
+            .await
+            .unwrap_or_else(|_| panic!("{make}: no answer\n{}", plugin.logs()));
+        assert!(
+            resp.claims[uid].error.contains(what),
+            "{make}: {:?}",
+            resp.claims[uid]
+        );
+    }
+    let status = plugin.terminate();
+    assert!(status.success(), "{status}\n{}", plugin.logs());
 }

@@ -633,6 +633,7 @@ fn run_layout(ctk: &Path, layout: Layout, work: &Path) -> Result<Vec<Run>, Strin
         uuids.is_subset(&names),
         "nvidia-ctk --mode=nvml named its devices {names:?}, not by the UUIDs {uuids:?}"
     );
+    adopts_whole(&spec, &root, work, layout);
     runs.push(Run {
         layout,
         mode: Mode::Nvml,
@@ -640,6 +641,43 @@ fn run_layout(ctk: &Path, layout: Layout, work: &Path) -> Result<Vec<Run>, Strin
         ours: normalize(&our_spec(&root, &profile, &NVML_CLAIM), None, &paths),
     });
     Ok(runs)
+}
+
+/// The toolkit's own spec, adopted as `--toolkit-cdi-spec`, loses nothing to the
+/// check of what driver files can be: every mount, hook and variable is taken.
+fn adopts_whole(spec: &Value, root: &DriverRoot, work: &Path, layout: Layout) {
+    let path = work.join(format!("{}-toolkit.json", layout.name()));
+    std::fs::write(&path, serde_json::to_vec(spec).expect("JSON")).expect("write spec");
+    let mut config = CdiConfig::default();
+    config.driver_root = root.root.clone();
+    config.toolkit_spec = Some(path);
+    config.hook_path = HOOK_PATH.into();
+    let files = NvidiaFiles::load(&config)
+        .unwrap_or_else(|e| panic!("{}: the toolkit's spec is not adopted: {e}", layout.name()));
+    assert_eq!(
+        files.dropped(),
+        &[] as &[String],
+        "{}: the toolkit's own spec lost entries when adopted",
+        layout.name()
+    );
+    let edits = files.edits(&DriverCapabilities::all());
+    let count = |key: &str| spec["containerEdits"][key].as_array().map_or(0, Vec::len);
+    // Less the toolkit's /dev/null over the device list, which our spec has anyway.
+    let void = spec["containerEdits"]["mounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| {
+            m["hostPath"] == "/dev/null"
+                && m["containerPath"] == "/var/run/nvidia-container-devices/void"
+        })
+        .count();
+    assert_eq!(
+        (edits.mounts.len(), edits.hooks.len(), edits.env.len()),
+        (count("mounts") - void, count("hooks"), count("env")),
+        "{}",
+        layout.name()
+    );
 }
 
 fn print_diff(differences: &[(Difference, Option<usize>)], allow: &[AllowEntry]) {

@@ -145,8 +145,8 @@ impl HookBinary {
     }
 }
 
-/// The hook's subcommand name, which tests key hooks by.
-#[cfg(test)]
+/// The hook's subcommand name: what tests key hooks by, and what decides whether a
+/// toolkit spec's hook is adopted.
 pub(crate) fn hook_name(hook: &Hook) -> Option<&str> {
     let skip = if hook.args.first().is_some_and(|a| a == "nvidia-ctk") {
         2

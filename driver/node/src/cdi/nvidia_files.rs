@@ -72,6 +72,8 @@ pub struct NvidiaFiles {
     content: Content,
     /// What was read, to tell when it changed.
     witness: Option<Witness>,
+    /// What of a toolkit spec was not adopted, one line each (what and why).
+    dropped: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,7 +120,12 @@ impl NvidiaFiles {
     pub fn load(config: &CdiConfig) -> Result<Self, CdiError> {
         if let Some(path) = &config.toolkit_spec {
             if path.exists() {
-                return Self::from_toolkit_spec(path);
+                let root = config.driver_root();
+                let allowed = toolkit::Allowed {
+                    driver_root: &root.host,
+                    hook_path: &config.hook_path,
+                };
+                return Self::from_toolkit_spec(path, &allowed);
             }
             tracing::info!(
                 spec = %path.display(),
@@ -150,7 +157,14 @@ impl NvidiaFiles {
             source,
             content: Content::Fixed(edits),
             witness: None,
+            dropped: Vec::new(),
         }
+    }
+
+    /// What of a toolkit spec was not adopted, one line each naming it and why;
+    /// empty for discovered files.
+    pub fn dropped(&self) -> &[String] {
+        &self.dropped
     }
 
     /// The hook binary the claim-wide hooks run (a toolkit spec's own), for the
@@ -224,6 +238,7 @@ impl NvidiaFiles {
                 hook: HookBinary::new(hook),
             },
             witness,
+            dropped: Vec::new(),
         })
     }
 

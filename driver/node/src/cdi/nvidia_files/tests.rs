@@ -483,12 +483,20 @@ containerEdits:
   futureField: ignored
 "#;
 
+/// A host install's driver root and hook.
+fn on_host() -> toolkit::Allowed<'static> {
+    toolkit::Allowed {
+        driver_root: Path::new("/"),
+        hook_path: Path::new("/usr/bin/nvidia-cdi-hook"),
+    }
+}
+
 #[test]
 fn adopts_toolkit_mounts_hooks_and_env_but_not_its_nodes() {
     let dir = tempfile::tempdir().unwrap();
     let yaml = dir.path().join("nvidia.yaml");
     fs::write(&yaml, TOOLKIT_YAML).unwrap();
-    let files = NvidiaFiles::from_toolkit_spec(&yaml).unwrap();
+    let files = NvidiaFiles::from_toolkit_spec(&yaml, &on_host()).unwrap();
     let edits = files.edits(&DriverCapabilities::all());
     assert_eq!(edits.env, ["NVIDIA_VISIBLE_DEVICES=void"]);
     assert_eq!(edits.hooks.len(), 1);
@@ -503,7 +511,7 @@ fn adopts_toolkit_mounts_hooks_and_env_but_not_its_nodes() {
     let value: serde_json::Value = serde_saphyr::from_str(TOOLKIT_YAML).unwrap();
     let json = dir.path().join("nvidia.spec");
     fs::write(&json, serde_json::to_string(&value).unwrap()).unwrap();
-    let from_json = NvidiaFiles::from_toolkit_spec(&json).unwrap();
+    let from_json = NvidiaFiles::from_toolkit_spec(&json, &on_host()).unwrap();
     assert_eq!(from_json.edits(&DriverCapabilities::all()), edits);
 }
 
@@ -540,4 +548,106 @@ fn load_prefers_an_existing_toolkit_spec() {
     fs::write(&toolkit, "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\n").unwrap();
     let err = NvidiaFiles::load(&config).unwrap_err();
     assert!(err.to_string().contains("no top-level"), "{err}");
+}
+
+/// Issue 42, case 4: the spec was read whole: a FIFO there blocked every prepare, a
+/// link to /dev/zero grew the plugin by gigabytes, a huge file became every claim's
+/// spec. Each is now refused at once, naming what it is; without the bound this
+/// test would block on the FIFO or exhaust memory on the device.
+#[test]
+fn a_toolkit_spec_that_is_not_a_small_regular_file_is_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let refused = |p: &Path| {
+        NvidiaFiles::from_toolkit_spec(p, &on_host())
+            .unwrap_err()
+            .to_string()
+    };
+    let fifo = dir.path().join("fifo.yaml");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert!(
+        refused(&fifo).contains("it is a FIFO"),
+        "{}",
+        refused(&fifo)
+    );
+
+    let zero = dir.path().join("zero.yaml");
+    symlink("/dev/zero", &zero).unwrap();
+    assert!(
+        refused(&zero).contains("it is a device"),
+        "{}",
+        refused(&zero)
+    );
+
+    let sub = dir.path().join("dir.yaml");
+    fs::create_dir(&sub).unwrap();
+    assert!(
+        refused(&sub).contains("it is a directory"),
+        "{}",
+        refused(&sub)
+    );
+
+    let big = dir.path().join("big.yaml");
+    fs::write(&big, TOOLKIT_YAML).unwrap();
+    fs::File::options()
+        .write(true)
+        .open(&big)
+        .unwrap()
+        .set_len(toolkit::MAX_SPEC_BYTES + 1)
+        .unwrap();
+    assert!(
+        refused(&big).contains("more than the 1048576"),
+        "{}",
+        refused(&big)
+    );
+}
+
+#[test]
+fn a_toolkit_spec_is_adopted_only_as_far_as_driver_files_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = dir.path().join("nvidia.yaml");
+    let hostile = TOOLKIT_YAML
+        .replace(
+            "  env:\n  - NVIDIA_VISIBLE_DEVICES=void\n",
+            "  env:\n  - NVIDIA_VISIBLE_DEVICES=void\n  - LD_PRELOAD=/tmp/x.so\n",
+        )
+        .replace(
+            "  mounts:\n",
+            "  mounts:\n  - hostPath: /etc/shadow\n    containerPath: /etc/shadow\n    options: [ro, bind]\n",
+        );
+    fs::write(&yaml, hostile).unwrap();
+    let files = NvidiaFiles::from_toolkit_spec(&yaml, &on_host()).unwrap();
+    let edits = files.edits(&DriverCapabilities::all());
+    assert_eq!(edits.env, ["NVIDIA_VISIBLE_DEVICES=void"]);
+    assert_eq!(edits.mounts.len(), 1);
+    assert_eq!(files.dropped().len(), 2, "{:?}", files.dropped());
+    assert!(
+        files.dropped()[0].contains("/etc/shadow"),
+        "{:?}",
+        files.dropped()
+    );
+    assert!(
+        files.dropped()[1].contains("LD_PRELOAD"),
+        "{:?}",
+        files.dropped()
+    );
+
+    // Nothing left to adopt is an error that says what was dropped.
+    fs::write(
+        &yaml,
+        "containerEdits:\n  mounts:\n  - hostPath: /\n    containerPath: /\n    options: [rw, rbind]\n",
+    )
+    .unwrap();
+    let e = NvidiaFiles::from_toolkit_spec(&yaml, &on_host())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("that can be adopted") && e.contains("not a place driver files are"),
+        "{e}"
+    );
 }
