@@ -77,7 +77,7 @@ func TestControllerHostileInputs(t *testing.T) {
 	cpuDevice := func(name string, numaNode int64, cpus resource.Quantity) resourceapi.Device {
 		return resourceapi.Device{
 			Name:                     name,
-			Attributes:               map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"dra.net/numaNode": {IntValue: ptr.To(numaNode)}},
+			Attributes:               map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"resource.kubernetes.io/numaNode": {IntValue: ptr.To(numaNode)}},
 			Capacity:                 map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"dra.cpu/cpu": {Value: cpus}},
 			AllowMultipleAllocations: ptr.To(true),
 		}
