@@ -128,3 +128,57 @@ fn numa_node_aliases_carry_the_numa_node_and_bad_ones_stop_the_command() {
     assert!(!bare.status.success());
     assert!(stderr.contains("has no domain"), "{stderr}");
 }
+
+/// The slice sizes docs/attributes.md states ("Size on the wire") are what its
+/// command prints now: the compact JSON of the DGX H100 node's one slice, with the
+/// int and the list form of `numaNode`.
+#[test]
+fn slice_sizes_in_the_docs_are_what_discover_prints() {
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/attributes.md"),
+    )
+    .unwrap();
+    let figure = |after: &str| -> usize {
+        let at = doc
+            .find(after)
+            .unwrap_or_else(|| panic!("{after:?} not in the doc"))
+            + after.len();
+        let digits: String = doc[at..]
+            .trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == ',')
+            .filter(char::is_ascii_digit)
+            .collect();
+        digits.parse().unwrap()
+    };
+    let size = |extra: &[&str]| -> (usize, usize) {
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = std::fs::read_to_string(topodra_fake_nvml::profiles_dir().join("dgx-h100.yaml"))
+            .unwrap();
+        let node = sim::materialize(dir.path(), &yaml, &topodra_fake_nvml::cdylib_path()).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_topodra-kubelet-plugin"))
+            .arg("discover")
+            .arg(format!("--nvml-lib={}", node.nvml_lib.display()))
+            .arg(format!("--hwloc-xml={}", node.hwloc_xml.display()))
+            .args(["--node-name", "dgx-h100-a", "-o", "json"])
+            .args(extra)
+            .env_remove("TOPODRA_DISCOVER_STRICT")
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let slice = &list["items"][0];
+        (
+            serde_json::to_vec(slice).unwrap().len(),
+            serde_json::to_vec(&slice["spec"]["devices"][0])
+                .unwrap()
+                .len(),
+        )
+    };
+    let (int, device) = size(&[]);
+    let (list, _) = size(&["--numa-node-format=list"]);
+    assert_eq!(figure("DGX H100 node is"), int);
+    assert_eq!(figure("one device object alone is"), device);
+    assert_eq!(figure("compact JSON\n("), int / 8, "per device");
+    assert_eq!(figure("`numaNode` it is"), list);
+}
