@@ -92,13 +92,8 @@ impl Setup {
     }
 
     /// What a read-only plugin shows: live, not ready, the metric, the Event, no
-    /// prepare, and the known claim unprepared.
-    async fn assert_read_only(&self, plugin: &mut Plugin, cause: &str) {
-        plugin.wait_live(Duration::from_secs(60)).await;
-        let (status, body) = http_get(plugin.http, "/readyz").await.unwrap();
-        assert_eq!(status, 503);
-        assert!(body.contains("serving read-only"), "{body}");
-        assert!(body.contains(cause), "{body}");
+    /// The read-only gauge is set and a `StateDirUnusable` Event is on the Node.
+    async fn assert_read_only_reported(&self, plugin: &Plugin) {
         let (_, metrics) = http_get(plugin.http, "/metrics").await.unwrap();
         assert!(metrics.contains("topodra_state_read_only 1"), "{metrics}");
         wait_until(
@@ -113,6 +108,16 @@ impl Setup {
             },
         )
         .await;
+    }
+
+    /// prepare, and the known claim unprepared.
+    async fn assert_read_only(&self, plugin: &mut Plugin, cause: &str) {
+        plugin.wait_live(Duration::from_secs(60)).await;
+        let (status, body) = http_get(plugin.http, "/readyz").await.unwrap();
+        assert_eq!(status, 503);
+        assert!(body.contains("serving read-only"), "{body}");
+        assert!(body.contains(cause), "{body}");
+        self.assert_read_only_reported(plugin).await;
 
         let refused = prepare(&self.node, &["u-new"]).await;
         let error = &refused.claims["u-new"].error;
@@ -254,20 +259,7 @@ impl Setup {
                 && causes.iter().all(|c| body.contains(c))
         })
         .await;
-        let (_, metrics) = http_get(plugin.http, "/metrics").await.unwrap();
-        assert!(metrics.contains("topodra_state_read_only 1"), "{metrics}");
-        wait_until(
-            "an Event on the Node",
-            Duration::from_secs(10),
-            plugin,
-            || {
-                self.api
-                    .events_posted()
-                    .iter()
-                    .any(|e| e["reason"] == "StateDirUnusable")
-            },
-        )
-        .await;
+        self.assert_read_only_reported(plugin).await;
         wait_until(
             "the slices published",
             Duration::from_secs(30),
