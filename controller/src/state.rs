@@ -265,8 +265,9 @@ impl State {
                 );
                 self.ignored_cpu_numa.insert(node.clone(), foreign);
             }
-            let want =
-                uid.and_then(|uid| nrt::desired(self.cluster.node(&node)?, &cpus, uid, opts));
+            let want = uid
+                .zip(summary)
+                .and_then(|(uid, s)| nrt::desired(s, &cpus, uid, opts));
             match (want, self.nrts.get(&node)) {
                 (Some(want), Some(have)) if nrt::up_to_date(have, &want) => {
                     *skipped = skipped.saturating_add(1);

@@ -85,7 +85,8 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
     cdi.hook_path = hook_setup.path();
     let files =
         DriverFiles::load(&cdi).context("finding the NVIDIA driver's files for CDI specs")?;
-    if let Ok(now) = files.current() {
+    let loaded = files.current();
+    if let Ok(now) = &loaded {
         tracing::info!(
             source = ?now.source,
             driver_version = now.driver_version(),
@@ -104,8 +105,8 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         .context("building the API client")?;
     let metrics = Arc::new(Metrics::new(&counter));
     host_node_check(&cdi, &inventory, &client, &args.node_name);
-    if let Ok(now) = files.current() {
-        crate::events::toolkit_spec_dropped(client.clone(), &args.node_name, &now);
+    if let Ok(now) = &loaded {
+        crate::events::toolkit_spec_dropped(client.clone(), &args.node_name, now);
     }
     metrics.set_devices(&devices);
 

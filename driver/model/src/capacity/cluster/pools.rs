@@ -73,14 +73,7 @@ impl Cluster {
             self.skipped.remove(&pool);
             let node = current[0].node.clone();
             let devices = current.iter().flat_map(|f| f.devices.clone()).collect();
-            let numa_nodes =
-                current
-                    .iter()
-                    .filter_map(|f| f.numa_nodes.clone())
-                    .reduce(|mut all, s| {
-                        all.extend(s);
-                        all
-                    });
+            let numa_nodes = union(current.iter().map(|f| f.numa_nodes.as_ref()));
             let old = self.pools.insert(
                 pool.clone(),
                 PoolView {
@@ -123,15 +116,12 @@ impl Cluster {
             .filter(|(_, v)| v.node == node)
             .flat_map(|(pool, v)| v.devices.values().map(move |d| (pool, d)))
             .map(|(pool, d)| (d, self.state(pool, d)));
-        let numa_nodes = self
-            .pools
-            .values()
-            .filter(|v| v.node == node)
-            .filter_map(|v| v.numa_nodes.clone())
-            .reduce(|mut all, s| {
-                all.extend(s);
-                all
-            });
+        let numa_nodes = union(
+            self.pools
+                .values()
+                .filter(|v| v.node == node)
+                .map(|v| v.numa_nodes.as_ref()),
+        );
         let summary = NodeSummary::build(node, devices).with_numa_nodes(numa_nodes);
         if self.summaries.get(node) == Some(&summary) {
             return false;
@@ -179,5 +169,14 @@ pub(super) fn pool_problem(current: &[&&SliceFacts]) -> Option<PoolProblem> {
     }
     (!duplicates.is_empty()).then(|| PoolProblem::DuplicateDevices {
         devices: duplicates.into_iter().map(str::to_owned).collect(),
+    })
+}
+
+/// The NUMA node ids announced by any of `sets`; `None` when none announces any.
+fn union<'a>(sets: impl Iterator<Item = Option<&'a BTreeSet<u32>>>) -> Option<BTreeSet<u32>> {
+    sets.flatten().fold(None, |all, s| {
+        let mut all = all.unwrap_or_default();
+        all.extend(s);
+        Some(all)
     })
 }

@@ -104,6 +104,14 @@ impl Allowed<'_> {
         ]
         .into_iter()
     }
+
+    /// Whether a host path lies below one of the roots, in a place driver files are.
+    fn is_driver_file(&self, host: &Path) -> bool {
+        self.roots().any(|root| {
+            host.strip_prefix(root)
+                .is_ok_and(|rel| in_driver_location(&Path::new("/").join(rel)))
+        })
+    }
 }
 
 /// The edits taken, and one line per thing dropped, naming it and why.
@@ -114,44 +122,57 @@ pub(super) fn admit(
     allowed: &Allowed<'_>,
 ) -> (ContainerEdits, Vec<String>) {
     let mut dropped = Vec::new();
-    let mut edits = ContainerEdits::default();
-    for m in mounts.into_iter().filter(|m| !is_own_void_mount(m)) {
-        match mount_problem(&m, allowed) {
-            Some(why) => dropped.push(format!(
-                "mount {:?} -> {:?}: {why}",
-                m.host_path, m.container_path
-            )),
-            None if edits.mounts.len() >= MAX_MOUNTS => {
-                dropped.push(format!(
-                    "mount {:?}: more than {MAX_MOUNTS} mounts",
-                    m.host_path
-                ));
-            }
-            None => edits.mounts.push(m),
-        }
-    }
-    for h in hook_list {
-        match hook_problem(&h, allowed) {
-            Some(why) => dropped.push(format!("hook {:?} {:?}: {why}", h.path, h.args)),
-            None if edits.hooks.len() >= MAX_HOOKS => {
-                dropped.push(format!("hook {:?}: more than {MAX_HOOKS} hooks", h.path));
-            }
-            None => edits.hooks.push(h),
-        }
-    }
-    for e in env {
-        match env_problem(&e) {
-            Some(why) => dropped.push(format!("env {:?}: {why}", key_of(&e))),
-            None if edits.env.len() >= MAX_ENV => {
-                dropped.push(format!(
-                    "env {:?}: more than {MAX_ENV} variables",
-                    key_of(&e)
-                ));
-            }
-            None => edits.env.push(e),
-        }
-    }
+    let edits = ContainerEdits {
+        mounts: take(
+            mounts.into_iter().filter(|m| !is_own_void_mount(m)),
+            MAX_MOUNTS,
+            "mounts",
+            |m| mount_problem(m, allowed),
+            |m| format!("mount {:?} -> {:?}", m.host_path, m.container_path),
+            &mut dropped,
+        ),
+        hooks: take(
+            hook_list,
+            MAX_HOOKS,
+            "hooks",
+            |h| hook_problem(h, allowed),
+            |h| format!("hook {:?} {:?}", h.path, h.args),
+            &mut dropped,
+        ),
+        env: take(
+            env,
+            MAX_ENV,
+            "variables",
+            |e| env_problem(e),
+            |e| format!("env {:?}", key_of(e)),
+            &mut dropped,
+        ),
+        ..ContainerEdits::default()
+    };
     (edits, dropped)
+}
+
+/// The items without a `problem`, at most `max` of them; each other one is named in
+/// `dropped` with why.
+fn take<T>(
+    items: impl IntoIterator<Item = T>,
+    max: usize,
+    plural: &str,
+    problem: impl Fn(&T) -> Option<&'static str>,
+    name: impl Fn(&T) -> String,
+    dropped: &mut Vec<String>,
+) -> Vec<T> {
+    let mut taken = Vec::new();
+    for item in items {
+        match problem(&item) {
+            Some(why) => dropped.push(format!("{}: {why}", name(&item))),
+            None if taken.len() >= max => {
+                dropped.push(format!("{}: more than {max} {plural}", name(&item)));
+            }
+            None => taken.push(item),
+        }
+    }
+    taken
 }
 
 /// An absolute path with only plain components: no `.`, `..` or empty ones, so that
@@ -202,12 +223,7 @@ fn mount_problem(m: &Mount, allowed: &Allowed<'_>) -> Option<&'static str> {
     // generated for another root than the plugin's). Usually at the container path
     // below it; not always (nvcdi mounts Vulkan's ICD files from /usr/share/vulkan at
     // /etc/vulkan).
-    let host = Path::new(&m.host_path);
-    let below_a_root = allowed.roots().any(|root| {
-        host.strip_prefix(root)
-            .is_ok_and(|rel| in_driver_location(&Path::new("/").join(rel)))
-    });
-    if !below_a_root {
+    if !allowed.is_driver_file(Path::new(&m.host_path)) {
         return Some("the host file is not a driver file below a driver root");
     }
     if m.kind.as_deref().is_some_and(|k| k != "bind") {
@@ -241,12 +257,7 @@ fn hook_problem(h: &Hook, allowed: &Allowed<'_>) -> Option<&'static str> {
     if !matches!(name, "nvidia-cdi-hook" | "nvidia-ctk") {
         return Some("not the toolkit's hook binary");
     }
-    let placed = path == allowed.hook_path
-        || allowed.roots().any(|root| {
-            path.strip_prefix(root)
-                .is_ok_and(|rel| in_driver_location(&Path::new("/").join(rel)))
-        });
-    if !placed {
+    if path != allowed.hook_path && !allowed.is_driver_file(path) {
         return Some("the hook binary is not where driver tools are");
     }
     if h.args.first().map(String::as_str) != Some(name) {
