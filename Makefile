@@ -5,7 +5,7 @@ CARGO ?= cargo
 SIM_PROFILE ?= dgx-h100
 PROFILES := tests/fake-nvml/profiles
 
-.PHONY: all setup build release push demo test test-unit test-e2e e2e tools-cdi chart-check deps-check deps-audit lint fmt fmt-check clippy bench bench-prepare bench-socket bench-scale bench-node bench-plots clean image image-check image-test
+.PHONY: all setup build build-debug fuzz-build release push demo test test-unit test-e2e e2e tools-cdi chart-check deps-check deps-audit lint fmt fmt-check clippy bench bench-prepare bench-socket bench-scale bench-node bench-plots clean image image-check image-test
 
 all: build
 
@@ -47,19 +47,45 @@ image-test:
 demo: setup
 	@bash tests/scripts/demo.sh $(SIM_PROFILE)
 
-## test: everything CI runs: formatting, lints, unit and integration tests.
-test: setup fmt-check clippy chart-check deps-check test-unit test-e2e e2e image-test image-check
+## test: everything CI runs: formatting, lints, unit, integration and e2e tests, as
+## timed phases with the Go tools built alongside (tests/scripts/test.sh), ending with a
+## table of the phases and their times.
+test:
+	@bash tests/scripts/test.sh
 
 ## NVIDIA's nvidia-cdi-hook and nvidia-ctk (tests/tools/build.sh nvidia-ctk, a cgo build
 ## into the tools cache): the hook the plugin installs, and the toolkit's spec generator.
 CTK_ENV = ctk="$$(bash tests/tools/build.sh --print-path nvidia-ctk)" && \
 	export TOPODRA_NVIDIA_CDI_HOOK="$$ctk/nvidia-cdi-hook" TOPODRA_NVIDIA_CTK="$$ctk/nvidia-ctk"
 
-test-unit: tools-cdi
-	@echo "== cargo test (first build compiles the dependency tree: a few minutes on 2 cores)"
+## build-debug: the one debug build that the unit tests, the e2e tests and the fuzz
+## check share: the fake NVML library, then every test, binary and example of the
+## workspace with the crash-points feature (fault injection for the crash tests; inert
+## unless a test arms it), so that none of them rebuilds the others' binaries.
+CARGO_TEST = $(CARGO) test --workspace --no-fail-fast --features topodra-kubelet-plugin/crash-points
+build-debug: setup
+	@echo "== debug build (cold: the dependency tree, a few minutes on 2 cores)"
 	$(CARGO) build -p topodra-fake-nvml
-	$(CTK_ENV) && TOPODRA_CDI_CHECK=$$(bash tests/cdi-check/build.sh) TOPODRA_REQUIRE_TOOLS=1 $(CARGO) test --workspace --no-fail-fast \
-		--features topodra-kubelet-plugin/crash-points
+	$(CARGO_TEST) --no-run
+
+## fuzz-build: the fuzz targets (fuzz/, their own workspace and lock file) built on
+## stable, without the sanitizers cargo-fuzz adds, so that a rename in the crates they
+## call cannot break them unseen; then each replays its seed corpus (fuzz/corpus/<target>,
+## libFuzzer's -runs=0: every input once, no fuzzing). In target/, where the debug
+## build's dependencies are reused (only the fuzz bins themselves land in target/debug).
+## Fuzzing for real: docs/e2e.md, "Fuzzing".
+FUZZ_TARGETS = $(basename $(notdir $(wildcard fuzz/fuzz_targets/*.rs)))
+fuzz-build: setup
+	$(CARGO) build --locked --manifest-path fuzz/Cargo.toml --target-dir target --bins
+	@for t in $(FUZZ_TARGETS); do \
+		[ -d fuzz/corpus/$$t ] || { echo "fuzz: $$t has no seed corpus"; continue; }; \
+		out=$$(target/debug/$$t -runs=0 fuzz/corpus/$$t 2>&1) || { echo "$$out"; echo "fuzz: $$t FAILED on its corpus"; exit 1; }; \
+		echo "fuzz: $$t: $$(echo "$$out" | tail -n1)"; \
+	done
+
+test-unit: tools-cdi build-debug
+	@echo "== cargo test"
+	$(CTK_ENV) && TOPODRA_CDI_CHECK=$$(bash tests/cdi-check/build.sh) TOPODRA_REQUIRE_TOOLS=1 $(CARGO_TEST)
 
 ## test-e2e: a real control plane built from its Go modules (tools cached outside the
 ## repository: the first build takes 15-30 minutes on 2 cores), then the end-to-end suites.
@@ -72,20 +98,24 @@ test-e2e:
 ## e2e: the end-to-end tests of tests/e2e: the plugin binary on simulated nodes, the
 ## kubelet's own plugin-manager and DRA-manager code (tests/e2e/harness) as its peer, the
 ## real kube-scheduler and controller-manager. E2E_RUN=<regexp> selects tests.
+## E2E_PARALLEL tests run at once: each has its own control plane and node, and most of
+## a test's time is waiting on them (docs/e2e.md, "How long make test takes").
 E2E_RUN ?= .
+E2E_PARALLEL ?= 6
 ## The image tests run the plugin from the root filesystem of `make image`'s OCI layout.
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 IMAGE_ROOTFS := target/image/rootfs/kubelet-plugin
-e2e: release
-	$(CARGO) build -p topodra-fake-nvml -p topodra-kubelet-plugin -p topodra-controller
-	$(CARGO) build -p dra-kubeletplugin --example minimal
+## E2E_DEPS: what e2e builds first; `make test` has built them in earlier phases and
+## passes it empty.
+E2E_DEPS ?= release build-debug
+e2e: $(E2E_DEPS)
 	@bash tests/tools/build.sh kube etcd helm nvidia-ctk dra-driver-cpu krew
 	rm -rf $(IMAGE_ROOTFS)
 	target/image/bin/topodra-image unpack -ref topodra-kubelet-plugin:$(VERSION) -dest $(IMAGE_ROOTFS)
 	eval "$$(bash tests/tools/build.sh --env kube etcd helm dra-driver-cpu krew)" && $(CTK_ENV) && cd tests/e2e && \
 		TOPODRA_IMAGE_ROOTFS=$(CURDIR)/$(IMAGE_ROOTFS) TOPODRA_RELEASE_DIR=$(CURDIR)/target/release-artifacts/$(VERSION) \
 		TOPODRA_IMAGE_TOOL=$(CURDIR)/target/image/bin/topodra-image TOPODRA_REQUIRE_TOOLS=1 CGO_ENABLED=0 \
-		go test -trimpath -count=1 -timeout 30m -v -run '$(E2E_RUN)' ./...
+		go test -trimpath -count=1 -timeout 30m -v -parallel $(E2E_PARALLEL) -run '$(E2E_RUN)' ./...
 
 ## tools-cdi: the CDI Go library check (what container runtimes run on our specs), and its own tests.
 tools-cdi:
