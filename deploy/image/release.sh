@@ -56,7 +56,7 @@ cp "$img/topodra-kubelet-plugin-$version.docker.tar" "$img/topodra-controller-$v
 "$helm" package deploy/helm/topodra --destination "$dest" >&2
 
 # kubectl-topodra, the binary the controller image carries, as krew wants it: a
-# gzipped tar with the binary at its top, reproducible (sorted names, owner 0, the
+# gzipped tar with the binary and the licence (krew installs both) at its top, reproducible (sorted names, owner 0, the
 # build's SOURCE_DATE_EPOCH as every mtime, no gzip timestamp), and a manifest naming
 # its sha256.
 epoch="$(sed -n 's/^  "source_date_epoch": \([0-9]*\),$/\1/p' "$img/build.json" | head -n1)"
@@ -71,8 +71,9 @@ stage="$img/kubectl-topodra-archive"
 rm -rf "$stage"
 mkdir -p "$stage"
 install -m 0755 "$plugin_bin" "$stage/kubectl-topodra"
+install -m 0644 LICENSE "$stage/LICENSE"
 tar --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$epoch" --format=gnu \
-	-C "$stage" -cf - kubectl-topodra | gzip -n -9 >"$dest/$archive"
+	-C "$stage" -cf - LICENSE kubectl-topodra | gzip -n -9 >"$dest/$archive"
 release_url="${RELEASE_URL:-https://github.com/topodra/topodra/releases/download/v$version}"
 sha="$(sha256sum "$dest/$archive" | cut -d' ' -f1)"
 cat >"$dest/topodra.krew.yaml" <<EOF
@@ -102,6 +103,8 @@ spec:
       bin: kubectl-topodra
       files:
         - from: kubectl-topodra
+          to: .
+        - from: LICENSE
           to: .
 EOF
 

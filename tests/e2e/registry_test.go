@@ -60,6 +60,7 @@ func serveRegistry(t *testing.T) string {
 // DaemonSet's own reference, runs as the DaemonSet's pod against the kubelet's
 // plugin code, registers and publishes the node's GPUs.
 func TestRegistryInstall(t *testing.T) {
+	t.Parallel()
 	relDir, tool := releaseArtifacts(t)
 	_ = imageRootfs(t) // the same prerequisites: an unpacked image, and runc
 	e := newEnv(t, envOptions{profile: "dgx-h100", fromChart: true})
@@ -142,6 +143,7 @@ func TestRegistryInstall(t *testing.T) {
 // download of the manifest's uri): krew checks the manifest and the archive's sha256,
 // and the plugin it links runs.
 func TestReleaseKrewManifest(t *testing.T) {
+	t.Parallel()
 	relDir, _ := releaseArtifacts(t)
 	krew, err := exec.LookPath("krew")
 	if err != nil {
@@ -179,5 +181,18 @@ func TestReleaseKrewManifest(t *testing.T) {
 	}
 	if !strings.HasPrefix(string(v), "kubectl-topodra ") {
 		t.Errorf("kubectl-topodra --version: %q", v)
+	}
+	// The licence travels with the binary: krew keeps the manifest's files in its
+	// store, under the plugin's version.
+	want, err := os.ReadFile(filepath.Join(repoRoot(t), "LICENSE"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	installed, _ := filepath.Glob(filepath.Join(root, "store", "topodra", "*", "LICENSE"))
+	if len(installed) != 1 {
+		t.Fatalf("krew's store holds no single LICENSE of kubectl-topodra: %v", installed)
+	}
+	if got, err := os.ReadFile(installed[0]); err != nil || string(got) != string(want) {
+		t.Errorf("%s is not the repository's LICENSE (err %v)", installed[0], err)
 	}
 }
