@@ -45,6 +45,7 @@ func policySlice(name, node string, edit func(*resourceapi.ResourceSlice)) *reso
 // on create, server-side apply, update and delete, and the plugin's own slices still
 // go through. No plugin process is needed.
 func TestResourceSlicePolicy(t *testing.T) {
+	t.Parallel()
 	e := manifestsOnlyEnv(t)
 	c, admin := e.c, e.admin
 

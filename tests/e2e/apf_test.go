@@ -66,6 +66,7 @@ func priorityLevels(t *testing.T, admin kubernetes.Interface) map[string]string 
 // waits on to start) go to the plugin's prepare level, everything else (slices, the
 // Node) to its publishing level, so no amount of publishing delays a claim read.
 func TestAPFSeparatesThePreparePath(t *testing.T) {
+	t.Parallel()
 	e := manifestsOnlyEnv(t)
 	levels := priorityLevels(t, e.admin)
 	client, host := identityClient(t, e, "node-b")
@@ -147,6 +148,7 @@ func (f *floodTally) String() string {
 // publishing requests share the flooded level and its one flow, because every plugin
 // is the same ServiceAccount and APF tells flows apart only by user or namespace.
 func TestAPFFloodingPlugin(t *testing.T) {
+	t.Parallel()
 	e := manifestsOnlyEnvWith(t, "--max-requests-inflight=10", "--max-mutating-requests-inflight=5")
 	ctx := context.Background()
 	levels := priorityLevels(t, e.admin)

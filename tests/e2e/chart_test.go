@@ -73,6 +73,7 @@ func decode[T any](t *testing.T, doc string) T {
 // admits only that component's HTTP port from the configured namespaces and pods and
 // selects exactly its pods, and the API server accepts every object.
 func TestChartHTTPEndpointExposure(t *testing.T) {
+	t.Parallel()
 	manifests := filepath.Join(repoRoot(t), "deploy", "manifests", "topodra.yaml")
 	if docs := manifestDocs(t, manifests, func(string) bool { return true }); strings.Contains(docs, "kind: NetworkPolicy") {
 		t.Errorf("the default manifests have a NetworkPolicy; it is off by default")
@@ -179,6 +180,7 @@ func checkNetworkPolicy(t *testing.T, np *networkingv1.NetworkPolicy, podLabels 
 // is mounted, read-only, never the host root; with a containerized driver its root
 // is; /dev and /sys are read-only; only the kubelet and CDI directories are writable.
 func TestChartHostMounts(t *testing.T) {
+	t.Parallel()
 	check := func(ds *appsv1.DaemonSet, wantDriverPath, wantMountPath string) {
 		t.Helper()
 		spec := ds.Spec.Template.Spec

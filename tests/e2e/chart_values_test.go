@@ -41,6 +41,7 @@ func helmTemplateOut(t *testing.T, args ...string) (string, error) {
 // the chart's own checks say the same when schema validation is skipped. Values
 // next to them that work still render.
 func TestChartRefusesValuesThatCannotWork(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name string
 		args []string
@@ -112,6 +113,7 @@ func TestChartRefusesValuesThatCannotWork(t *testing.T) {
 // Matching is the scheduler's and the DaemonSet controller's own code
 // (component-helpers nodeaffinity); the API server accepts each DaemonSet.
 func TestChartNodeSelection(t *testing.T) {
+	t.Parallel()
 	node := func(labels map[string]string) *v1.Node {
 		return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: labels}}
 	}
@@ -179,6 +181,7 @@ func TestChartNodeSelection(t *testing.T) {
 // names the schema, not the installation); configs for the default name are another
 // driver's now and are left alone.
 func TestChartOpaqueConfigPolicyFollowsDriverName(t *testing.T) {
+	t.Parallel()
 	const renamed = "gpu.example.com"
 	rendered := helmTemplate(t, t.TempDir(), "--set", "driverName="+renamed)
 	e := manifestsOnlyEnv(t) // the default policy, replaced by the renamed one below
@@ -221,6 +224,7 @@ func TestChartOpaqueConfigPolicyFollowsDriverName(t *testing.T) {
 // controller's the pod name as `pod` (replicas report the same figures), and the
 // operator's own relabelings and metricRelabelings follow on both.
 func TestChartServiceMonitors(t *testing.T) {
+	t.Parallel()
 	type endpoint struct {
 		Relabelings       []map[string]any `json:"relabelings"`
 		MetricRelabelings []map[string]any `json:"metricRelabelings"`
@@ -290,6 +294,7 @@ func TestChartServiceMonitors(t *testing.T) {
 // took it whole) is refused with how to split it, rather than pulled from
 // ghcr.io/topodra/ghcr.io/....
 func TestChartImageReferences(t *testing.T) {
+	t.Parallel()
 	images := func(args ...string) (plugin, controller string, secrets [][]string) {
 		t.Helper()
 		out, err := helmTemplateOut(t, args...)

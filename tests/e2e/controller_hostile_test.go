@@ -42,6 +42,7 @@ func nestedJSON(depth int) []byte {
 // figures saturated, the metrics count what was pruned and left out, and
 // `kubectl topodra nodes` answers.
 func TestControllerHostileInputs(t *testing.T) {
+	t.Parallel()
 	binary(t, "TOPODRA_CONTROLLER_BIN", "topodra-controller")
 	kubectlTopodra := binary(t, "TOPODRA_KUBECTL_PLUGIN_BIN", "kubectl-topodra")
 	e := manifestsOnlyEnv(t)

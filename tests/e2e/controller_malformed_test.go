@@ -38,6 +38,7 @@ func malformedDevice(name string, numa resourceapi.DeviceAttribute) resourceapi.
 //
 // and the controller counts each on /metrics.
 func TestControllerMalformedSlices(t *testing.T) {
+	t.Parallel()
 	binary(t, "TOPODRA_CONTROLLER_BIN", "topodra-controller")
 	e := manifestsOnlyEnv(t)
 	ctx := context.Background()

@@ -245,6 +245,7 @@ func auditLogArgs(t *testing.T) ([]string, string) {
 // explains it, and `kubectl topodra explain` prints the same reason; idle, the
 // controller writes nothing (the API server's audit log, by user).
 func TestController(t *testing.T) {
+	t.Parallel()
 	auditArgs, auditLog := auditLogArgs(t)
 	binary(t, "TOPODRA_CONTROLLER_BIN", "topodra-controller")
 	kubectlTopodra := binary(t, "TOPODRA_KUBECTL_PLUGIN_BIN", "kubectl-topodra")

@@ -114,6 +114,7 @@ const promDatasourceUID = "${datasource}"
 // unique, every target has a refId (unique in its panel) and an expression, and
 // every variable an expression uses is defined.
 func TestDashboardStructure(t *testing.T) {
+	t.Parallel()
 	_, d := loadDashboard(t)
 	if d.UID == "" || d.Title == "" {
 		t.Errorf("uid %q, title %q: both are needed for the sidecar to keep one dashboard across updates", d.UID, d.Title)
@@ -437,6 +438,7 @@ func waitProm(t *testing.T, base, expr string, timeout time.Duration) {
 // NaN) on a healthy cluster is a panel nobody can tell from a broken one, so such
 // queries fall back to 0 in the dashboard itself.
 func TestDashboardQueries(t *testing.T) {
+	t.Parallel()
 	server, promtool := promTools(t)
 	binary(t, "TOPODRA_CONTROLLER_BIN", "topodra-controller")
 	_, d := loadDashboard(t)
@@ -541,6 +543,7 @@ func TestDashboardQueries(t *testing.T) {
 // the dashboard file byte for byte (valid JSON, so the sidecar loads it), with the
 // sidecar's label, the annotations given and the namespace chosen; off by default.
 func TestChartGrafanaDashboard(t *testing.T) {
+	t.Parallel()
 	raw, _ := loadDashboard(t)
 	dir := t.TempDir()
 	if b, err := os.ReadFile(helmTemplate(t, dir)); err != nil {

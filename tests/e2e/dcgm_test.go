@@ -300,6 +300,7 @@ func v1String(d resourceapi.Device, name string) string {
 // UUIDs, and a MIG device of another pod by its parent's UUID with its profile and
 // MIG UUID, each labelled with the pod, container and claim.
 func TestDCGMExporterMapping(t *testing.T) {
+	t.Parallel()
 	e := dropInEnv(t, "dgx-a100-mig")
 	devices := e.waitDevicesOf(dcgmDriverName, 7+3+5, time.Minute)
 
@@ -376,6 +377,7 @@ func TestDCGMExporterMapping(t *testing.T) {
 // the slices are there in v1beta1, and still the exporter's mapping finds nothing,
 // because it skips every driver but gpu.nvidia.com.
 func TestDCGMDefaultDriverNameUnmapped(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, envOptions{profile: "dgx-h100", apiServerArgs: []string{v1beta1Runtime}})
 	e.waitRegistered(2 * time.Minute)
 	e.waitDevices(8, time.Minute)
@@ -414,6 +416,7 @@ func TestDCGMDefaultDriverNameUnmapped(t *testing.T) {
 // it, and nothing of topodra's own name is left but the opaque config's API group
 // (gpu.topodra.dev/v1alpha1, which names the schema, not the driver).
 func TestDCGMChartDropIn(t *testing.T) {
+	t.Parallel()
 	rendered := helmTemplate(t, t.TempDir(), "--set", "driverName="+dcgmDriverName)
 	b, err := os.ReadFile(rendered)
 	if err != nil {

@@ -25,6 +25,7 @@ func listInts(a resourceapi.DeviceAttribute) []int64 { return a.IntValues }
 // manager, and the real plugin binary. The steps share the cluster and depend on
 // each other, in order.
 func TestDGXH100(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, envOptions{profile: "dgx-h100"})
 	ctx := context.Background()
 

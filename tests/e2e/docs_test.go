@@ -211,6 +211,7 @@ func testNames(t testing.TB) map[string]bool {
 // every shell block of docs/ and the README carries a docs-check marker, each name a
 // marker gives exists, and a test that runs blocks names the page it reads.
 func TestDocsShellBlocksAreCheckedOrIllustrative(t *testing.T) {
+	t.Parallel()
 	names := testNames(t)
 	sources := map[string]string{} // test name -> the source of its file
 	root := repoRoot(t)
@@ -284,6 +285,7 @@ func docSteps(t testing.TB, page, test string) map[string]docBlock {
 
 // TestParseDocBlocks: fences, indentation, markers and what counts as commands.
 func TestParseDocBlocks(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	page := filepath.Join(dir, "page.md")
 	const text = "intro\n" +

@@ -32,6 +32,31 @@ import (
 
 const driverName = "gpu.topodra.dev"
 
+// globalKlogPath is where klog's process-global logger writes, for the whole run.
+var globalKlogPath string
+
+// TestMain: the tests run in parallel (go test -parallel; all but the deployment
+// guide, which rebuilds the release artifacts the others read), and some of the
+// kubelet code the harness runs logs through klog's process-global logger rather than
+// the harness's own (which writes into each test's log directory). One global logger
+// cannot follow each test, so it writes one file for the run, named when a test fails.
+func TestMain(m *testing.M) {
+	f, err := os.CreateTemp("", "topodra-e2e-klog-*.log")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: the global klog file:", err)
+		os.Exit(1)
+	}
+	globalKlogPath = f.Name()
+	klog.SetLogger(textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(f), textlogger.Verbosity(4))))
+	code := m.Run()
+	klog.SetLogger(logr.Discard())
+	f.Close()
+	if code == 0 {
+		os.Remove(f.Name())
+	}
+	os.Exit(code)
+}
+
 // repoRoot is the repository root (this package is tests/e2e).
 func repoRoot(t testing.TB) string {
 	t.Helper()
@@ -196,7 +221,6 @@ func newEnv(t *testing.T, o envOptions) *env {
 		t.Fatal(err)
 	}
 	logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(logFile), textlogger.Verbosity(4)))
-	klog.SetLogger(logger) // the kubelet code also logs through the global logger
 	hcfg := harness.Config{
 		Kubeconfig: nodeKubeconfig, NodeName: o.node,
 		RegistryDir: filepath.Join(e.kubeletRoot, "plugins_registry"), CDIDir: filepath.Join(e.dir, "cdi"),
@@ -221,9 +245,9 @@ func newEnv(t *testing.T, o envOptions) *env {
 		cancel()
 		e.h.Stop()
 		logFile.Close()
-		klog.SetLogger(logr.Discard())
 		if t.Failed() {
 			t.Logf("--- tail of %s:\n%s", logFile.Name(), tailFile(logFile.Name(), 40))
+			t.Logf("the kubelet code's process-global log of every test: %s", globalKlogPath)
 		}
 	})
 	if o.fromChart || o.harnessOnly {

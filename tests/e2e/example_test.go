@@ -43,6 +43,7 @@ spec:
 // pod's claim is prepared (the CDI library injects the spec it wrote) and unprepared
 // (the spec is gone).
 func TestExamplePlugin(t *testing.T) {
+	t.Parallel()
 	bin := binary(t, "TOPODRA_EXAMPLE_PLUGIN_BIN", filepath.Join("examples", "minimal"))
 	e := newEnv(t, envOptions{harnessOnly: true})
 	ctx := context.Background()

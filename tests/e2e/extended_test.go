@@ -230,6 +230,7 @@ func (e *env) extendedClaim(pod *v1.Pod) (*resourceapi.ResourceClaim, []string) 
 // plugin's device order, and the scheduler's allocator, replaying the same workload
 // on the same slice, gives the figure for shuffled device orders.
 func TestExtendedResource(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, envOptions{profile: "dgx-h100"})
 	ctx := context.Background()
 	const ns = "extended"

@@ -336,6 +336,7 @@ func consoleCommands(text string) []string {
 }
 
 func TestGuideShellHelpers(t *testing.T) {
+	t.Parallel()
 	got := consoleCommands("$ kubectl get a \\\n    -o wide\nNAME\nx\n$ kubectl logs p\nout")
 	if len(got) != 2 || got[0] != "kubectl get a \\\n    -o wide" || got[1] != "kubectl logs p" {
 		t.Errorf("consoleCommands: %q", got)

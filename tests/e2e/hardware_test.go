@@ -19,6 +19,7 @@ import (
 // must classify the links by remote device type, so all 8 GPUs share one
 // nvlinkDomain and one claim of 8 GPUs with matchAttribute nvlinkDomain fits.
 func TestHGXSwitchPlaceholder(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, envOptions{profile: "hgx-h100-placeholder"})
 	e.waitRegistered(2 * time.Minute)
 	devices := e.waitDevices(8, time.Minute)
@@ -54,6 +55,7 @@ func migTemplate(ns, name, profile string) string {
 // pending one; a claim for a 3g.20gb device is prepared with the parent's device
 // node and the MIG capability nodes, and the pending GPU is explained by an Event.
 func TestDGXA100MIG(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, envOptions{profile: "dgx-a100-mig"})
 	e.waitRegistered(2 * time.Minute)
 	devices := e.waitDevices(7+3+5, time.Minute)
@@ -137,6 +139,7 @@ func TestDGXA100MIG(t *testing.T) {
 // `kubectl describe node` lists them: it selects a Node's Events by kind, name and
 // uid (the Node's, or the name for the kubelet's own), never by name alone.
 func TestNodeEventsInDescribeNode(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, envOptions{profile: "dgx-a100-mig"})
 	e.waitRegistered(2 * time.Minute)
 	node, err := e.admin.CoreV1().Nodes().Get(t0ctx(), e.node, getOpts())

@@ -212,6 +212,7 @@ func (d *chartDeployment) waitServing(p *proc, uidSuffix string, timeout time.Du
 // lacks, a path the chart mounts elsewhere than the binary reads, or a flag the
 // binary does not know fails here.
 func TestImageRunsTheChartsDaemonSet(t *testing.T) {
+	t.Parallel()
 	rootfs := imageRootfs(t)
 	e := newEnv(t, envOptions{profile: "dgx-h100", fromChart: true})
 	d := newChartDeployment(t, e, rootfs)
@@ -325,6 +326,7 @@ func checkSpecHooks(t *testing.T, spec, path string, atLeastOne bool) {
 // and installs nothing. The "host toolkit" here is a copy of the image's own hook in
 // the simulated host's directory.
 func TestImageUsesTheHostsHook(t *testing.T) {
+	t.Parallel()
 	rootfs := imageRootfs(t)
 	e := newEnv(t, envOptions{profile: "dgx-h100", fromChart: true})
 	host := filepath.Join(e.dir, "host-toolkit", "usr", "bin", "nvidia-cdi-hook")
@@ -431,6 +433,7 @@ func previousChart(t *testing.T) (dir, version string) {
 // side of the upgrade and of the rollback is unprepared in the end, its CDI spec
 // removed, the checkpoint empty.
 func TestChartUpgradeAndRollbackKeepClaims(t *testing.T) {
+	t.Parallel()
 	rootfs := imageRootfs(t)
 	prevDir, prevVersion := previousChart(t)
 	e := newEnv(t, envOptions{profile: "dgx-h100", fromChart: true})

@@ -33,6 +33,7 @@ var badConfigTemplate = claimSpec{ns: "life", name: "bad-config", count: 1, para
 // opaque config surfacing in the pod's events, a plugin restart with claims
 // prepared, and the kubelet wiping the slices of a plugin gone for 30 s.
 func TestDGXH100Lifecycle(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, envOptions{profile: "dgx-h100"})
 	ctx := context.Background()
 	e.waitRegistered(2 * time.Minute)

@@ -64,6 +64,7 @@ spec:
 // node also under dra.net/numaNode, the controller, and the harness as kubelet and
 // as the runtime end of NRI (where the CPU driver sets each container's cpuset).
 func TestDGXH100WholeNodeNUMA(t *testing.T) {
+	t.Parallel()
 	dracpu := needCPUDriver(t)
 	binary(t, "TOPODRA_CONTROLLER_BIN", "topodra-controller")
 	e := newEnv(t, envOptions{profile: "dgx-h100", cpuDriver: true, pluginArgs: []string{"--numa-node-aliases=" + numaAlias}})

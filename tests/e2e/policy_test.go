@@ -107,6 +107,7 @@ func classWithConfig(name string, raw []byte) *resourceapi.DeviceClass {
 // refusal names the field path the decoder names. Then: objects created before the
 // policy can still be updated and deleted as long as their spec does not change.
 func TestOpaqueConfigPolicy(t *testing.T) {
+	t.Parallel()
 	e := manifestsOnlyEnv(t)
 	ctx := context.Background()
 	const ns = "default"
@@ -337,6 +338,7 @@ func constraintsString(cs []resourceapi.DeviceConstraint) string {
 // example deploy/examples/07) gets four GPUs of one NUMA node where first-fit alone
 // would have spread them.
 func TestAlignedByDefault(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, envOptions{profile: "dgx-h100"})
 	ctx := context.Background()
 	const ns = "aligned"

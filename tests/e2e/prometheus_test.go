@@ -18,6 +18,7 @@ import (
 // alert with series shaped as the chart's ServiceMonitors store them. promtool comes
 // from Debian's prometheus package (tests/scripts/setup.sh installs it).
 func TestPrometheusRules(t *testing.T) {
+	t.Parallel()
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
 		if cluster.RequireTools() {

@@ -25,6 +25,7 @@ import (
 // publishes, turns ready, never writes the squatter's object, and reports it in
 // an Event on its Node.
 func TestSliceNameSquatting(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, envOptions{profile: "dgx-h100"})
 	ctx := context.Background()
 	e.waitRegistered(60 * time.Second)

@@ -101,6 +101,7 @@ func claimTemplate(ns, name string, count int, match string) string {
 
 // The builder's YAML is a valid ResourceClaimTemplate with what each field asks for.
 func TestClaimSpecYAML(t *testing.T) {
+	t.Parallel()
 	var got resourceapi.ResourceClaimTemplate
 	y := claimSpec{ns: "ns1", name: "t", count: 2, selector: numaSelector(1), match: "gpu.topodra.dev/socket"}.yaml()
 	if err := yaml.UnmarshalStrict([]byte(y), &got); err != nil {

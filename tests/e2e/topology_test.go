@@ -120,6 +120,7 @@ func eightGPUNode(t *testing.T, opts envOptions, ns string, templates ...string)
 // TestSNC4XeonListNUMA: the list form of resource.kubernetes.io/numaNode on a
 // 2-socket SNC4 machine (8 NUMA nodes, one GPU each, NVLink-bridged pairs).
 func TestSNC4XeonListNUMA(t *testing.T) {
+	t.Parallel()
 	const ns = "snc"
 	e, devices := eightGPUNode(t, envOptions{profile: "snc4-xeon", pluginArgs: []string{"--numa-node-format=list"}}, ns,
 		claimTemplate(ns, "four-one-numa", 4, "resource.kubernetes.io/numaNode"),
@@ -180,6 +181,7 @@ func TestSNC4XeonListNUMA(t *testing.T) {
 // TestL40SPCIeRoots: pcieRoot and pcieSwitch constraints on a PCIe machine whose
 // GPUs come in pairs behind one switch and root complex.
 func TestL40SPCIeRoots(t *testing.T) {
+	t.Parallel()
 	const ns = "pcie"
 	e, devices := eightGPUNode(t, envOptions{profile: "l40s-pcie"}, ns,
 		claimTemplate(ns, "two-one-root", 2, "resource.kubernetes.io/pcieRoot"),
@@ -228,6 +230,7 @@ func checkInjected(t *testing.T, e *env, pod *v1.Pod, devs []string) {
 // the SNC4 machine share a NUMA node, so 4 GPUs with matchAttribute numaNode stay
 // Pending, while 4 GPUs with matchAttribute socket fit.
 func TestSNC4XeonIntNUMA(t *testing.T) {
+	t.Parallel()
 	const ns = "snc-int"
 	e, devices := eightGPUNode(t, envOptions{profile: "snc4-xeon"}, ns,
 		claimTemplate(ns, "four-one-numa", 4, "resource.kubernetes.io/numaNode"),

@@ -132,6 +132,7 @@ func (p *cuttingProxy) close() {
 // control plane (scheduler, controller-manager, the kubelet harness); the proxy
 // is what ends topodra's watches.
 func TestWatchResume(t *testing.T) {
+	t.Parallel()
 	auditArgs, auditLog := auditLogArgs(t)
 	binary(t, "TOPODRA_CONTROLLER_BIN", "topodra-controller")
 	e := newEnv(t, envOptions{profile: "dgx-h100", apiServerArgs: append(auditArgs,
