@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make demo`: a local control plane, the plugin on a simulated GPU node, and pods that
-# get NUMA-aligned GPU sets from the real kube-scheduler.
+# get topology-aligned GPU sets from the real kube-scheduler.
 #
 # Everything runs as local processes: etcd, kube-apiserver, kube-scheduler and
 # kube-controller-manager built from their Go modules (tests/tools, cached outside the
@@ -11,18 +11,69 @@
 # under the chart's controller ServiceAccount, which explains the pod left waiting
 # (kubectl topodra shows the same). Cleans up on exit;
 # TOPODRA_DEMO_KEEP=1 keeps the directory with every log.
+#
+# Each machine's demo asks for what shows its topology (scenario below): N pods, each
+# with its own claim for G GPUs that share one attribute, where the machine has room
+# for N-1 such sets. It checks what it says: N-1 pods run, each on GPUs that share the
+# attribute, the last one waits and the controller says why, and it runs once the
+# first pod is deleted. Anything else exits non-zero.
+#
+#   tests/scripts/demo.sh [profile]   (default dgx-h100)
+#   tests/scripts/demo.sh --list      the profiles that have a demo
+#
+# Environment: TOPODRA_DEMO_KEEP=1 (keep the directory), TOPODRA_DEMO_PREBUILT=1 (build
+# no Rust: use target/debug as it is; the e2e test that runs every profile's demo
+# shares those binaries with the other tests).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
 
+demo_profiles=(dgx-h100 dgx-a100 l40s-pcie snc4-xeon gb200)
+# scenario PROFILE sets pods, gpus (per pod), attr (the claim's matchAttribute),
+# plugin_args and what (the sentence that says why this machine gives N-1 sets).
+scenario() {
+    plugin_args=()
+    case $1 in
+    dgx-h100)
+        pods=3 gpus=4 attr=resource.kubernetes.io/numaNode
+        what="4 GPUs on one NUMA node: the DGX H100 has one NUMA node per socket, 4 GPUs on each" ;;
+    dgx-a100)
+        pods=5 gpus=2 attr=resource.kubernetes.io/numaNode
+        what="2 GPUs on one NUMA node: the EPYCs in NPS4 make 8 NUMA nodes, and 4 of them hold a pair of GPUs" ;;
+    l40s-pcie)
+        pods=5 gpus=2 attr=gpu.topodra.dev/pcieSwitch
+        what="2 GPUs behind one PCIe switch (peer-to-peer without the root complex): 4 switches, a pair behind each" ;;
+    snc4-xeon)
+        pods=3 gpus=4 attr=resource.kubernetes.io/numaNode plugin_args=(--numa-node-format=list)
+        what="4 GPUs on one NUMA node in the list form: with sub-NUMA clustering each GPU has its own NUMA node, and the list form (--numa-node-format=list) also names the other 3 of its socket, so 4 GPUs of one socket match" ;;
+    gb200)
+        pods=3 gpus=2 attr=resource.kubernetes.io/numaNode
+        what="2 GPUs on one NUMA node: each Grace CPU of the tray has its own NUMA node and a pair of Blackwell GPUs" ;;
+    *) return 1 ;;
+    esac
+}
+
+if [[ ${1:-} == --list ]]; then
+    printf '%s\n' "${demo_profiles[@]}"
+    exit 0
+fi
 profile=${1:-dgx-h100}
 node=sim-$profile
 [[ -f tests/fake-nvml/profiles/$profile.yaml ]] || {
     echo "no profile $profile; have: $(ls tests/fake-nvml/profiles | sed -n 's/\.yaml$//p' | tr '\n' ' ')" >&2
     exit 2
 }
+scenario "$profile" || {
+    echo "the profile $profile has no demo (it is for tests); the demo runs on: ${demo_profiles[*]}" >&2
+    exit 2
+}
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+# fail MESSAGE: the demo did not show what it says; the logs stay.
+fail() {
+    printf '\n\033[1mDEMO FAILED (%s): %s\033[0m\n' "$profile" "$*" >&2
+    exit 1
+}
 
 dir=$(mktemp -d "${TMPDIR:-/tmp}/topodra-demo.XXXXXX")
 pids=()
@@ -41,15 +92,29 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-step "building (first run: the Rust workspace, then Kubernetes from its Go modules, 15-30 min on 2 cores)"
-cargo build -q -p topodra-fake-nvml -p topodra-kubelet-plugin -p topodra-controller
+step "building (first run: the Rust workspace alongside Kubernetes from its Go modules, about 10 min on 2 cores)"
+if [[ ${TOPODRA_DEMO_PREBUILT:-} == 1 ]]; then
+    for b in topodra-fake-nvml topodra-sim-node topodra-kubelet-plugin topodra-controller kubectl-topodra; do
+        [[ $b == topodra-fake-nvml ]] && continue
+        [[ -x target/debug/$b ]] || fail "TOPODRA_DEMO_PREBUILT=1, but there is no target/debug/$b"
+    done
+else
+    # The Go tools build alongside cargo: neither keeps both cores busy all the time.
+    bash tests/tools/build.sh kube etcd nvidia-ctk >"$dir/tools-build.log" 2>&1 &
+    tools_pid=$!
+    cargo build -q -p topodra-fake-nvml -p topodra-kubelet-plugin -p topodra-controller
+    wait "$tools_pid" || { cat "$dir/tools-build.log" >&2; fail "building the tools failed"; }
+    sed 's/^/   /' "$dir/tools-build.log"
+fi
 bash tests/tools/build.sh kube etcd nvidia-ctk >&2
 eval "$(bash tests/tools/build.sh --env kube etcd)"
 # NVIDIA's nvidia-cdi-hook (built from the pinned toolkit module): the plugin installs
 # it into its directory under the node's kubelet plugins directory, as it installs the
 # image's copy on a real node, and the claims' CDI specs name it.
 hook=$(bash tests/tools/build.sh --print-path nvidia-ctk)/nvidia-cdi-hook
-gobin=${TOPODRA_TOOLS_CACHE:-$HOME/.cache/topodra/tools}/demo-bin
+# Into this run's directory: demos may run side by side (the e2e test runs every
+# profile's), and one could otherwise replace a binary another is starting.
+gobin=$dir/bin
 mkdir -p "$gobin"
 (cd tests/cluster && CGO_ENABLED=0 go build -trimpath -o "$gobin/topodra-cluster" ./cmd/topodra-cluster)
 (cd tests/e2e && CGO_ENABLED=0 go build -trimpath -o "$gobin/topodra-kubelet-harness" ./cmd/topodra-kubelet-harness)
@@ -88,7 +153,7 @@ echo "1234-demo-boot" >"$nodedir/boot_id"
 KUBECONFIG=$nodedir/plugin.kubeconfig target/debug/topodra-kubelet-plugin serve \
     --node-name "$node" --kubelet-registry-dir "$nodedir/registry" --kubelet-plugins-dir "$nodedir/plugins" \
     --cdi-dir "$nodedir/cdi" --http-addr 127.0.0.1:0 --boot-id-file "$nodedir/boot_id" \
-    "${sim_flags[@]}" >"$dir/plugin.log" 2>&1 &
+    "${sim_flags[@]}" ${plugin_args[@]+"${plugin_args[@]}"} >"$dir/plugin.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 300); do
     [[ -n $(kubectl get resourceslices -o name 2>/dev/null) ]] && break
@@ -117,62 +182,124 @@ kubectl get resourceslices
 step "kubectl describe resourceslice (first two devices)"
 kubectl describe resourceslice | awk '/^    Attributes:/{n++} n<=2' | sed -n '1,80p'
 
-step "three pods, each asking for 4 GPUs on one NUMA node (deploy/examples/01-four-gpus-one-numa-node.yaml)"
-example=$(ls deploy/examples/01-*.yaml)
-kubectl apply -f "$example" >/dev/null
-for name in second third; do
-    sed "s/^  name: four-gpus-one-numa-node$/  name: four-gpus-one-numa-node/; /^kind: Pod/,\$ s/^  name: four-gpus-one-numa-node$/  name: $name/" "$example" |
-        awk '/^kind: Pod/{p=1} p' | sed '1i apiVersion: v1' | kubectl apply -f - >/dev/null
+last=demo-$pods
+step "$pods pods, each with its own claim for $gpus GPUs sharing $attr"
+echo "   $what: room for $((pods - 1)) such sets, so $last waits."
+# One template, as deploy/examples/ writes them; each pod gets its own claim from it.
+cat >"$dir/demo-claim.yaml" <<YAML
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: demo-gpus
+spec:
+  spec:
+    devices:
+      requests:
+        - name: gpus
+          exactly:
+            deviceClassName: gpu.topodra.dev
+            allocationMode: ExactCount
+            count: $gpus
+      constraints:
+        - requests: ["gpus"]
+          matchAttribute: $attr
+YAML
+sed 's/^/      /' "$dir/demo-claim.yaml"
+kubectl apply -f "$dir/demo-claim.yaml" >/dev/null
+phase_of() { kubectl get pod "$1" -o jsonpath='{.status.phase}'; }
+for i in $(seq "$pods"); do
+    kubectl apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata:
+  name: demo-$i
+spec:
+  restartPolicy: Never
+  resourceClaims:
+    - name: gpus
+      resourceClaimTemplateName: demo-gpus
+  containers:
+    - name: main
+      image: ubuntu:24.04
+      command: ["sh", "-c", "nvidia-smi -L; env | grep ^TOPODRA_; sleep 3600"]
+      resources:
+        claims:
+          - name: gpus
+YAML
+    # One after the other, so that the last one is the one that waits.
+    [[ $i -lt $pods ]] || break
+    for _ in $(seq 150); do
+        [[ $(phase_of "demo-$i") == Running ]] && break
+        sleep 0.2
+    done
+    [[ $(phase_of "demo-$i") == Running ]] ||
+        { kubectl get pods -o wide >&2; fail "demo-$i did not run within 30 s, though the machine has room for it"; }
 done
-pods=(four-gpus-one-numa-node second third)
+# The scheduler's verdict on the last pod, before the table says it waits.
 for _ in $(seq 150); do
-    running=$(kubectl get pods -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -c Running || true)
-    [[ $running -ge 2 ]] && break
+    [[ -n $(kubectl get events --field-selector "involvedObject.name=$last,reason=FailedScheduling" -o name 2>/dev/null) ]] && break
     sleep 0.2
 done
-sleep 2
 kubectl get pods -o wide
+[[ $(phase_of "$last") == Pending ]] ||
+    fail "$last is $(phase_of "$last"), not Pending: the machine had room for more than $((pods - 1)) sets"
 
-step "each claim's allocation and the NUMA node of every GPU"
+step "each claim's allocation, and $attr of every GPU"
 kubectl get resourceslices -o json >"$dir/slices.json"
 kubectl get resourceclaims -o json >"$dir/claims.json"
-python3 - "$dir/slices.json" "$dir/claims.json" <<'PY'
+# Prints the table, and exits non-zero unless every allocation has the GPUs asked for
+# and a value of the attribute that all of them share (for a list, one value common
+# to every device's list, as the scheduler matches lists).
+python3 - "$dir/slices.json" "$dir/claims.json" "$attr" "$gpus" <<'PY' || fail "an allocation does not share $attr"
 import json, sys
-numa = {}
+attr, want = sys.argv[3], int(sys.argv[4])
+values = {}
 for s in json.load(open(sys.argv[1]))["items"]:
+    # A slice may name its driver's own attributes without the domain.
+    domain, _, short = attr.rpartition("/")
+    names = [attr] + ([short] if domain == s["spec"]["driver"] else [])
     for d in s["spec"].get("devices", []):
-        a = d.get("attributes", {}).get("resource.kubernetes.io/numaNode", {})
-        numa[d["name"]] = a.get("int", a.get("ints"))
+        attrs = d.get("attributes", {})
+        a = next((attrs[n] for n in names if n in attrs), {})
+        v = next((a[k] for k in ("int", "string", "ints", "strings") if k in a), None)
+        values[d["name"]] = v if isinstance(v, list) else ([] if v is None else [v])
+ok = True
 for c in json.load(open(sys.argv[2]))["items"]:
     name = c["metadata"]["name"]
     status = c.get("status") or {}
     pod = next((r["name"] for r in status.get("reservedFor") or []), "-")
     results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
     if not results:
-        print(f"  {name:<40} pod {pod:<26} not allocated")
+        print(f"  {name:<24} pod {pod:<7} not allocated")
         continue
-    devices = ", ".join(f"{r['device']} (NUMA {numa.get(r['device'])})" for r in results)
-    print(f"  {name:<40} pod {pod:<26} {devices}")
+    shared = set.intersection(*(set(values.get(r["device"], [])) for r in results))
+    devices = ", ".join(f"{r['device']} ({','.join(map(str, values.get(r['device'], [])))})" for r in results)
+    print(f"  {name:<24} pod {pod:<7} {devices}; shared: {','.join(map(str, sorted(shared))) or 'NONE'}")
+    if not shared or len(results) != want:
+        ok = False
+sys.exit(0 if ok else 1)
 PY
 echo
-echo "   the third pod stays Pending; the scheduler says:"
-kubectl get events --field-selector involvedObject.name=third,reason=FailedScheduling \
+echo "   $last stays Pending; the scheduler says:"
+kubectl get events --field-selector "involvedObject.name=$last,reason=FailedScheduling" \
     -o jsonpath='{range .items[*]}      {.message}{"\n"}{end}' | tail -1
 
-step "why the third pod waits, in topology terms: the controller's Event, and kubectl topodra"
+step "why $last waits, in topology terms: the controller's Event, and kubectl topodra"
 for _ in $(seq 150); do
-    [[ -n $(kubectl get events --field-selector involvedObject.name=third,reason=WaitingForGPUs -o name 2>/dev/null) ]] && break
+    [[ -n $(kubectl get events --field-selector "involvedObject.name=$last,reason=WaitingForGPUs" -o name 2>/dev/null) ]] && break
     sleep 0.2
 done
+why=$(kubectl get events --field-selector "involvedObject.name=$last,reason=WaitingForGPUs" \
+    -o jsonpath='{range .items[*]}{.message}{"\n"}{end}' | tail -1)
+[[ -n $why ]] || fail "the controller did not say within 30 s why $last waits (controller.log)"
 echo "   kubectl get events --field-selector reason=WaitingForGPUs:"
-kubectl get events --field-selector involvedObject.name=third,reason=WaitingForGPUs \
-    -o jsonpath='{range .items[*]}      {.message}{"\n"}{end}' | tail -1
+echo "      $why"
 echo
 echo "   kubectl topodra nodes:"
 PATH=$repo/target/debug:$PATH kubectl topodra nodes | sed 's/^/      /'
 echo
-echo "   kubectl topodra explain pod/third:"
-PATH=$repo/target/debug:$PATH kubectl topodra explain pod/third | sed 's/^/      /'
+echo "   kubectl topodra explain pod/$last:"
+PATH=$repo/target/debug:$PATH kubectl topodra explain "pod/$last" | sed 's/^/      /'
 
 step "the CDI edits the runtime would apply (injected by the CDI library from the plugin's specs)"
 python3 - "$nodedir/kubelet/pods" <<'PY'
@@ -192,12 +319,24 @@ for f in sorted(os.listdir(d)) if os.path.isdir(d) else []:
         print(f"    mounts:       {len(mounts)} driver files, e.g. {', '.join(mounts[:2])}")
 PY
 
-step "deleting the first pod: unprepared, its CDI spec removed, and the Pending pod gets the freed GPUs"
-kubectl delete pod four-gpus-one-numa-node --wait=true >/dev/null
+step "deleting demo-1: unprepared, its CDI spec removed, and $last gets the GPUs it freed"
+devices_of() {
+    kubectl get resourceclaims -o json | python3 -c '
+import json, sys
+for c in json.load(sys.stdin)["items"]:
+    st = c.get("status") or {}
+    if any(r.get("name") == sys.argv[1] for r in st.get("reservedFor") or []):
+        print(" ".join(r["device"] for r in st["allocation"]["devices"]["results"]))' "$1"
+}
+freed=$(devices_of demo-1)
+kubectl delete pod demo-1 --wait=true >/dev/null
 for _ in $(seq 150); do
-    [[ $(kubectl get pod third -o jsonpath='{.status.phase}') == Running ]] && break
+    [[ $(phase_of "$last") == Running ]] && break
     sleep 0.2
 done
 kubectl get pods -o wide
+[[ $(phase_of "$last") == Running ]] || fail "$last did not run within 30 s of demo-1's GPUs ($freed) being freed"
+echo "   demo-1 had: $freed"
+echo "   $last got:  $(devices_of "$last")"
 echo "   CDI specs on the node: $(ls "$nodedir/cdi" | tr '\n' ' ')"
-step "done; cleaning up"
+step "done: $((pods - 1)) pods ran on aligned sets, $last waited with its reason and ran once GPUs were freed; cleaning up"
