@@ -368,6 +368,15 @@ impl DriverFiles {
     }
 }
 
+#[cfg(test)]
+impl DriverFiles {
+    /// Holds the lock a load runs under: while held, [`DriverFiles::current`] waits,
+    /// as it would on a read that does not return.
+    pub(crate) fn hold(&self) -> std::sync::MutexGuard<'_, Arc<NvidiaFiles>> {
+        self.current.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 impl From<NvidiaFiles> for DriverFiles {
     /// Fixed files, used as they are for as long as the holder lives.
     fn from(files: NvidiaFiles) -> Self {

@@ -16,12 +16,19 @@ impl Preparer {
         claim_ref: &ClaimIdentity,
         claim: &ResourceClaim,
     ) -> Result<Vec<PreparedGpu>, ClaimError> {
-        let _owned = self.owned()?;
+        // Refused at once after a handover or in read-only mode, before any work.
+        drop(self.owned()?);
         if let Some(reason) = &self.read_only {
             return Err(ClaimError::StateUnusable {
                 reason: reason.clone(),
             });
         }
+        // The driver's files, read again here when they changed: before the fence's
+        // read side is taken, so that a read that never returns (a toolkit spec on a
+        // stuck mount) holds up this call alone, never a handover's fence. An error
+        // counts only where a spec is written: a claim prepared already is answered.
+        let files = self.files.current();
+        let _owned = self.owned()?;
         let ctx = plan::Context {
             driver_name: &self.driver_name,
             pool: &self.pool,
@@ -83,8 +90,7 @@ impl Preparer {
             kind: self.writer.kind().clone(),
             capabilities: plan.capabilities.clone(),
         };
-        let files = self.files.current()?;
-        let spec = cdi::claim_spec(&request, self.nodes.as_ref(), &files)?;
+        let spec = cdi::claim_spec(&request, self.nodes.as_ref(), &*files?)?;
         let spec_path = self.writer.path_for(&claim_ref.uid);
         // A spec already at the path (a claim prepared again after a reboot, or with
         // other devices) goes first: a spec found next to a started record must be

@@ -425,6 +425,42 @@ fn the_fence_waits_for_calls_in_flight() {
 }
 
 #[test]
+fn a_load_of_the_driver_files_that_does_not_return_holds_up_no_fence() {
+    let node = Node::new(1);
+    let p = Arc::new(node.start());
+    // The files' lock held stands in for a read that does not return (a toolkit
+    // spec on a stuck mount).
+    let stuck = p.files.hold();
+    let preparer = {
+        let p = p.clone();
+        std::thread::spawn(move || p.prepare(&claim_ref("u1"), &claim("u1", &[0])))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let (fenced, up) = std::sync::mpsc::channel();
+    let fencer = {
+        let p = p.clone();
+        std::thread::spawn(move || {
+            p.fence("pod-new");
+            let _ = fenced.send(());
+        })
+    };
+    let went_up = up.recv_timeout(std::time::Duration::from_secs(10)).is_ok();
+    drop(stuck);
+    fencer.join().unwrap();
+    let result = preparer.join().unwrap();
+    assert!(
+        went_up,
+        "a prepare waiting on the driver's files held the handover's fence"
+    );
+    // Once the read returns, the call finds the state handed over and writes nothing.
+    assert!(
+        matches!(&result, Err(ClaimError::HandedOver { to }) if to == "pod-new"),
+        "{result:?}"
+    );
+    assert!(node.spec_files().is_empty());
+}
+
+#[test]
 fn a_read_only_start_prepares_nothing_and_unprepares_known_claims() {
     let node = Node::new(2);
     let owner = node.start();
