@@ -35,7 +35,10 @@ table() {
 	for i in "${!names[@]}"; do
 		printf '%-34s %8s  %s\n' "${names[$i]}" "${secs[$i]}" "${results[$i]}"
 	done
-	printf '%-34s %8s  %s\n' total "$((SECONDS - started))" "$([[ $status -eq 0 ]] && echo ok || echo FAILED)"
+	local verdict=ok
+	[[ $status -eq 0 ]] || verdict=FAILED
+	printf '%-34s %8s  %s\n' total "$((SECONDS - started))" "$verdict"
+	printf 'total\t%s\t%s\n' "$((SECONDS - started))" "$verdict" >>"$tsv"
 	if [[ -n ${tools_pid:-} ]] && kill -0 "$tools_pid" 2>/dev/null; then
 		kill -- "-$tools_pid" 2>/dev/null || kill "$tools_pid" 2>/dev/null || true
 	fi
