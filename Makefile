@@ -83,7 +83,12 @@ fuzz-build: setup
 		echo "fuzz: $$t: $$(echo "$$out" | tail -n1)"; \
 	done
 
-test-unit: tools-cdi build-debug
+## UNIT_DEPS: what test-unit builds first; `make test` has built it in an earlier phase
+## and passes it empty (building again would not be a no-op: the fake NVML's cdylib
+## has one file name for every feature set, so `cargo build -p topodra-fake-nvml` and
+## `cargo test` each rebuild what the other wrote).
+UNIT_DEPS ?= tools-cdi build-debug
+test-unit: $(UNIT_DEPS)
 	@echo "== cargo test"
 	$(CTK_ENV) && TOPODRA_CDI_CHECK=$$(bash tests/cdi-check/build.sh) TOPODRA_REQUIRE_TOOLS=1 $(CARGO_TEST)
 

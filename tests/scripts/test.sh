@@ -102,7 +102,8 @@ phase fmt-check make -s fmt-check
 phase clippy make -s clippy
 phase build-debug make -s build-debug
 phase fuzz-build make -s fuzz-build
-phase test-unit make -s test-unit
+phase tools-cdi make -s tools-cdi
+phase test-unit make -s test-unit UNIT_DEPS=
 phase release make -s release
 phase wait-tools wait_tools
 phase chart-check make -s chart-check
