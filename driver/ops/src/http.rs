@@ -13,14 +13,26 @@
 //!   then closes, so pipelining cannot make one connection an endless queue of work;
 //! - at most `max_connections` are served at once. [`HEALTH_SLOTS`] more are kept for
 //!   health probes: a connection accepted while the others are all taken may only ask
-//!   for `/healthz`, `/livez` or `/readyz`, once; any other request line closes it as
-//!   soon as it shows. Connections beyond both are closed as soon as they are accepted.
+//!   for `/healthz`, `/livez` or `/readyz`, once, and must send its whole request head
+//!   (at most [`MAX_HEALTH_HEAD`] bytes) within `header_read_timeout`; any other
+//!   request line closes it as soon as it shows;
+//! - a connection holds its health slot against newcomers only once its whole head has
+//!   arrived (in its socket, read yet or not). Until then, a connection accepted while
+//!   every slot is taken takes the slot of the oldest such connection, which is closed.
+//!   Clients that say nothing, or trickle their request, thus only evict each other,
+//!   and a newcomer is closed at once only when every health slot holds a complete
+//!   health request. A probe sent in one write, as the kubelet sends it, is lost only
+//!   if [`HEALTH_SLOTS`] more connections are accepted after it before its head
+//!   arrives: a flood that reconnects as soon as it is closed can still do that to a
+//!   prober that stalls between connecting and writing (a loaded node), not to one
+//!   whose head arrives with its connection.
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
+use std::os::fd::AsFd;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -30,7 +42,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Semaphore, oneshot};
 use tokio::time::Sleep;
 
 /// A liveness or readiness check: `Err` carries the reason the probe prints.
@@ -107,7 +119,8 @@ pub struct HttpLimits {
 /// Connections beyond `max_connections` that only a health probe may use: the
 /// kubelet sends one liveness and one readiness probe at a time, so a few are enough,
 /// and they stay free however many scrapers (or clients posing as scrapers) hold the
-/// others.
+/// others. A connection in one gives it up to a newcomer until its whole request head
+/// has come, so clients that send nothing cannot hold them either.
 pub const HEALTH_SLOTS: usize = 4;
 
 /// Probe and scrape requests have a few hundred bytes of headers; hyper's default
@@ -137,34 +150,172 @@ fn is_health_request(head: &[u8]) -> Option<bool> {
     }
 }
 
-/// Reads the start of the request line of a connection in a health slot, until it
-/// shows whether it asks for a health path; what was read is handed on with it.
-async fn read_health_request_line(stream: &mut TcpStream, limit: Duration) -> Option<Vec<u8>> {
-    let longest = HEALTH_REQUEST_LINES
-        .iter()
-        .map(|l| l.len())
-        .max()
-        .unwrap_or(0);
-    let mut head = vec![0; longest];
-    let mut got = 0;
-    let read = async {
-        loop {
-            match is_health_request(&head[..got]) {
-                Some(true) => return true,
-                Some(false) => return false,
-                None => {}
-            }
-            // Undecided means `head[..got]` is a proper prefix of a line, so there is
-            // room for at least one more byte.
-            match stream.read(&mut head[got..]).await {
-                Ok(0) | Err(_) => return false,
-                Ok(n) => got += n,
-            }
+/// The longest request head a connection in a health slot may send: a probe's is a
+/// few hundred bytes, with the headers a probe spec adds.
+const MAX_HEALTH_HEAD: usize = 4 * 1024;
+
+/// Whether `head` holds the blank line that ends a request head (hyper accepts bare
+/// `\n` line ends too).
+fn ends_head(head: &[u8]) -> bool {
+    head.windows(2).any(|w| w == b"\n\n") || head.windows(3).any(|w| w == b"\n\r\n")
+}
+
+/// Whether `head` is the whole head of a health request.
+fn is_health_head(head: &[u8]) -> bool {
+    is_health_request(head) == Some(true) && ends_head(head)
+}
+
+/// A second handle on a connection's socket, to look at what has arrived on it
+/// without taking it; `None` if the system has no file descriptor to spare.
+fn peek_handle(stream: &impl AsFd) -> Option<std::net::TcpStream> {
+    let socket = std::net::TcpStream::from(stream.as_fd().try_clone_to_owned().ok()?);
+    // Already so (the runtime's sockets do not block), but a peek must not wait.
+    socket.set_nonblocking(true).ok()?;
+    Some(socket)
+}
+
+/// Whether the whole head of a health request has arrived on `socket`, read or not.
+fn has_sent_health_head(socket: &std::net::TcpStream) -> bool {
+    let mut buf = [0; MAX_HEALTH_HEAD];
+    // An error is "nothing to read yet" or a failed connection: no probe to keep.
+    socket
+        .peek(&mut buf)
+        .ok()
+        .and_then(|n| buf.get(..n))
+        .is_some_and(is_health_head)
+}
+
+/// Reads the whole request head of a connection in a health slot, so that its slot
+/// can be kept from then on; `None` as soon as it shows to be no health request, if it
+/// outgrows [`MAX_HEALTH_HEAD`] or the client closes first. What was read (the head,
+/// and whatever came with it) is handed on to hyper.
+async fn read_health_head(stream: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut head = Vec::new();
+    let mut chunk = [0; 1024];
+    // Where the blank line may start that the next read can complete: the bytes
+    // before were searched already (a client may send a byte at a time).
+    let mut unsearched = 0;
+    loop {
+        match is_health_request(&head) {
+            Some(false) => return None,
+            Some(true) if ends_head(head.get(unsearched..)?) => return Some(head),
+            Some(true) | None => unsearched = head.len().saturating_sub(2),
         }
-    };
-    let health = tokio::time::timeout(limit, read).await.unwrap_or(false);
-    head.truncate(got);
-    health.then_some(head)
+        let room = MAX_HEALTH_HEAD.saturating_sub(head.len()).min(chunk.len());
+        let into = chunk.get_mut(..room).filter(|c| !c.is_empty())?;
+        match stream.read(into).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => head.extend_from_slice(into.get(..n)?),
+        }
+    }
+}
+
+/// One connection in the health slots.
+#[derive(Debug)]
+struct Held {
+    id: u64,
+    /// Whether its whole request head has arrived: from then on it is never evicted.
+    head_complete: bool,
+    /// While the head is incomplete, a [`peek_handle`] on the socket: its task may
+    /// not have run since the head arrived, so the socket itself is asked before the
+    /// connection is evicted.
+    socket: Option<std::net::TcpStream>,
+    /// Dropped to evict it: its task sees its [`HealthSlot::evicted`] resolve.
+    _evict: oneshot::Sender<()>,
+}
+
+impl Held {
+    fn complete_head(&mut self) {
+        self.head_complete = true;
+        self.socket = None;
+    }
+
+    /// Whether a newcomer may evict it: only while its whole head has not arrived.
+    fn evictable(&mut self) -> bool {
+        if !self.head_complete && self.socket.as_ref().is_some_and(has_sent_health_head) {
+            self.complete_head();
+        }
+        !self.head_complete
+    }
+}
+
+/// The [`HEALTH_SLOTS`], and the connections in them, oldest first.
+#[derive(Debug)]
+struct HealthSlots {
+    capacity: usize,
+    held: Mutex<Vec<Held>>,
+    next_id: AtomicU64,
+}
+
+/// A connection's place in the [`HealthSlots`], given up when dropped.
+#[derive(Debug)]
+struct HealthSlot {
+    slots: Arc<HealthSlots>,
+    id: u64,
+    /// Resolves (with an error) once a newcomer has evicted the connection.
+    evicted: oneshot::Receiver<()>,
+}
+
+impl HealthSlots {
+    fn new(capacity: usize) -> Arc<Self> {
+        Arc::new(Self {
+            capacity,
+            held: Mutex::new(Vec::with_capacity(capacity)),
+            next_id: AtomicU64::new(0),
+        })
+    }
+
+    /// The lock is only held for a few steps that do not panic, so a poisoned one
+    /// still holds a consistent list.
+    fn held(&self) -> std::sync::MutexGuard<'_, Vec<Held>> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A slot for a newcomer (`socket`: its [`peek_handle`]): a free one, else the
+    /// one of the oldest connection that has not sent its whole request head yet,
+    /// which is evicted; `None` when every slot holds a complete health request. A
+    /// connection that says nothing (or trickles) thus cannot keep a slot from a
+    /// probe, which is safe as soon as its head has arrived.
+    fn take(self: &Arc<Self>, socket: Option<std::net::TcpStream>) -> Option<HealthSlot> {
+        let mut held = self.held();
+        if held.len() >= self.capacity {
+            let oldest_incomplete = held.iter_mut().position(Held::evictable)?;
+            // Dropping its sender tells its task.
+            held.remove(oldest_incomplete);
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (evict, evicted) = oneshot::channel();
+        held.push(Held {
+            id,
+            head_complete: false,
+            socket,
+            _evict: evict,
+        });
+        Some(HealthSlot {
+            slots: self.clone(),
+            id,
+            evicted,
+        })
+    }
+}
+
+impl HealthSlot {
+    /// Marks the connection's request head complete, so that it keeps its slot
+    /// until it ends; `false` if it was evicted first.
+    fn complete_head(&self) -> bool {
+        let mut held = self.slots.held();
+        let Some(me) = held.iter_mut().find(|h| h.id == self.id) else {
+            return false;
+        };
+        me.complete_head();
+        true
+    }
+}
+
+impl Drop for HealthSlot {
+    fn drop(&mut self) {
+        self.slots.held().retain(|h| h.id != self.id);
+    }
 }
 
 /// The accepted socket as hyper sees it: `prefix` (bytes already read to choose the
@@ -274,14 +425,15 @@ impl AsyncWrite for Conn {
     }
 }
 
-/// Serves one accepted connection; `max_requests` of one makes it a one-shot.
-async fn serve_connection(
+/// Serves one accepted connection, holding its `_slot` until it ends; `max_requests`
+/// of one makes it a one-shot.
+async fn serve_connection<S>(
     conn: Conn,
     endpoints: Endpoints,
     limits: HttpLimits,
     max_requests: usize,
     peer: std::net::SocketAddr,
-    _slot: OwnedSemaphorePermit,
+    _slot: S,
 ) {
     let served = Arc::new(AtomicUsize::new(0));
     let service = hyper::service::service_fn(move |req| {
@@ -312,6 +464,59 @@ async fn serve_connection(
     }
 }
 
+/// How the wait for the request head of a connection in a health slot ended.
+enum HealthHead {
+    /// What was read: the whole head of a health request, and whatever came with it.
+    Complete(Vec<u8>),
+    /// Another request, a head too long or too slow, or a client that went away.
+    NoProbe,
+    /// A newcomer took the slot first.
+    Evicted,
+}
+
+/// Reads the request head of a connection in a health slot within `limit`, unless a
+/// newcomer evicts it before.
+async fn await_health_head(
+    stream: &mut TcpStream,
+    slot: &mut HealthSlot,
+    limit: Duration,
+) -> HealthHead {
+    tokio::select! {
+        _ = &mut slot.evicted => HealthHead::Evicted,
+        head = tokio::time::timeout(limit, read_health_head(stream)) => match head {
+            Ok(Some(head)) if slot.complete_head() => HealthHead::Complete(head),
+            // Evicted since the read ended.
+            Ok(Some(_)) => HealthHead::Evicted,
+            Ok(None) | Err(_) => HealthHead::NoProbe,
+        },
+    }
+}
+
+/// Serves a connection in a health slot: one health request, once its whole head
+/// has come.
+async fn serve_health_probe(
+    mut stream: TcpStream,
+    mut slot: HealthSlot,
+    endpoints: Endpoints,
+    limits: HttpLimits,
+    peer: std::net::SocketAddr,
+) {
+    match await_health_head(&mut stream, &mut slot, limits.header_read_timeout).await {
+        HealthHead::Complete(head) => {
+            let conn = Conn::new(stream, head, limits.write_timeout);
+            serve_connection(conn, endpoints, limits, 1, peer, slot).await;
+        }
+        HealthHead::NoProbe => {
+            (endpoints.rejected)();
+            tracing::debug!(%peer, "metrics endpoint at its connection limit; closed a connection that is no health probe");
+        }
+        HealthHead::Evicted => {
+            (endpoints.rejected)();
+            tracing::debug!(%peer, "metrics endpoint at its connection limit; closed a connection that had not sent its request head, for a newcomer");
+        }
+    }
+}
+
 /// Serves the endpoints on `listener` until `shutdown` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -323,14 +528,14 @@ pub async fn serve(
         tracing::info!(%addr, header_read_timeout = ?limits.header_read_timeout, write_timeout = ?limits.write_timeout, max_connections = limits.max_connections, max_requests_per_connection = limits.max_requests_per_connection, health_slots = HEALTH_SLOTS, "serving /metrics, /healthz and /readyz");
     }
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let health_slots = Arc::new(Semaphore::new(HEALTH_SLOTS));
+    let health_slots = HealthSlots::new(HEALTH_SLOTS);
     let max_requests = limits.max_requests_per_connection.max(1);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             () = &mut shutdown => return,
             accepted = listener.accept() => {
-                let (mut stream, peer) = match accepted {
+                let (stream, peer) = match accepted {
                     Ok(a) => a,
                     Err(e) => {
                         tracing::warn!(error = %e, "metrics endpoint accept failed");
@@ -346,21 +551,13 @@ pub async fn serve(
                 }
                 // Closing at once rather than queueing: a waiting connection would
                 // still hold a socket, and the client learns immediately.
-                let Ok(slot) = health_slots.clone().try_acquire_owned() else {
+                let Some(slot) = health_slots.take(peek_handle(&stream)) else {
                     (endpoints.rejected)();
                     tracing::debug!(%peer, "metrics endpoint at its connection limit; closed a connection");
                     drop(stream);
                     continue;
                 };
-                tokio::spawn(async move {
-                    let Some(head) = read_health_request_line(&mut stream, limits.header_read_timeout).await else {
-                        (endpoints.rejected)();
-                        tracing::debug!(%peer, "metrics endpoint at its connection limit; closed a connection that is no health probe");
-                        return;
-                    };
-                    let conn = Conn::new(stream, head, limits.write_timeout);
-                    serve_connection(conn, endpoints, limits, 1, peer, slot).await;
-                });
+                tokio::spawn(serve_health_probe(stream, slot, endpoints, limits, peer));
             }
         }
     }
