@@ -41,25 +41,14 @@ func TestDemoProfiles(t *testing.T) {
 			cmd.Dir = root
 			cmd.Env = append(os.Environ(), "TOPODRA_DEMO_PREBUILT=1", "TMPDIR="+tmp)
 			out, err := cmd.CombinedOutput()
-			if err == nil {
-				os.RemoveAll(tmp)
-			}
 			if err != nil {
 				t.Fatalf("make demo SIM_PROFILE=%s: %v\n%s", profile, err, tail(string(out), 60))
 			}
 			if !strings.Contains(string(out), "== done: ") {
 				t.Fatalf("make demo SIM_PROFILE=%s exited 0 without its closing line:\n%s", profile, tail(string(out), 60))
 			}
+			os.RemoveAll(tmp)
 			t.Logf("make demo SIM_PROFILE=%s:\n%s", profile, tail(string(out), 25))
 		})
 	}
-}
-
-// tail is the last n lines of s.
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }

@@ -94,10 +94,10 @@ trap cleanup EXIT INT TERM
 
 step "building (first run: the Rust workspace alongside Kubernetes from its Go modules, about 10 min on 2 cores)"
 if [[ ${TOPODRA_DEMO_PREBUILT:-} == 1 ]]; then
-    for b in topodra-fake-nvml topodra-sim-node topodra-kubelet-plugin topodra-controller kubectl-topodra; do
-        [[ $b == topodra-fake-nvml ]] && continue
+    for b in topodra-sim-node topodra-kubelet-plugin topodra-controller kubectl-topodra; do
         [[ -x target/debug/$b ]] || fail "TOPODRA_DEMO_PREBUILT=1, but there is no target/debug/$b"
     done
+    bash tests/tools/build.sh kube etcd nvidia-ctk >&2
 else
     # The Go tools build alongside cargo: neither keeps both cores busy all the time.
     bash tests/tools/build.sh kube etcd nvidia-ctk >"$dir/tools-build.log" 2>&1 &
@@ -106,7 +106,6 @@ else
     wait "$tools_pid" || { cat "$dir/tools-build.log" >&2; fail "building the tools failed"; }
     sed 's/^/   /' "$dir/tools-build.log"
 fi
-bash tests/tools/build.sh kube etcd nvidia-ctk >&2
 eval "$(bash tests/tools/build.sh --env kube etcd)"
 # NVIDIA's nvidia-cdi-hook (built from the pinned toolkit module): the plugin installs
 # it into its directory under the node's kubelet plugins directory, as it installs the
