@@ -5,7 +5,7 @@ use std::io::Write;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use topodra_model::slice::{self, SliceOptions};
-use topodra_node::discovery::{self, DiscoveryConfig, NvmlPolicy, TopologyInput};
+use topodra_node::discovery::{self, DiscoveryConfig, NvmlPolicy, NvmlSource, TopologyInput};
 
 use crate::args::DiscoveryFlags;
 
@@ -19,6 +19,11 @@ pub(crate) enum Output {
     Yaml,
     /// The raw inventory (identity and topology per GPU) in JSON.
     Inventory,
+    /// What NVML answers, in JSON: driver and NVML versions, and per GPU its
+    /// identity, MIG mode and every GPU instance profile with its possible
+    /// placements; a call that fails is recorded as its error. Asks NVML only: the
+    /// topology flags, --node-name and --strict do not apply.
+    Nvml,
 }
 
 #[derive(Debug, Args)]
@@ -84,6 +89,9 @@ impl DiscoverArgs {
 }
 
 pub(crate) fn run(args: &DiscoverArgs, out: &mut impl Write) -> Result<()> {
+    if args.output == Output::Nvml {
+        return record_nvml(args, out);
+    }
     // discover() logs each warning; the inventory output carries them too.
     let numa_node_aliases = args
         .discovery
@@ -111,6 +119,8 @@ pub(crate) fn run(args: &DiscoverArgs, out: &mut impl Write) -> Result<()> {
                 out.write_all(crate::yaml::to_string(&list).as_bytes())?;
             }
         }
+        // Answered before discovery ran: it asks NVML only.
+        Output::Nvml => {}
     }
     if args.strict && !inventory.unjoined.is_empty() {
         let buses: Vec<String> = inventory.unjoined.iter().map(ToString::to_string).collect();
@@ -121,5 +131,19 @@ pub(crate) fn run(args: &DiscoverArgs, out: &mut impl Write) -> Result<()> {
             buses.join(", ")
         );
     }
+    Ok(())
+}
+
+/// `-o nvml`: NVML's answers as they are, for a fixture of a real machine or to see
+/// what a GPU offers for MIG. Only loading and initialising NVML can fail it.
+fn record_nvml(args: &DiscoverArgs, out: &mut impl Write) -> Result<()> {
+    if args.no_nvml {
+        anyhow::bail!("-o nvml records what NVML answers; it cannot be combined with --no-nvml");
+    }
+    let record = NvmlSource::new(Some(args.discovery.nvml_lib.clone()))
+        .record()
+        .context("recording NVML's answers")?;
+    serde_json::to_writer_pretty(&mut *out, &record)?;
+    writeln!(out)?;
     Ok(())
 }

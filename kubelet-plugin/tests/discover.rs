@@ -90,6 +90,49 @@ fn mig_gpus_list_their_mig_devices() {
     assert!(stderr.contains("MIG mode change pending"), "{stderr}");
 }
 
+/// `-o nvml`: NVML's answers as JSON, MIG geometry included, on the fake NVML of the
+/// profile (A100-SXM4-40GB with MIG on); NVML only, so it refuses --no-nvml.
+#[test]
+fn nvml_output_records_mig_profiles_and_placements() {
+    let out = discover("dgx-a100-mig", &["-o", "nvml"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rec: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rec["system"]["driverVersion"], "535.183.01");
+    assert_eq!(rec["deviceCount"], 8);
+    let gpu = &rec["devices"][0];
+    assert_eq!(gpu["name"], "NVIDIA A100-SXM4-40GB");
+    assert_eq!(gpu["migMode"]["current"], 1);
+    // NVML_GPU_INSTANCE_PROFILE_3_SLICE: id 9, placed at memory slice 0 or 4.
+    let three = &gpu["gpuInstanceProfiles"][2];
+    assert_eq!(three["profile"], 2);
+    assert_eq!(three["info"]["id"], 9);
+    assert_eq!(three["info"]["name"], "MIG 3g.20gb");
+    assert_eq!(three["info"]["memorySizeMB"], 19968);
+    assert_eq!(
+        three["possiblePlacements"],
+        serde_json::json!([{"start": 0, "size": 4}, {"start": 4, "size": 4}])
+    );
+    let one = &gpu["gpuInstanceProfiles"][0];
+    assert_eq!(one["possiblePlacements"].as_array().unwrap().len(), 7);
+    // An index the A100 has no profile for is recorded with NVML's code.
+    assert_eq!(
+        gpu["gpuInstanceProfiles"][5]["info"]["code"],
+        "NVML_ERROR_NOT_SUPPORTED"
+    );
+
+    let refused = discover("dgx-a100-mig", &["-o", "nvml", "--no-nvml"]);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--no-nvml"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+}
+
 #[test]
 fn numa_node_aliases_carry_the_numa_node_and_bad_ones_stop_the_command() {
     let out = discover(

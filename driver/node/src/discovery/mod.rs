@@ -5,11 +5,14 @@
 //! returns plain data, and [`assemble`] joins that data with no I/O, so the joining
 //! rules are tested without a machine. [`discover`] picks the backends from a
 //! [`DiscoveryConfig`] and applies the fallbacks an operator would expect.
+//! [`nvml_record`] instead keeps everything NVML answers, failures and the MIG
+//! geometry included, for fixtures of real machines and for MIG planning.
 
 mod assemble;
 mod error;
 pub(crate) mod hwloc;
 pub(crate) mod nvml;
+pub mod nvml_record;
 pub(crate) mod sysfs;
 
 use std::path::PathBuf;
@@ -19,6 +22,7 @@ pub use assemble::mig_warning;
 pub use error::DiscoveryError;
 pub use hwloc::HwlocSource;
 pub use nvml::{DEFAULT_NVML_LIB, NvmlSource};
+pub use nvml_record::NvmlRecord;
 pub use topodra_model::topology::NvlinkRemote;
 
 use topodra_model::IdList;

@@ -10,8 +10,13 @@ use std::ffi::c_uint;
 use nvml_wrapper_sys::bindings::*;
 
 use super::{
-    Dev, INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED, guard, handle_of, live, live_gpu, put, resolve,
+    Dev, FakeGpu, INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED, Ret, fill, guard, handle_of, live,
+    live_gpu, put, read_version, resolve, struct_version,
 };
+
+mod gi_profiles;
+
+use gi_profiles::GiProfile;
 
 /// nvml.h: "Returns zero if MIG is not supported or enabled"; otherwise the
 /// GPU's maximum (profile `mig.max_devices`, 7 by default per the MIG User
@@ -153,14 +158,38 @@ pub unsafe extern "C" fn nvmlDeviceGetAttributes_v2(
     })
 }
 
-/// nvml.h: NOT_SUPPORTED "if device doesn't support MIG or profile isn't
-/// supported", INVALID_ARGUMENT "if device, profile or info are invalid", and
-/// profiles are enumerated "starting from 0, until the API returns
-/// NVML_ERROR_INVALID_ARGUMENT". This library carries no GPU instance profile
-/// table: a GPU without MIG (profile `mig` unset) and every profile of a
-/// MIG-capable one answer NOT_SUPPORTED, a profile id at or past
-/// `NVML_GPU_INSTANCE_PROFILE_COUNT` INVALID_ARGUMENT. NVIDIA's GPU kubelet
-/// plugin asks for every profile of every GPU at start-up and skips both codes.
+/// The GPU instance profile table of a MIG-capable GPU ([`gi_profiles`]). A GPU
+/// without MIG (profile `mig` unset) answers NOT_SUPPORTED (nvml.h: "If device
+/// doesn't support MIG"), and so does a MIG-capable GPU whose product has no
+/// table here: nothing is known of its profiles.
+fn gi_table(g: &FakeGpu) -> Ret<&'static [GiProfile]> {
+    g.gpu.mig.ok_or(NOT_SUPPORTED)?;
+    gi_profiles::table(&g.gpu.name).ok_or(NOT_SUPPORTED)
+}
+
+/// The row of an `NVML_GPU_INSTANCE_PROFILE_*` index. nvml.h: INVALID_ARGUMENT
+/// "if device, profile or info are invalid", and profiles are enumerated
+/// "starting from 0, until the API returns NVML_ERROR_INVALID_ARGUMENT": an
+/// index at or past `NVML_GPU_INSTANCE_PROFILE_COUNT` is invalid on any GPU. A
+/// known index the GPU has no such profile for is NOT_SUPPORTED ("profile isn't
+/// supported").
+fn gi_profile(g: &FakeGpu, profile: c_uint) -> Ret<&'static GiProfile> {
+    if profile >= NVML_GPU_INSTANCE_PROFILE_COUNT {
+        return Err(INVALID_ARGUMENT);
+    }
+    gi_table(g)?
+        .iter()
+        .find(|r| r.profile == profile)
+        .ok_or(NOT_SUPPORTED)
+}
+
+/// nvml.h: "Information provided by this API is immutable throughout the
+/// lifetime of a MIG mode"; NOT_SUPPORTED "if device doesn't support MIG or
+/// profile isn't supported", which this library reads as answering whatever the
+/// MIG mode (unlike the V call below). Errors as in [`gi_profile`]; a null `info`
+/// is INVALID_ARGUMENT. NVIDIA's GPU kubelet plugin (and go-nvlib's
+/// `VisitMigProfiles`) asks for every profile of every GPU at start-up and skips
+/// both error codes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
     device: nvmlDevice_t,
@@ -168,10 +197,144 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfo(
     info: *mut nvmlGpuInstanceProfileInfo_t,
 ) -> nvmlReturn_t {
     guard(|| {
-        live_gpu(device)?;
-        if profile >= NVML_GPU_INSTANCE_PROFILE_COUNT || info.is_null() {
+        let (_, g) = live_gpu(device)?;
+        if info.is_null() {
             return Err(INVALID_ARGUMENT);
         }
-        Err(NOT_SUPPORTED)
+        let r = gi_profile(g, profile)?;
+        let v = nvmlGpuInstanceProfileInfo_t {
+            id: r.id,
+            isP2pSupported: 0,
+            sliceCount: r.slices,
+            instanceCount: r.instances,
+            multiprocessorCount: r.multiprocessors,
+            copyEngineCount: r.copy_engines,
+            decoderCount: r.decoders,
+            encoderCount: r.encoders,
+            jpegCount: r.jpeg,
+            ofaCount: r.ofa,
+            memorySizeMB: r.memory_mib,
+        };
+        // SAFETY: forwarded caller contract.
+        unsafe { put(info, v) }
+    })
+}
+
+/// The versioned call: the caller sets `version` to `nvmlGpuInstanceProfileInfo_v2`
+/// or `_v3` (NVML_STRUCT_VERSION: `sizeof | ver << 24`); nvml.h answers
+/// INVALID_ARGUMENT "if device, profile, info, or info->version are invalid" (not
+/// ARGUMENT_VERSION_MISMATCH, which the fabric call uses). Version 2 adds `name`
+/// to the unversioned struct; version 3 drops `isP2pSupported` for `capabilities`
+/// (NVML_GPU_INSTANCE_PROFILE_CAPS_*; 0 here: no P2P, no graphics). A v2 caller's
+/// buffer is only as large as the v2 struct, so it gets that struct.
+///
+/// Unlike the unversioned call, nvml.h documents NOT_SUPPORTED "if device doesn't
+/// have MIG mode enabled": this library answers only while MIG is enabled
+/// (`mig.current`), as documented; whether real NVML does is not known here.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoV(
+    device: nvmlDevice_t,
+    profile: c_uint,
+    info: *mut nvmlGpuInstanceProfileInfo_v2_t,
+) -> nvmlReturn_t {
+    guard(|| {
+        let (_, g) = live_gpu(device)?;
+        // SAFETY: forwarded caller contract.
+        let version = unsafe { read_version(info) }?;
+        let v2 = struct_version::<nvmlGpuInstanceProfileInfo_v2_t>(2);
+        let v3 = struct_version::<nvmlGpuInstanceProfileInfo_v3_t>(3);
+        if version != v2 && version != v3 {
+            return Err(INVALID_ARGUMENT);
+        }
+        let r = gi_profile(g, profile)?;
+        if !g.mig_enabled() {
+            return Err(NOT_SUPPORTED);
+        }
+        let mut name = [0; NVML_DEVICE_NAME_V2_BUFFER_SIZE as usize];
+        fill(&mut name, &format!("MIG {}", r.name));
+        if version == v2 {
+            let v = nvmlGpuInstanceProfileInfo_v2_t {
+                version,
+                id: r.id,
+                isP2pSupported: 0,
+                sliceCount: r.slices,
+                instanceCount: r.instances,
+                multiprocessorCount: r.multiprocessors,
+                copyEngineCount: r.copy_engines,
+                decoderCount: r.decoders,
+                encoderCount: r.encoders,
+                jpegCount: r.jpeg,
+                ofaCount: r.ofa,
+                memorySizeMB: r.memory_mib,
+                name,
+            };
+            // SAFETY: forwarded caller contract.
+            return unsafe { put(info, v) };
+        }
+        let v = nvmlGpuInstanceProfileInfo_v3_t {
+            version,
+            id: r.id,
+            sliceCount: r.slices,
+            instanceCount: r.instances,
+            multiprocessorCount: r.multiprocessors,
+            copyEngineCount: r.copy_engines,
+            decoderCount: r.decoders,
+            encoderCount: r.encoders,
+            jpegCount: r.jpeg,
+            ofaCount: r.ofa,
+            memorySizeMB: r.memory_mib,
+            name,
+            capabilities: 0,
+        };
+        // SAFETY: a v3 caller passed a buffer of the v3 size.
+        unsafe { put(info.cast::<nvmlGpuInstanceProfileInfo_v3_t>(), v) }
+    })
+}
+
+/// nvml.h: "returns all the possible placements for the given profile regardless
+/// of whether MIG is enabled or not", for a `profileId` as
+/// `nvmlDeviceGetGpuInstanceProfileInfo` reports it in `id` (19 for an A100's
+/// 1g.5gb, not the `NVML_GPU_INSTANCE_PROFILE_*` index). `placements` "Can be
+/// NULL to discover number of allowed placements for this profile. If non-NULL
+/// must be large enough to accommodate the placements supported by the
+/// profile"; `count` "Returns number of allowed placemenets for the profile".
+/// So `*count` is only written, never read as the array's size: with a non-null
+/// array every placement is written (the two-call protocol go-nvml and
+/// nvml-wrapper follow passes the count the first call returned). Errors:
+/// INVALID_ARGUMENT "if device, profileId or count are invalid" (a null `count`
+/// here), NOT_SUPPORTED "if device doesn't support MIG or profileId isn't
+/// supported" (an id the GPU's table does not list; this library's reading, as
+/// nvml.h also allows INVALID_ARGUMENT for it). nvml.h also says "Requires
+/// privileged user": this library does not model permissions.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
+    device: nvmlDevice_t,
+    profile_id: c_uint,
+    placements: *mut nvmlGpuInstancePlacement_t,
+    count: *mut c_uint,
+) -> nvmlReturn_t {
+    guard(|| {
+        let (_, g) = live_gpu(device)?;
+        if count.is_null() {
+            return Err(INVALID_ARGUMENT);
+        }
+        let r = gi_table(g)?
+            .iter()
+            .find(|r| r.id == profile_id)
+            .ok_or(NOT_SUPPORTED)?;
+        let n = c_uint::try_from(r.placements.len()).map_err(|_| INVALID_ARGUMENT)?;
+        if !placements.is_null() {
+            for (i, &(start, size)) in r.placements.iter().enumerate() {
+                // SAFETY: per nvml.h the caller's array holds every placement of
+                // the profile, `n` of them.
+                unsafe {
+                    placements
+                        .add(i)
+                        .write_unaligned(nvmlGpuInstancePlacement_t { start, size });
+                }
+            }
+        }
+        // SAFETY: forwarded caller contract.
+        unsafe { put(count, n) }
     })
 }
