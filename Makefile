@@ -5,7 +5,7 @@ CARGO ?= cargo
 SIM_PROFILE ?= dgx-h100
 PROFILES := tests/fake-nvml/profiles
 
-.PHONY: all setup build build-debug fuzz-build release push demo test test-unit test-e2e e2e tools-cdi chart-check deps-check deps-audit lint fmt fmt-check clippy bench bench-prepare bench-socket bench-scale bench-node bench-plots clean image image-check image-test
+.PHONY: all setup build build-debug fuzz-build release push demo test test-unit test-e2e e2e tools-cdi chart-check deps-check deps-audit lint fmt fmt-check clippy bench bench-prepare bench-socket bench-scale bench-node bench-plots clean image image-check image-test gpu-check gpu-check-bundle gpu-check-dry
 
 all: build
 
@@ -92,13 +92,33 @@ test-unit: $(UNIT_DEPS)
 	@echo "== cargo test"
 	$(CTK_ENV) && TOPODRA_CDI_CHECK=$$(bash tests/cdi-check/build.sh) TOPODRA_REQUIRE_TOOLS=1 $(CARGO_TEST)
 
+## gpu-check: the real-GPU check (tests/gpu/gpu-check.sh), on a machine with an NVIDIA
+## GPU and driver: records what the machine reports, checks discovery against it, and
+## runs one claim in runc with a CUDA probe; results in $$OUT/gpu-check (or
+## target/gpu-check/results), the folder to commit as the machine's fixture. It needs
+## the bundle that gpu-check-bundle builds here. docs/e2e.md, "The real-GPU check".
+gpu-check:
+	@bash tests/gpu/gpu-check.sh
+
+## gpu-check-bundle: target/gpu-check/bundle.tar.xz, every program gpu-check runs
+## (release builds, stripped, and the tools), for a machine without Rust, Go or runc.
+gpu-check-bundle: setup
+	@bash tests/gpu/bundle.sh
+
+## gpu-check-dry: the same script on a simulated node from the debug build, where what
+## only a real GPU shows is SKIP and everything else must pass (make test runs it).
+gpu-check-dry:
+	@bash tests/gpu/gpu-check.sh --dry-run --bin-dir target/debug --out target/gpu-check/dry-run
+
 ## test-e2e: a real control plane built from its Go modules (tools cached outside the
 ## repository: the first build takes 15-30 minutes on 2 cores), then the end-to-end suites.
+## Every Go test here is built as the tools are (CGO_ENABLED=0, -trimpath), so that a
+## cold run compiles client-go and its dependencies once, for both.
 test-e2e:
 	@bash tests/tools/build.sh kube etcd kwok
-	eval "$$(bash tests/tools/build.sh --env)" && cd tests/cluster && TOPODRA_REQUIRE_TOOLS=1 go test -count=1 ./...
-	cd tests/scale && CGO_ENABLED=0 go vet ./... && CGO_ENABLED=0 go test -trimpath -count=1 ./...
-	cd tests/nodebench && CGO_ENABLED=0 go vet ./... && CGO_ENABLED=0 go test -trimpath -count=1 ./...
+	eval "$$(bash tests/tools/build.sh --env)" && cd tests/cluster && TOPODRA_REQUIRE_TOOLS=1 CGO_ENABLED=0 go test -trimpath -count=1 ./...
+	cd tests/scale && CGO_ENABLED=0 go vet -trimpath ./... && CGO_ENABLED=0 go test -trimpath -count=1 ./...
+	cd tests/nodebench && CGO_ENABLED=0 go vet -trimpath ./... && CGO_ENABLED=0 go test -trimpath -count=1 ./...
 
 ## e2e: the end-to-end tests of tests/e2e: the plugin binary on simulated nodes, the
 ## kubelet's own plugin-manager and DRA-manager code (tests/e2e/harness) as its peer, the

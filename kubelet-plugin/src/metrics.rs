@@ -101,6 +101,7 @@ pub(crate) struct Metrics {
     last_publish: Gauge<f64, AtomicU64>,
     xids: Family<XidLabels, Counter>,
     nvml_errors: Family<NvmlErrorLabels, Counter>,
+    event_gpus: Gauge,
 }
 
 impl Metrics {
@@ -166,6 +167,12 @@ impl Metrics {
             "Failed NVML calls of the health monitor: open (NVML could not be loaded or initialised), event_wait",
             nvml_errors.clone(),
         );
+        let event_gpus = Gauge::default();
+        registry.register(
+            "health_event_gpus",
+            "GPUs whose NVML events (XIDs, double-bit ECC) the health monitor receives; the others it only probes",
+            event_gpus.clone(),
+        );
         Self {
             registry: base,
             claims,
@@ -181,6 +188,7 @@ impl Metrics {
             last_publish,
             xids,
             nvml_errors,
+            event_gpus,
         }
     }
 
@@ -207,6 +215,9 @@ impl Metrics {
                         operation: operation.to_owned(),
                     })
                     .inc();
+            }
+            Observed::EventGpus(n) => {
+                self.event_gpus.set(i64::try_from(n).unwrap_or(i64::MAX));
             }
         }
     }

@@ -11,7 +11,9 @@
 //!   cache over the driver's directory),
 //! - `libcuda.so` resolves (`create-symlinks`),
 //! - the probe `dlopen`s `libcuda.so.1` and `cuInit` on the fake driver's stub
-//!   succeeds, and `nvidia-smi` runs,
+//!   succeeds, CUDA sees one GPU, the claim's (the stub enumerates the GPUs whose
+//!   nodes the process has, as the real driver in a container does), and
+//!   `nvidia-smi` runs,
 //! - with a newer CUDA forward-compatibility `libcuda` in the image's
 //!   `/usr/local/cuda/compat`, that one is loaded (`enable-cuda-compat`), and the
 //!   host's without it,
@@ -53,7 +55,8 @@ const COMPAT_VERSION: &str = "550.54.15";
 const COMPAT_CUDA: i32 = 12040;
 
 /// The probe: loads `libcuda.so.1` as CUDA applications do, initializes it, and
-/// says which file the loader picked. Then `libcuda.so`, as Triton does.
+/// says which file the loader picked and how many GPUs CUDA sees, with the first
+/// one's UUID. Then `libcuda.so`, as Triton does.
 const PROBE_SOURCE: &str = r#"
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -64,7 +67,13 @@ int main(void) {
     int (*init)(unsigned) = (int (*)(unsigned))dlsym(h, "cuInit");
     int (*version)(int *) = (int (*)(int *))dlsym(h, "cuDriverGetVersion");
     int (*count)(int *) = (int (*)(int *))dlsym(h, "cuDeviceGetCount");
-    if (!init || !version || !count) { printf("cuda missing-symbols\n"); return 0; }
+    int (*get)(int *, int) = (int (*)(int *, int))dlsym(h, "cuDeviceGet");
+    int (*uuid)(unsigned char *, int) =
+        (int (*)(unsigned char *, int))dlsym(h, "cuDeviceGetUuid_v2");
+    if (!init || !version || !count || !get || !uuid) {
+        printf("cuda missing-symbols\n");
+        return 0;
+    }
     int v = 0, c = 0;
     int r = init(0);
     version(&v);
@@ -72,6 +81,12 @@ int main(void) {
     Dl_info info;
     dladdr((void *)init, &info);
     printf("cuda init=%d version=%d count=%d lib=%s\n", r, v, c, info.dli_fname);
+    int d = -1;
+    unsigned char u[16];
+    if (c > 0 && get(&d, 0) == 0 && uuid(u, d) == 0)
+        printf("uuid GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n",
+               u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11],
+               u[12], u[13], u[14], u[15]);
     void *dev = dlopen("libcuda.so", RTLD_NOW);
     printf("devlink %s\n", dev ? "ok" : dlerror());
     return 0;
@@ -146,8 +161,9 @@ fn needed_libraries(program: &Path) -> Vec<PathBuf> {
 }
 
 /// A Debian-like image: busybox, the host's glibc at its Debian paths, the host's
-/// static ldconfig, the probe; optionally a CUDA forward-compatibility driver.
-fn make_image(dir: &Path, tools: &CudaTools, compat: bool) -> PathBuf {
+/// static ldconfig, the probe; optionally a CUDA forward-compatibility driver
+/// that knows `gpus` (the same kernel driver's GPUs as the host's libcuda).
+fn make_image(dir: &Path, tools: &CudaTools, compat: Option<&[driver_root::CudaGpu]>) -> PathBuf {
     let bundle = make_bundle(dir, &tools.oci.busybox);
     let rootfs = bundle.join("rootfs");
     for d in ["etc", "sbin", "lib64", "lib/x86_64-linux-gnu", "tmp"] {
@@ -163,7 +179,7 @@ fn make_image(dir: &Path, tools: &CudaTools, compat: bool) -> PathBuf {
         std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
         std::fs::copy(std::fs::canonicalize(&lib).unwrap(), &dest).unwrap();
     }
-    if compat {
+    if let Some(gpus) = compat {
         let compat_dir = rootfs.join("usr/local/cuda/compat");
         std::fs::create_dir_all(&compat_dir).unwrap();
         let lib = compat_dir.join(format!("libcuda.so.{COMPAT_VERSION}"));
@@ -175,7 +191,10 @@ fn make_image(dir: &Path, tools: &CudaTools, compat: bool) -> PathBuf {
                 "-fPIC",
                 "-Wl,-soname,libcuda.so.1",
                 &format!("-DTOPODRA_CUDA_VERSION={COMPAT_CUDA}"),
-                "-DTOPODRA_GPU_COUNT=1",
+                &format!(
+                    "-DTOPODRA_GPUS={}",
+                    driver_root::libcuda_gpu_table(gpus).unwrap()
+                ),
             ],
         );
         std::os::unix::fs::symlink(
@@ -228,6 +247,8 @@ struct Seen {
     ldcache: Vec<String>,
     devlib: String,
     cuda: String,
+    /// The UUID of CUDA device 0, when CUDA sees one.
+    uuid: String,
     devlink: String,
     smi: String,
     nodes: BTreeMap<String, String>,
@@ -242,6 +263,7 @@ fn parse(stdout: &str) -> Seen {
             "ldcache" => s.ldcache.push(rest.trim().to_owned()),
             "devlib" => s.devlib = rest.to_owned(),
             "cuda" => s.cuda = rest.to_owned(),
+            "uuid" => s.uuid = rest.to_owned(),
             "devlink" => s.devlink = rest.to_owned(),
             "smi" => s.smi = rest.to_owned(),
             "node" => {
@@ -290,6 +312,7 @@ async fn cuda_finds_its_driver_across_distribution_layouts() {
     )
     .unwrap();
     let version = profile.driver_version.clone();
+    let cuda_gpus = driver_root::CudaGpu::from_profile(&profile);
 
     // The driver in the RHEL layout, where the simulated node had Debian's.
     std::fs::remove_dir_all(&node.sim.driver_root).unwrap();
@@ -299,6 +322,7 @@ async fn cuda_finds_its_driver_across_distribution_layouts() {
         &version,
         &driver_root::Options {
             gpu_minors: profile.gpus.iter().map(|g| g.minor).collect(),
+            cuda_gpus: cuda_gpus.clone(),
             cuda_driver_version: profile.cuda_driver_version,
             device_nodes: false,
             ..driver_root::Options::default()
@@ -369,7 +393,7 @@ async fn cuda_finds_its_driver_across_distribution_layouts() {
     let profile_cuda = profile.cuda_driver_version;
 
     // The whole GPU, an image without forward-compatibility libraries.
-    let bundle = make_image(&dir.path().join("plain"), &tools, false);
+    let bundle = make_image(&dir.path().join("plain"), &tools, None);
     let seen = run_claim(&tools, &node, &bundle, &cdi_ids(&resp.claims["whole"]));
     assert!(
         seen.ldcache
@@ -382,9 +406,10 @@ async fn cuda_finds_its_driver_across_distribution_layouts() {
         format!("/usr/lib64/libcuda.so.{version}"),
         "{seen:?}"
     );
+    // CUDA sees the one GPU whose node the spec injected, not the node's eight.
     assert!(
         seen.cuda
-            .starts_with(&format!("init=0 version={profile_cuda} ")),
+            .starts_with(&format!("init=0 version={profile_cuda} count=1 ")),
         "{seen:?}"
     );
     assert!(seen.cuda.ends_with(&format!("lib={host_cuda}")), "{seen:?}");
@@ -394,6 +419,7 @@ async fn cuda_finds_its_driver_across_distribution_layouts() {
         "{seen:?}"
     );
     let gpu3 = profile.gpus.iter().find(|g| g.minor == 3).unwrap();
+    assert_eq!(seen.uuid, gpu3.uuid, "{seen:?}");
     let mode = format!("{GPU_NODE_MODE:o}");
     let want: BTreeMap<String, String> = [
         format!("/dev/nvidia{}", gpu3.minor),
@@ -408,11 +434,14 @@ async fn cuda_finds_its_driver_across_distribution_layouts() {
 
     // The MIG device, an image with a newer forward-compatibility driver: the
     // compat libcuda is the one loaded.
-    let bundle = make_image(&dir.path().join("compat"), &tools, true);
+    let bundle = make_image(&dir.path().join("compat"), &tools, Some(&cuda_gpus));
     let seen = run_claim(&tools, &node, &bundle, &cdi_ids(&resp.claims["mig"]));
+    // One device: the MIG device's parent is the only GPU node there. (The fake
+    // knows whole GPUs only, so its UUID is the parent's; a real driver answers
+    // the MIG UUID to cuDeviceGetUuid_v2, which is why it is not asserted here.)
     assert!(
         seen.cuda
-            .starts_with(&format!("init=0 version={COMPAT_CUDA} ")),
+            .starts_with(&format!("init=0 version={COMPAT_CUDA} count=1 ")),
         "{seen:?}"
     );
     assert!(seen.cuda.contains("/usr/local/cuda/compat/"), "{seen:?}");

@@ -104,6 +104,7 @@ phase build-debug make -s build-debug
 phase fuzz-build make -s fuzz-build
 phase tools-cdi make -s tools-cdi
 phase test-unit make -s test-unit UNIT_DEPS=
+phase gpu-check-dry make -s gpu-check-dry
 phase release make -s release
 phase wait-tools wait_tools
 phase chart-check make -s chart-check

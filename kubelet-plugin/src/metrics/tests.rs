@@ -90,8 +90,10 @@ fn xids_and_nvml_errors_are_counted() {
     });
     m.observe_health(Observed::NvmlWaitFailed);
     m.observe_health(Observed::NvmlWaitFailed);
+    m.observe_health(Observed::EventGpus(8));
     let text = m.encode();
     for line in [
+        "topodra_health_event_gpus 8",
         "topodra_xid_events_total{xid=\"79\",fatal=\"true\"} 1",
         "topodra_xid_events_total{xid=\"13\",fatal=\"false\"} 1",
         "topodra_nvml_errors_total{operation=\"event_wait\"} 2",

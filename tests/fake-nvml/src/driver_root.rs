@@ -16,7 +16,12 @@
 //!   links the installer makes. `libnvidia-ml.so.<version>` is a copy of this
 //!   crate's fake NVML (soname `libnvidia-ml.so.1`, see `build.rs`), so NVML
 //!   callers get the node's profile; `libcuda.so.<version>` answers `cuInit`,
-//!   `cuDriverGetVersion` and `cuDeviceGetCount` (see [`LIBCUDA_SOURCE`]);
+//!   `cuDriverGetVersion`, `cuDeviceGetCount`, `cuDeviceGet`, `cuDeviceGetName`,
+//!   `cuDeviceGetUuid` and `cuDeviceGetUuid_v2` for the GPUs whose
+//!   `/dev/nvidia<minor>` the process can open, as a container made from a CDI
+//!   spec sees them (see [`LIBCUDA_SOURCE`]; [`CUDA_DEV_DIR_ENV`] is the tests'
+//!   hook). It has no context, memory, module or launch entry points: a fake
+//!   cannot run a kernel, and a program that looks them up finds them missing;
 //! - in `usr/bin`, the driver's tools ([`BINARIES`]) as tiny static executables
 //!   that print one line;
 //! - `lib/firmware/nvidia/<version>/gsp_ga10x.bin` and `gsp_tu10x.bin`;
@@ -42,9 +47,10 @@
 //! read the cache either.
 //!
 //! Compiled stubs are kept in `<target>/fake-driver-root/`, keyed by a hash of the
-//! compiler, its arguments and the source, so building a root costs file copies
-//! after the first time; where that directory cannot be written, each file is
-//! compiled in place.
+//! compiler, its arguments and the source (libcuda's source carries its GPU table
+//! and version, so each set of GPUs has its own entry), so building a root costs
+//! file copies after the first time; where that directory cannot be written, each
+//! file is compiled in place.
 
 use std::ffi::{CString, OsString};
 use std::fmt::Write as _;
@@ -286,9 +292,14 @@ pub const GRAPHICS_CONFIGS: &[(&str, &str)] = &[
 /// What to put in the root besides the libraries.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
-    /// Minors of the GPUs: one `dev/nvidia<minor>` each, and the count
-    /// `cuDeviceGetCount` reports.
+    /// Minors of the GPUs: one `dev/nvidia<minor>` each, and the GPUs the fake
+    /// libcuda knows (it reports those whose node the process can open).
     pub gpu_minors: Vec<u32>,
+    /// What libcuda says of the GPU of each minor of [`Options::gpu_minors`]
+    /// (`cuDeviceGetUuid`, `cuDeviceGetName`); a minor without an entry gets
+    /// [`CudaGpu::placeholder`], entries for other minors are ignored. Fill it
+    /// with [`CudaGpu::from_profile`] where a profile is at hand.
+    pub cuda_gpus: Vec<CudaGpu>,
     /// What `cuDriverGetVersion` reports.
     pub cuda_driver_version: i32,
     /// A built `libtopodra_fake_nvml.so` to install as the root's NVML; `None`:
@@ -324,6 +335,7 @@ impl Default for Options {
     fn default() -> Self {
         Self {
             gpu_minors: vec![0, 1],
+            cuda_gpus: Vec::new(),
             cuda_driver_version: R570_CUDA_VERSION,
             nvml_lib: None,
             nvml_profile: None,
@@ -336,6 +348,47 @@ impl Default for Options {
             fabricmanager_socket: false,
             imex_binaries: true,
             graphics: true,
+        }
+    }
+}
+
+/// One GPU as the fake libcuda describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaGpu {
+    /// Minor of its device node, `/dev/nvidia<minor>`.
+    pub minor: u32,
+    /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, as `nvidia-smi -L` prints it;
+    /// `cuDeviceGetUuid` answers its 16 bytes in that order.
+    pub uuid: String,
+    /// `cuDeviceGetName`, e.g. `NVIDIA H100 80GB HBM3`.
+    pub name: String,
+}
+
+impl CudaGpu {
+    /// The GPUs of `profile` the driver enumerates: all but `nvml_hidden` ones
+    /// (not bound by the driver, so neither NVML nor CUDA sees them).
+    pub fn from_profile(profile: &crate::Profile) -> Vec<Self> {
+        profile
+            .gpus
+            .iter()
+            .filter(|g| !g.nvml_hidden)
+            .map(|g| Self {
+                minor: g.minor,
+                uuid: g.uuid.clone(),
+                name: g.name.clone(),
+            })
+            .collect()
+    }
+
+    /// What the root's libcuda says of a GPU [`Options::cuda_gpus`] does not
+    /// describe: a UUID that carries the minor in its last group
+    /// (`GPU-746f706f-6472-6100-0000-<minor, 12 hex digits>`, "topodra" in ASCII
+    /// first) and the name `topodra fake GPU`, neither of them a real board's.
+    pub fn placeholder(minor: u32) -> Self {
+        Self {
+            minor,
+            uuid: format!("GPU-746f706f-6472-6100-0000-{minor:012x}"),
+            name: "topodra fake GPU".into(),
         }
     }
 }
@@ -586,7 +639,7 @@ fn install_library(
             .map_err(|e| at(&format!("copying {} to", src.display()), &dest, e))?;
     } else {
         let source = if stem == "libcuda.so" {
-            libcuda_source(options)
+            libcuda_source(options)?
         } else {
             stub_source(stem)
         };
@@ -674,23 +727,107 @@ fn stub_source(stem: &str) -> String {
     )
 }
 
-/// The C source of the fake `libcuda`, with the count and version filled in.
+/// Environment variable the fake libcuda reads at `cuInit` for the directory
+/// that holds the device nodes, `/dev` when unset or empty. A test hook, so that a
+/// test can show the stub which GPUs a process "can see" without making nodes in
+/// the host's `/dev`; the real driver has no such variable.
+pub const CUDA_DEV_DIR_ENV: &str = "TOPODRA_FAKE_CUDA_DEV_DIR";
+
+/// The C source of the fake `libcuda`. Compile it with `-DTOPODRA_CUDA_VERSION=<n>`
+/// (required) and `-DTOPODRA_GPUS=<rows>` from [`libcuda_gpu_table`] (default: no
+/// GPUs); [`DriverRoot::build`] prepends both as `#define`s.
 ///
-/// Three entry points, with the CUDA Driver API reference's semantics (cuda.h:
-/// `CUresult` 0 is `CUDA_SUCCESS`, 1 `CUDA_ERROR_INVALID_VALUE`, 3
-/// `CUDA_ERROR_NOT_INITIALIZED`):
-/// - `cuInit(Flags)`: "Currently, the Flags parameter must be 0", else
-///   INVALID_VALUE;
-/// - `cuDriverGetVersion(int *)`: the version; INVALID_VALUE "if the driverVersion
-///   argument is NULL". It works before `cuInit` (the runtime calls it to explain
-///   a failed init);
-/// - `cuDeviceGetCount(int *)`: the GPU count; NOT_INITIALIZED before `cuInit`
-///   ("If cuInit() has not been called, any function from the driver API will
-///   return CUDA_ERROR_NOT_INITIALIZED"), INVALID_VALUE for NULL.
-pub const LIBCUDA_SOURCE: &str = "/* topodra fake driver root: libcuda with three entry points. */
+/// What the real driver does, and so the stub: the CUDA Driver API reference
+/// (<https://docs.nvidia.com/cuda/cuda-driver-api/>, cuda.h: `CUresult` 0 is
+/// `CUDA_SUCCESS`, 1 `CUDA_ERROR_INVALID_VALUE`, 3 `CUDA_ERROR_NOT_INITIALIZED`,
+/// 101 `CUDA_ERROR_INVALID_DEVICE`, "the device ordinal supplied by the user does
+/// not correspond to a valid CUDA device"):
+/// - `cuInit(Flags)` (Initialization): "Currently, the Flags parameter must be
+///   0", else INVALID_VALUE. It enumerates the GPUs once, as the driver does at
+///   initialisation: a GPU of the table counts when `<dir>/nvidia<minor>` exists
+///   and this process may open it read-write (`access(2)`; `<dir>` is `/dev`, or
+///   [`CUDA_DEV_DIR_ENV`]). The stub does not open the node: on a host without the
+///   kernel module (CI) a node answers ENXIO, which the real driver would take as
+///   a fault, not as an absent GPU. Why nodes decide: in a container the GPUs a
+///   process can use are those whose nodes it was given ("By using device
+///   whitelisting in Docker, you can restrict which GPUs a container will be able
+///   to access. For instance, container A is granted access to /dev/nvidia0 while
+///   container B is granted access to /dev/nvidia1", NVIDIA/nvidia-docker wiki,
+///   "GPU isolation (version 1.0)"), and a container made from a CDI spec holds
+///   only the claim's nodes, so CUDA in it enumerates only the injected GPUs. On a
+///   bare host the real user-space driver would run `nvidia-modprobe` to create a
+///   missing node ("used by user-space NVIDIA driver components to make sure ...
+///   the NVIDIA character device files are present", nvidia-modprobe(1)); a
+///   container has neither the tool nor the privilege, so the stub models the
+///   container. The count includes only visible GPUs, as with
+///   `CUDA_VISIBLE_DEVICES` ("The device count returned by the
+///   cudaGetDeviceCount() API includes only the visible devices", CUDA
+///   Programming Guide, "CUDA Environment Variables").
+///   Not modelled: `/dev/nvidiactl` and the UVM nodes (the real driver fails
+///   without them), `CUDA_VISIBLE_DEVICES`, and `CUDA_ERROR_NO_DEVICE` from
+///   `cuInit` when nothing is visible (the stub succeeds and counts 0, the
+///   reference's "If there is no such device, cuDeviceGetCount() returns 0");
+/// - `cuDriverGetVersion(int *)` (Version Management): the version;
+///   INVALID_VALUE "if the driverVersion argument is NULL". It works before
+///   `cuInit` (the runtime calls it to explain a failed init);
+/// - every other call answers NOT_INITIALIZED before `cuInit` ("If cuInit() has
+///   not been called, any function from the driver API will return
+///   CUDA_ERROR_NOT_INITIALIZED") and INVALID_VALUE for a NULL output;
+/// - `cuDeviceGetCount(int *)` (Device Management): the number of visible GPUs;
+/// - `cuDeviceGet(CUdevice *, int ordinal)`: "a device handle given an ordinal in
+///   the range [0, cuDeviceGetCount()-1]", INVALID_DEVICE outside it. Ordinal `i`
+///   is the `i`-th visible GPU in ascending minor order, and the handle is the
+///   ordinal. The real driver orders by its own heuristic unless
+///   `CUDA_DEVICE_ORDER=PCI_BUS_ID`; minor order stands in for bus order, which
+///   the minors follow on the profiles' machines;
+/// - `cuDeviceGetName(char *, int len, CUdevice)`: the table's name, cut to
+///   `len - 1` bytes and NUL-terminated ("len specifies the maximum length of the
+///   string that may be returned"); INVALID_VALUE for `len <= 0`, INVALID_DEVICE
+///   for a handle that is not a visible ordinal;
+/// - `cuDeviceGetUuid(CUuuid *, CUdevice)` and `cuDeviceGetUuid_v2`: the
+///   table's 16 bytes (`CUuuid` is `char bytes[16]`). The two differ only for a
+///   MIG device (`_v2`: "If the device is in MIG mode, returns its MIG UUID");
+///   the stub knows whole GPUs only and answers the GPU's UUID to both.
+///
+/// Module loading, memory, contexts and kernel launch are absent on purpose: a
+/// fake cannot JIT and run PTX, so a probe that resolves them (tests/gpu/
+/// cuda_probe.c) reports them missing rather than a fake success.
+pub const LIBCUDA_SOURCE: &str = r#"/* topodra fake driver root: libcuda that enumerates GPUs. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifndef TOPODRA_CUDA_VERSION
+#error "define TOPODRA_CUDA_VERSION (cuDriverGetVersion's answer)"
+#endif
+/* Rows {minor, {16 UUID bytes}, "name"}, each followed by a comma, in ascending
+ * minor order. */
+#ifndef TOPODRA_GPUS
+#define TOPODRA_GPUS
+#endif
+
+typedef struct { unsigned char bytes[16]; } CUuuid;
+struct topodra_gpu { unsigned int minor; unsigned char uuid[16]; const char *name; };
+/* The last row (no name) only ends the table. */
+static const struct topodra_gpu topodra_gpus[] = { TOPODRA_GPUS { 0, { 0 }, 0 } };
+#define TOPODRA_ROWS (sizeof topodra_gpus / sizeof topodra_gpus[0] - 1)
+
 static int initialized;
+static int visible_count;
+static const struct topodra_gpu *visible[TOPODRA_ROWS + 1];
+
 int cuInit(unsigned int flags) {
     if (flags != 0) return 1;
+    if (initialized) return 0;
+    const char *dir = getenv("TOPODRA_FAKE_CUDA_DEV_DIR");
+    if (!dir || !*dir) dir = "/dev";
+    for (size_t i = 0; i < TOPODRA_ROWS; i++) {
+        char path[4096];
+        int n = snprintf(path, sizeof path, "%s/nvidia%u", dir, topodra_gpus[i].minor);
+        if (n > 0 && (size_t)n < sizeof path && access(path, R_OK | W_OK) == 0)
+            visible[visible_count++] = &topodra_gpus[i];
+    }
     initialized = 1;
     return 0;
 }
@@ -702,17 +839,124 @@ int cuDriverGetVersion(int *version) {
 int cuDeviceGetCount(int *count) {
     if (!initialized) return 3;
     if (!count) return 1;
-    *count = TOPODRA_GPU_COUNT;
+    *count = visible_count;
     return 0;
 }
-";
+int cuDeviceGet(int *device, int ordinal) {
+    if (!initialized) return 3;
+    if (!device) return 1;
+    if (ordinal < 0 || ordinal >= visible_count) return 101;
+    *device = ordinal;
+    return 0;
+}
+int cuDeviceGetName(char *name, int len, int dev) {
+    if (!initialized) return 3;
+    if (!name || len <= 0) return 1;
+    if (dev < 0 || dev >= visible_count) return 101;
+    strncpy(name, visible[dev]->name, (size_t)len - 1);
+    name[len - 1] = 0;
+    return 0;
+}
+int cuDeviceGetUuid(CUuuid *uuid, int dev) {
+    if (!initialized) return 3;
+    if (!uuid) return 1;
+    if (dev < 0 || dev >= visible_count) return 101;
+    memcpy(uuid->bytes, visible[dev]->uuid, sizeof uuid->bytes);
+    return 0;
+}
+int cuDeviceGetUuid_v2(CUuuid *uuid, int dev) {
+    return cuDeviceGetUuid(uuid, dev);
+}
+"#;
 
-fn libcuda_source(options: &Options) -> String {
-    format!(
-        "#define TOPODRA_CUDA_VERSION {}\n#define TOPODRA_GPU_COUNT {}\n{LIBCUDA_SOURCE}",
+/// The rows of libcuda's GPU table (`TOPODRA_GPUS` of [`LIBCUDA_SOURCE`]) for
+/// `gpus`, in ascending minor order (the first entry of a minor wins): a C
+/// initializer list, one `{minor, {bytes}, "name"},` per GPU, to `#define` or to
+/// pass as `-DTOPODRA_GPUS=<rows>`.
+///
+/// # Errors
+/// `InvalidInput` for a UUID that is not `GPU-` and 32 hex digits grouped 8-4-4-4-12.
+pub fn libcuda_gpu_table(gpus: &[CudaGpu]) -> io::Result<String> {
+    let mut sorted: Vec<&CudaGpu> = gpus.iter().collect();
+    sorted.sort_by_key(|g| g.minor);
+    sorted.dedup_by_key(|g| g.minor);
+    let mut rows = String::new();
+    for g in sorted {
+        let bytes = uuid_bytes(&g.uuid).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "GPU minor {}: UUID {:?} is not GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx",
+                    g.minor, g.uuid
+                ),
+            )
+        })?;
+        let hex: Vec<String> = bytes.iter().map(|b| format!("0x{b:02x}")).collect();
+        let _ = write!(
+            rows,
+            "{{{}, {{{}}}, {}}}, ",
+            g.minor,
+            hex.join(", "),
+            c_string(&g.name)
+        );
+    }
+    Ok(rows)
+}
+
+/// The 16 bytes of `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (hex, either case).
+fn uuid_bytes(uuid: &str) -> Option<[u8; 16]> {
+    let rest = uuid.strip_prefix("GPU-")?;
+    let groups: Vec<&str> = rest.split('-').collect();
+    let lens: Vec<usize> = groups.iter().map(|g| g.len()).collect();
+    if lens != [8, 4, 4, 4, 12] {
+        return None;
+    }
+    let digits: String = groups.concat();
+    let mut out = [0u8; 16];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(digits.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// `s` as a C string literal: printable ASCII as is, the rest (and `"`, `\`) as
+/// three-digit octal escapes, which cannot swallow the character after them.
+fn c_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for b in s.bytes() {
+        if (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\' {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "\\{b:03o}");
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// libcuda's GPUs: each minor of [`Options::gpu_minors`], described by
+/// [`Options::cuda_gpus`] or [`CudaGpu::placeholder`].
+fn libcuda_gpus(options: &Options) -> Vec<CudaGpu> {
+    options
+        .gpu_minors
+        .iter()
+        .map(|&m| {
+            options
+                .cuda_gpus
+                .iter()
+                .find(|g| g.minor == m)
+                .cloned()
+                .unwrap_or_else(|| CudaGpu::placeholder(m))
+        })
+        .collect()
+}
+
+fn libcuda_source(options: &Options) -> io::Result<String> {
+    Ok(format!(
+        "#define TOPODRA_CUDA_VERSION {}\n#define TOPODRA_GPUS {}\n{LIBCUDA_SOURCE}",
         options.cuda_driver_version,
-        options.gpu_minors.len()
-    )
+        libcuda_gpu_table(&libcuda_gpus(options))?
+    ))
 }
 
 /// What each tool prints: `nvidia-smi` its banner line (driver and CUDA

@@ -165,9 +165,10 @@ pub fn materialize_with(
     // A driver root of real ELF files (see `driver_root`): the R570 file list with
     // the profile's driver version, its NVML this node's fake with the profile
     // beside it, so whatever dlopens the root's `libnvidia-ml.so.1` (the NVIDIA
-    // Container Toolkit, a container) sees this machine. No device nodes unless
-    // asked for: topodra's plugin takes their numbers from `proc-devices`, and
-    // tests that need nodes make them in the dev root themselves.
+    // Container Toolkit, a container) sees this machine, and its libcuda names the
+    // profile's GPUs (UUID, name) to a process given their nodes. No device nodes
+    // unless asked for: topodra's plugin takes their numbers from `proc-devices`,
+    // and tests that need nodes make them in the dev root themselves.
     let driver_root = dir.join("driver-root");
     let built = DriverRoot::build(
         &driver_root,
@@ -180,6 +181,7 @@ pub fn materialize_with(
                 .filter(|g| !g.nvml_hidden)
                 .map(|g| g.minor)
                 .collect(),
+            cuda_gpus: driver_root::CudaGpu::from_profile(&profile),
             cuda_driver_version: profile.cuda_driver_version,
             nvml_lib: Some(nvml_lib_src.to_owned()),
             nvml_profile: Some(profile_yaml.to_owned()),

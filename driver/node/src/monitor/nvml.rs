@@ -193,6 +193,14 @@ impl EventSource for NvmlEvents<'_> {
         }
     }
 
+    fn event_gpus(&self) -> usize {
+        if self.set.is_some() {
+            self.watched.len()
+        } else {
+            0
+        }
+    }
+
     fn probe(&mut self, device: &DeviceRef) -> Probe {
         // A handle lookup and one live query. Not the UUID: NVML keeps answering
         // what it cached (PCI info, UUID) for a GPU that fell off the bus, while a

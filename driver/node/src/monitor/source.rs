@@ -24,6 +24,9 @@ pub trait EventSource {
 
     /// Checks that the GPU still answers.
     fn probe(&mut self, device: &DeviceRef) -> Probe;
+
+    /// How many GPUs this source receives events for; the others are only probed.
+    fn event_gpus(&self) -> usize;
 }
 
 /// Opens an [`EventSource`] and lends it to `body` on the calling thread.

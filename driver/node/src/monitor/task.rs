@@ -62,6 +62,9 @@ pub enum Observed {
     NvmlOpenFailed,
     /// One wait for NVML events failed.
     NvmlWaitFailed,
+    /// NVML was opened, and the monitor receives events for this many GPUs (the
+    /// others it only probes); 0 again when NVML is closed.
+    EventGpus(usize),
 }
 
 /// Called from the monitor's task and its NVML thread.
@@ -230,9 +233,17 @@ fn run_source(
     while !stop.load(Ordering::Relaxed) && !tx.is_closed() {
         let opened = source.with_source(devices, &mut |src| {
             reported_unavailable = false;
+            let gpus = src.event_gpus();
+            info!(
+                gpus,
+                of = devices.len(),
+                "NVML opened; receiving its events"
+            );
+            observer(Observed::EventGpus(gpus));
             if tx.send(Msg::Opened).is_ok() {
                 pump(src, devices, config, stop, tx, observer);
             }
+            observer(Observed::EventGpus(0));
         });
         if let Err(e) = opened {
             observer(Observed::NvmlOpenFailed);

@@ -123,9 +123,23 @@ fn nvml_is_the_fake_with_the_real_soname() {
 
 type CuInit = unsafe extern "C" fn(c_uint) -> c_int;
 type CuGetInt = unsafe extern "C" fn(*mut c_int) -> c_int;
+type CuDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
+type CuDeviceGetName = unsafe extern "C" fn(*mut libc::c_char, c_int, c_int) -> c_int;
+type CuDeviceGetUuid = unsafe extern "C" fn(*mut [u8; 16], c_int) -> c_int;
+
+/// Whether this host gives this process `/dev/nvidia<minor>` read-write, which is
+/// what the stub counts when no test hook points it elsewhere.
+fn host_node_usable(minor: u32) -> bool {
+    let path = CString::new(format!("/dev/nvidia{minor}")).unwrap();
+    // SAFETY: a NUL-terminated path.
+    unsafe { libc::access(path.as_ptr(), libc::R_OK | libc::W_OK) == 0 }
+}
 
 /// What a CUDA program in a container does first: dlopen `libcuda.so.1` and
-/// initialise the driver API.
+/// initialise the driver API; and the error codes of the device calls. In this
+/// process the stub looks at the host's `/dev` (setting the test hook here would
+/// race with other tests' threads), so the count is whatever of the three nodes
+/// this host has; `probe_sees_the_visible_gpus` covers enumeration.
 #[test]
 fn libcuda_answers_init_version_and_count() {
     let (_dir, root) = build(
@@ -153,27 +167,240 @@ fn libcuda_answers_init_version_and_count() {
         assert!(!p.is_null(), "{name} is exported");
         p
     };
+    for absent in ["cuModuleLoadData", "cuLaunchKernel", "cuMemAlloc_v2"] {
+        let c = CString::new(absent).unwrap();
+        // SAFETY: as above.
+        let p = unsafe { libc::dlsym(handle, c.as_ptr()) };
+        assert!(p.is_null(), "{absent}: a fake cannot run kernels");
+    }
     // SAFETY: the stub defines these with exactly the CUDA signatures.
-    let (init, version, count): (CuInit, CuGetInt, CuGetInt) = unsafe {
+    let (init, version, count, get, name, uuid, uuid_v2) = unsafe {
         (
             std::mem::transmute::<*mut libc::c_void, CuInit>(sym("cuInit")),
             std::mem::transmute::<*mut libc::c_void, CuGetInt>(sym("cuDriverGetVersion")),
             std::mem::transmute::<*mut libc::c_void, CuGetInt>(sym("cuDeviceGetCount")),
+            std::mem::transmute::<*mut libc::c_void, CuDeviceGet>(sym("cuDeviceGet")),
+            std::mem::transmute::<*mut libc::c_void, CuDeviceGetName>(sym("cuDeviceGetName")),
+            std::mem::transmute::<*mut libc::c_void, CuDeviceGetUuid>(sym("cuDeviceGetUuid")),
+            std::mem::transmute::<*mut libc::c_void, CuDeviceGetUuid>(sym("cuDeviceGetUuid_v2")),
         )
     };
+    let visible = [0, 1, 2]
+        .into_iter()
+        .filter(|m| host_node_usable(*m))
+        .count();
+    let visible = c_int::try_from(visible).unwrap();
     let mut n: c_int = -1;
-    // SAFETY: valid pointers to live ints, or NULL where the test says so.
+    let mut dev: c_int = -1;
+    let mut buf = [0 as libc::c_char; 64];
+    let mut bytes = [0u8; 16];
+    // SAFETY: valid pointers to live values, or NULL where the test says so.
     unsafe {
         assert_eq!(count(&mut n), 3, "CUDA_ERROR_NOT_INITIALIZED before cuInit");
+        assert_eq!(get(&mut dev, 0), 3);
+        assert_eq!(name(buf.as_mut_ptr(), 64, 0), 3);
+        assert_eq!(uuid(&mut bytes, 0), 3);
+        assert_eq!(uuid_v2(&mut bytes, 0), 3);
         assert_eq!(version(&mut n), 0);
         assert_eq!(n, R570_CUDA_VERSION);
         assert_eq!(version(std::ptr::null_mut()), 1, "CUDA_ERROR_INVALID_VALUE");
         assert_eq!(init(1), 1, "flags must be 0");
         assert_eq!(init(0), 0);
+        assert_eq!(init(0), 0, "again");
         assert_eq!(count(&mut n), 0);
-        assert_eq!(n, 3);
+        assert_eq!(n, visible, "the GPUs whose nodes this host has");
+        assert_eq!(count(std::ptr::null_mut()), 1);
+        assert_eq!(get(std::ptr::null_mut(), 0), 1);
+        assert_eq!(get(&mut dev, visible), 101, "CUDA_ERROR_INVALID_DEVICE");
+        assert_eq!(get(&mut dev, -1), 101);
+        assert_eq!(name(std::ptr::null_mut(), 64, 0), 1);
+        assert_eq!(name(buf.as_mut_ptr(), 0, 0), 1);
+        assert_eq!(name(buf.as_mut_ptr(), 64, visible), 101);
+        assert_eq!(uuid(std::ptr::null_mut(), 0), 1);
+        assert_eq!(uuid(&mut bytes, visible), 101);
+        assert_eq!(uuid_v2(&mut bytes, visible), 101);
+        if visible > 0 {
+            assert_eq!(get(&mut dev, 0), 0);
+            assert_eq!(dev, 0, "the handle is the ordinal");
+            assert_eq!(name(buf.as_mut_ptr(), 64, dev), 0);
+            let text = std::ffi::CStr::from_ptr(buf.as_ptr()).to_str().unwrap();
+            assert_eq!(text, "topodra fake GPU");
+        }
         libc::dlclose(handle);
     }
+}
+
+#[test]
+fn gpu_table_rows_and_placeholders() {
+    let gpus = [
+        CudaGpu {
+            minor: 3,
+            uuid: "GPU-2A7B3C4D-5e6f-4a1b-8c2d-3e4f5a6b7d03".into(),
+            name: "Quote \" and \\ back".into(),
+        },
+        CudaGpu {
+            minor: 1,
+            uuid: "GPU-00000000-0000-0000-0000-0000000000ff".into(),
+            name: "NVIDIA H100 80GB HBM3".into(),
+        },
+    ];
+    let rows = libcuda_gpu_table(&gpus).unwrap();
+    assert_eq!(
+        rows,
+        "{1, {0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, \
+         0x00, 0x00, 0x00, 0xff}, \"NVIDIA H100 80GB HBM3\"}, \
+         {3, {0x2a, 0x7b, 0x3c, 0x4d, 0x5e, 0x6f, 0x4a, 0x1b, 0x8c, 0x2d, 0x3e, 0x4f, \
+         0x5a, 0x6b, 0x7d, 0x03}, \"Quote \\042 and \\134 back\"}, "
+    );
+    for bad in [
+        "2a7b3c4d-5e6f-4a1b-8c2d-3e4f5a6b7d03",
+        "GPU-2a7b3c4d5e6f4a1b8c2d3e4f5a6b7d03",
+        "GPU-2a7b3c4d-5e6f-4a1b-8c2d-3e4f5a6b7d0g",
+        "GPU-2a7b3c4d-5e6f-4a1b-8c2d-3e4f5a6b7d0",
+        "MIG-2a7b3c4d-5e6f-4a1b-8c2d-3e4f5a6b7d03",
+    ] {
+        let err = libcuda_gpu_table(&[CudaGpu {
+            minor: 0,
+            uuid: bad.into(),
+            name: "x".into(),
+        }])
+        .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{bad}");
+    }
+    assert_eq!(
+        CudaGpu::placeholder(300).uuid,
+        "GPU-746f706f-6472-6100-0000-00000000012c"
+    );
+    let options = Options {
+        gpu_minors: vec![4, 1],
+        cuda_gpus: vec![gpus[0].clone()],
+        ..Options::default()
+    };
+    assert_eq!(
+        libcuda_gpus(&options),
+        [CudaGpu::placeholder(4), CudaGpu::placeholder(1)],
+        "entries for minors the root lacks are ignored"
+    );
+}
+
+/// `tests/gpu/cuda_probe.c`, the program `make gpu-check` runs in a container on
+/// a real GPU, run here against the fake libcuda with some of the root's GPU nodes
+/// "injected": it sees exactly those GPUs, in minor order, with the profile's
+/// names and UUIDs, and reports the kernel skipped because the fake has no
+/// module or launch entry points.
+#[test]
+fn probe_sees_the_visible_gpus() {
+    let probe_src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../gpu/cuda_probe.c");
+    let dir = tempfile::tempdir().unwrap();
+    let probe = dir.path().join("cuda_probe");
+    let cc_out = match Command::new(cc())
+        .args(["-O1", "-Wall", "-o"])
+        .arg(&probe)
+        .arg(&probe_src)
+        .arg("-ldl")
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            eprintln!(
+                "SKIPPED: no C compiler ({e}) to build {}",
+                probe_src.display()
+            );
+            return;
+        }
+        Err(e) => panic!("running cc: {e}"),
+    };
+    assert!(
+        cc_out.status.success(),
+        "cc {}: {}",
+        probe_src.display(),
+        String::from_utf8_lossy(&cc_out.stderr)
+    );
+
+    let yaml = std::fs::read_to_string(crate::profiles_dir().join("dgx-h100.yaml")).unwrap();
+    let profile = crate::Profile::from_yaml_str(&yaml).unwrap();
+    let root = DriverRoot::build(
+        &dir.path().join("root"),
+        Layout::Debian,
+        R570_VERSION,
+        &Options {
+            gpu_minors: profile.gpus.iter().map(|g| g.minor).collect(),
+            cuda_gpus: CudaGpu::from_profile(&profile),
+            cuda_driver_version: profile.cuda_driver_version,
+            device_nodes: false,
+            graphics: false,
+            ..Options::default()
+        },
+    )
+    .unwrap();
+
+    // The nodes a CDI spec would inject for a claim of GPUs 5 and 2 (plain files:
+    // the stub only checks that it may open them), plus nvidiactl, which is no GPU.
+    let dev = dir.path().join("dev");
+    std::fs::create_dir_all(&dev).unwrap();
+    for name in ["nvidia5", "nvidia2", "nvidiactl"] {
+        std::fs::write(dev.join(name), "").unwrap();
+    }
+    let run = |dev_dir: &Path| {
+        let out = Command::new(&probe)
+            .env_clear()
+            .env("LD_LIBRARY_PATH", root.lib_dir())
+            .env(CUDA_DEV_DIR_ENV, dev_dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "probe: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+
+    let text = run(&dev);
+    eprintln!("the probe reported:\n{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    let gpu = |minor: u32| profile.gpus.iter().find(|g| g.minor == minor).unwrap();
+    let lib = root.lib_dir().join("libcuda.so.1");
+    assert_eq!(
+        lines[0],
+        format!(
+            "cuda init=0 version={} count=2 lib={}",
+            profile.cuda_driver_version,
+            lib.display()
+        ),
+        "{text}"
+    );
+    for (i, minor) in [2, 5].into_iter().enumerate() {
+        let g = gpu(minor);
+        assert_eq!(
+            lines[1 + i],
+            format!(
+                "device {i} uuid={} name={}",
+                g.uuid,
+                g.name.replace(' ', "_")
+            ),
+            "{text}"
+        );
+    }
+    assert!(
+        lines[3].starts_with("kernel skipped missing-symbols cuDevicePrimaryCtxRetain "),
+        "{text}"
+    );
+    for call in [
+        "cuModuleLoadData",
+        "cuLaunchKernel",
+        "cuMemAlloc_v2",
+        "cuMemcpyDtoH_v2",
+    ] {
+        assert!(lines[3].contains(&format!(" {call}")), "{text}");
+    }
+    assert!(!lines[3].contains("cuDeviceGet "), "{text}");
+    assert_eq!(lines[4..], ["probe done"], "{text}");
+
+    // No node the process may use: no GPU, and nothing to run a kernel on.
+    let empty = dir.path().join("empty-dev");
+    std::fs::create_dir_all(&empty).unwrap();
+    let text = run(&empty);
+    assert!(text.starts_with("cuda init=0 version="), "{text}");
+    assert!(text.contains(" count=0 lib="), "{text}");
+    assert!(!text.contains("\ndevice "), "{text}");
+    assert!(text.ends_with("probe done\n"), "{text}");
 }
 
 #[test]

@@ -46,6 +46,10 @@ impl EventSource for Scripted {
             Probe::Ok
         }
     }
+
+    fn event_gpus(&self) -> usize {
+        3
+    }
 }
 
 impl EventSourceOpener for Scripted {
@@ -168,10 +172,12 @@ async fn xids_probes_and_shutdown() {
         rx.borrow().devices["gpu-1"].reason,
         "XID 94: contained ECC error"
     );
-    // Both XIDs reach the observer, the application error as not fatal.
+    // The GPUs that get events, then both XIDs reach the observer, the
+    // application error as not fatal.
     assert_eq!(
         *seen.lock().unwrap(),
         [
+            Observed::EventGpus(3),
             Observed::Xid {
                 xid: 13,
                 fatal: false
