@@ -93,30 +93,35 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 step "building (first run: the Rust workspace alongside Kubernetes from its Go modules, about 10 min on 2 cores)"
-if [[ ${TOPODRA_DEMO_PREBUILT:-} == 1 ]]; then
-    for b in topodra-sim-node topodra-kubelet-plugin topodra-controller kubectl-topodra; do
-        [[ -x target/debug/$b ]] || fail "TOPODRA_DEMO_PREBUILT=1, but there is no target/debug/$b"
-    done
-    bash tests/tools/build.sh kube etcd nvidia-ctk >&2
-else
-    # The Go tools build alongside cargo: neither keeps both cores busy all the time.
-    bash tests/tools/build.sh kube etcd nvidia-ctk >"$dir/tools-build.log" 2>&1 &
-    tools_pid=$!
-    cargo build -q -p topodra-fake-nvml -p topodra-kubelet-plugin -p topodra-controller
-    wait "$tools_pid" || { cat "$dir/tools-build.log" >&2; fail "building the tools failed"; }
-    sed 's/^/   /' "$dir/tools-build.log"
-fi
-eval "$(bash tests/tools/build.sh --env kube etcd)"
-# NVIDIA's nvidia-cdi-hook (built from the pinned toolkit module): the plugin installs
-# it into its directory under the node's kubelet plugins directory, as it installs the
-# image's copy on a real node, and the claims' CDI specs name it.
-hook=$(bash tests/tools/build.sh --print-path nvidia-ctk)/nvidia-cdi-hook
 # Into this run's directory: demos may run side by side (the e2e test runs every
 # profile's), and one could otherwise replace a binary another is starting.
 gobin=$dir/bin
 mkdir -p "$gobin"
-(cd tests/cluster && CGO_ENABLED=0 go build -trimpath -o "$gobin/topodra-cluster" ./cmd/topodra-cluster)
-(cd tests/e2e && CGO_ENABLED=0 go build -trimpath -o "$gobin/topodra-kubelet-harness" ./cmd/topodra-kubelet-harness)
+# The Go side: the control plane's components, NVIDIA's nvidia-cdi-hook (built from the
+# pinned toolkit module: the plugin installs it into its directory under the node's
+# kubelet plugins directory, as it installs the image's copy on a real node, and the
+# claims' CDI specs name it), then the cluster CLI and the kubelet harness, whose
+# kubelet code is the largest compile after Kubernetes itself.
+build_go() {
+    bash tests/tools/build.sh kube etcd nvidia-ctk &&
+        (cd tests/cluster && CGO_ENABLED=0 go build -trimpath -o "$gobin/topodra-cluster" ./cmd/topodra-cluster) &&
+        (cd tests/e2e && CGO_ENABLED=0 go build -trimpath -o "$gobin/topodra-kubelet-harness" ./cmd/topodra-kubelet-harness)
+}
+if [[ ${TOPODRA_DEMO_PREBUILT:-} == 1 ]]; then
+    for b in topodra-sim-node topodra-kubelet-plugin topodra-controller kubectl-topodra; do
+        [[ -x target/debug/$b ]] || fail "TOPODRA_DEMO_PREBUILT=1, but there is no target/debug/$b"
+    done
+    build_go >&2 || fail "building the Go side failed"
+else
+    # The Go side builds alongside cargo: neither keeps both cores busy all the time.
+    build_go >"$dir/tools-build.log" 2>&1 &
+    tools_pid=$!
+    cargo build -q -p topodra-fake-nvml -p topodra-kubelet-plugin -p topodra-controller
+    wait "$tools_pid" || { cat "$dir/tools-build.log" >&2; fail "building the Go side failed"; }
+    sed 's/^/   /' "$dir/tools-build.log"
+fi
+eval "$(bash tests/tools/build.sh --env kube etcd)"
+hook=$(bash tests/tools/build.sh --print-path nvidia-ctk)/nvidia-cdi-hook
 cluster_bin=$gobin/topodra-cluster
 harness_bin=$gobin/topodra-kubelet-harness
 
