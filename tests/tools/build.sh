@@ -231,7 +231,7 @@ is_built() {
 }
 
 build_one() {
-	local tool="$1" version dir start tmp
+	local tool="$1" version dir start tmp gotmp
 	version="$(module_version "$tool")"
 	dir="$(tool_dir "$tool")"
 	if ((!force)) && is_built "$tool"; then
@@ -267,14 +267,20 @@ build_one() {
 	(exec {lockfd}>&-; while sleep 60; do log "$tool $version: still building ($((SECONDS - start))s)"; done) &
 	local beat=$!
 	local rc=0
+	# The build's own temporary directory: cgo writes the preamble it probes types with
+	# into $TMPDIR and runs the C compiler on it there, so a quoted include resolves in
+	# $TMPDIR first. A stray /tmp/nvml.h (an older NVML header) once made go-nvml's
+	# `#include "nvml.h"` miss the types its own header declares.
+	gotmp="$(mktemp -d "$dir/.tmp.XXXXXX")"
 	(
 		cd "$here/$tool"
 		local cgo=()
 		mapfile -t cgo < <(cgo_env "$tool")
 		# shellcheck disable=SC2046
-		env "${cgo[@]}" GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=readonly" \
+		env "${cgo[@]}" TMPDIR="$gotmp" GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=readonly" \
 			go build -trimpath -ldflags="$(ldflags "$tool" "$version" "$(module_time "$tool")")" -o "$tmp/" $(packages "$tool")
 	) || rc=$?
+	rm -rf "$gotmp"
 	local r
 	for r in $(renames "$tool"); do
 		((rc == 0)) || break
