@@ -62,7 +62,9 @@ CTK_ENV = ctk="$$(bash tests/tools/build.sh --print-path nvidia-ctk)" && \
 ## check share: the fake NVML library, then every test, binary and example of the
 ## workspace with the crash-points feature (fault injection for the crash tests; inert
 ## unless a test arms it), so that none of them rebuilds the others' binaries.
-CARGO_TEST = $(CARGO) test --workspace --no-fail-fast --features topodra-kubelet-plugin/crash-points
+## --locked: a Cargo.lock that no longer matches the manifests fails the build instead
+## of being rewritten unseen (as the release build and the fuzz build require too).
+CARGO_TEST = $(CARGO) test --workspace --locked --no-fail-fast --features topodra-kubelet-plugin/crash-points
 build-debug: setup
 	@echo "== debug build (cold: the dependency tree, a few minutes on 2 cores)"
 	$(CARGO) build -p topodra-fake-nvml

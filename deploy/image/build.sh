@@ -78,7 +78,7 @@ esac
 
 log "topodra $version ($revision), SOURCE_DATE_EPOCH=$epoch, linux/$arch"
 log "release binaries (cold: 10+ minutes on 2 cores)"
-TOPODRA_REVISION="$revision" "$cargo" build --release -p topodra-kubelet-plugin -p topodra-controller
+TOPODRA_REVISION="$revision" "$cargo" build --release --locked -p topodra-kubelet-plugin -p topodra-controller
 for b in topodra-kubelet-plugin topodra-controller kubectl-topodra; do
 	got="$("target/release/$b" --version)"
 	[[ "$got" == *" $version ($revision)" ]] ||

@@ -40,6 +40,7 @@ var guideSteps = []string{
 // commands differ from what runs only by the substitutions below, each of which must
 // apply somewhere.
 func TestDeploymentGuide(t *testing.T) {
+	t.Parallel()
 	_, tool := releaseArtifacts(t)
 	_ = imageRootfs(t) // the same prerequisites as the image tests: runc, an unpacked image
 	steps := docSteps(t, guidePage, "TestDeploymentGuide")
@@ -68,7 +69,10 @@ func TestDeploymentGuide(t *testing.T) {
 			"the test registry speaks plain HTTP on loopback, and the cluster has no NFD to bring the NodeResourceTopology CRD")
 
 	sh.run("label-node", steps["label-node"], "")
-	out := sh.run("push", steps["push"], "")
+	// make push runs make release, which writes target/'s release artifacts anew
+	// while other tests read them (releaseBuild).
+	var out string
+	rewritesReleaseBuild(t, func() { out = sh.run("push", steps["push"], "") })
 	if !strings.Contains(out, "helm install topodra oci://"+reg+"/topodra --version "+chartVersion) {
 		t.Errorf("make push did not print the install command of the guide's next step:\n%s", out)
 	}

@@ -40,6 +40,7 @@ func imageRootfs(t *testing.T) string {
 	if dir == "" {
 		skip(imageRootfsEnv + " is not set (make e2e builds the image and unpacks it)")
 	}
+	readsReleaseBuild(t)
 	if _, err := os.Stat(filepath.Join(dir, "usr", "bin", "topodra-kubelet-plugin")); err != nil {
 		t.Fatalf("%s=%s holds no plugin binary: %v", imageRootfsEnv, dir, err)
 	}

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,7 +24,7 @@ import (
 
 // releaseArtifacts are what make e2e hands the release tests: the directory of make
 // release and the image tool of make image. Missing, the tests skip (fail with tools
-// required).
+// required). The test reads them under releaseBuild until it ends.
 func releaseArtifacts(t *testing.T) (dir, tool string) {
 	t.Helper()
 	dir, tool = os.Getenv("TOPODRA_RELEASE_DIR"), os.Getenv("TOPODRA_IMAGE_TOOL")
@@ -34,7 +35,47 @@ func releaseArtifacts(t *testing.T) (dir, tool string) {
 		}
 		t.Skip("skipping: " + why)
 	}
+	readsReleaseBuild(t)
 	return dir, tool
+}
+
+// releaseBuild guards what make release and make image leave in target/ (the
+// release directory, the image layout and tool, the unpacked image): the deployment
+// guide's `make push` runs make release again, which writes them anew, so it holds
+// releaseBuild for writing meanwhile, and each test that reads them holds it for
+// reading until it ends. The guide then runs beside the other tests instead of
+// alone before them. A test takes its read hold once (releaseReaders), never
+// again from a subtest: a second read while a writer waits would never be granted.
+var (
+	releaseBuild   sync.RWMutex
+	releaseReaders sync.Map // *testing.T holding releaseBuild for reading
+)
+
+// readsReleaseBuild holds releaseBuild for reading until t ends.
+func readsReleaseBuild(t *testing.T) {
+	if _, held := releaseReaders.LoadOrStore(t, struct{}{}); held {
+		return
+	}
+	releaseBuild.RLock()
+	t.Cleanup(func() {
+		if _, held := releaseReaders.LoadAndDelete(t); held {
+			releaseBuild.RUnlock()
+		}
+	})
+}
+
+// rewritesReleaseBuild runs rewrite with releaseBuild held for writing, t's own
+// read hold given up meanwhile and taken again after.
+func rewritesReleaseBuild(t *testing.T, rewrite func()) {
+	if _, held := releaseReaders.LoadAndDelete(t); held {
+		releaseBuild.RUnlock()
+	}
+	func() {
+		releaseBuild.Lock()
+		defer releaseBuild.Unlock()
+		rewrite()
+	}()
+	readsReleaseBuild(t)
 }
 
 // serveRegistry serves go-containerregistry's in-process registry (the OCI
