@@ -191,6 +191,22 @@ fn a_hook_that_fails_or_says_nothing_is_refused() {
 }
 
 #[test]
+fn a_hook_still_open_for_writing_for_a_moment_is_started_once_it_is_closed() {
+    // A writable descriptor on the file is what a child forked by another thread
+    // holds until its exec; holding one here makes the kernel answer ETXTBSY.
+    let tmp = tempfile::tempdir().unwrap();
+    let source = stand_in(tmp.path(), "1.0");
+    let writer = fs::OpenOptions::new().append(true).open(&source).unwrap();
+    let closer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        drop(writer);
+    });
+    let version = run_version(&source, SHORT).unwrap();
+    closer.join().unwrap();
+    assert_eq!(version, "stand-in hook version 1.0");
+}
+
+#[test]
 fn a_hook_that_hangs_is_killed_after_the_timeout() {
     let tmp = tempfile::tempdir().unwrap();
     let hanging = script(tmp.path(), "hanging", "exec sleep 30");

@@ -15,15 +15,7 @@ const OUTPUT_GRACE: Duration = Duration::from_secs(1);
 /// Runs `<path> --version` with an empty environment (the runtime gives a hook
 /// only what the spec says) and returns the first non-empty line of its output.
 pub(super) fn run_version(path: &Path, timeout: Duration) -> Result<String, String> {
-    let mut child = Command::new(path)
-        .arg("--version")
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| spawn_problem(&e))?;
+    let mut child = spawn_version(path)?;
     let stdout = read_in_background(child.stdout.take());
     let stderr = read_in_background(child.stderr.take());
     let deadline = Instant::now() + timeout;
@@ -112,6 +104,35 @@ fn read_in_background(pipe: Option<impl Read + Send + 'static>) -> Output {
     Output { read, done }
 }
 
+/// How long a hook that is busy being written is tried again.
+const TEXT_BUSY_RETRY: Duration = Duration::from_secs(2);
+
+/// Starts `<path> --version`. A file that was just written (the copy this plugin
+/// installs, or one an image build or a test made a moment ago) can refuse to
+/// start with ETXTBSY for a moment: a process forked by another thread before the
+/// writer closed it holds a writable descriptor until that child calls exec. That
+/// clears on its own, so it is tried again for a bounded time; every other error,
+/// and ETXTBSY that lasts, is reported.
+fn spawn_version(path: &Path) -> Result<std::process::Child, String> {
+    let until = Instant::now() + TEXT_BUSY_RETRY;
+    loop {
+        let spawned = Command::new(path)
+            .arg("--version")
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn();
+        match spawned {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => return other.map_err(|e| spawn_problem(&e)),
+        }
+    }
+}
+
 /// Why the kernel refused to start it, in the terms of the likely cause.
 fn spawn_problem(e: &io::Error) -> String {
     match e.raw_os_error() {
@@ -124,6 +145,9 @@ fn spawn_problem(e: &io::Error) -> String {
             "cannot be started ({e}): its dynamic loader is missing, so it is built for \
              another architecture or C library"
         ),
+        Some(libc::ETXTBSY) => {
+            format!("cannot be started ({e}): another process still has it open for writing")
+        }
         Some(libc::EACCES) => {
             format!("cannot be started ({e}): is its file system mounted noexec?")
         }
