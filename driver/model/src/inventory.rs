@@ -213,6 +213,42 @@ pub struct Gpu {
     /// The MIG devices of a GPU in MIG mode; such a GPU is offered only as these.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig_devices: Vec<MigDevice>,
+    /// The GPU instance profiles NVML offers for this GPU and where each may be
+    /// placed: what dynamic MIG publishes as partitions. Empty for a GPU without MIG.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_profiles: Vec<MigProfile>,
+}
+
+/// One GPU instance profile (`nvmlGpuInstanceProfileInfo_v2_t`) and its possible
+/// placements (`nvmlDeviceGetGpuInstancePossiblePlacements_v2`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigProfile {
+    /// nvml.h: "Unique profile ID within the device"; what GPU instance creation
+    /// takes.
+    pub id: u32,
+    /// `1g.10gb`, `1g.10gb+me`: NVML's name without the `MIG ` in front.
+    pub name: String,
+    /// Compute slices (the `7` of `7g.80gb`); placements count memory slices.
+    pub slice_count: u32,
+    /// How many instances of it the GPU holds at most.
+    pub instance_count: u32,
+    pub memory_mib: u64,
+    pub multiprocessors: u32,
+    pub copy_engines: u32,
+    pub decoders: u32,
+    pub encoders: u32,
+    pub jpeg_engines: u32,
+    pub ofa_engines: u32,
+    pub placements: Vec<MigPlacement>,
+}
+
+/// Where a GPU instance lies, in memory slices (nvml.h: `start` "Index of first
+/// occupied memory slice", `size` "Number of memory slices occupied").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct MigPlacement {
+    pub start: u32,
+    pub size: u32,
 }
 
 /// One existing MIG device (a compute instance inside a GPU instance).
@@ -309,6 +345,7 @@ impl Gpu {
             nvlink_domain: None,
             nvlink_clique: None,
             mig_devices: Vec::new(),
+            mig_profiles: Vec::new(),
         }
     }
 
@@ -325,6 +362,26 @@ impl Gpu {
                 pending: true,
             }) => Offer::Mig,
             Some(_) => Offer::MigChangePending,
+        }
+    }
+
+    /// The devices this GPU is offered as, from its MIG mode: itself, its MIG
+    /// devices, or nothing while a MIG mode change waits for a reset.
+    pub fn allocatable(&self) -> Vec<AllocatableDevice> {
+        match self.offer() {
+            Offer::Whole => vec![AllocatableDevice {
+                gpu: self.clone(),
+                mig: None,
+            }],
+            Offer::Mig => self
+                .mig_devices
+                .iter()
+                .map(|m| AllocatableDevice {
+                    gpu: self.clone(),
+                    mig: Some(m.clone()),
+                })
+                .collect(),
+            Offer::MigChangePending => Vec::new(),
         }
     }
 
@@ -351,21 +408,7 @@ impl Inventory {
     /// Every device the node offers, GPU by GPU in bus order: whole GPUs, the MIG
     /// devices of GPUs in MIG mode, nothing for a GPU waiting for a MIG mode change.
     pub fn allocatable(&self) -> Vec<AllocatableDevice> {
-        let mut out = Vec::new();
-        for gpu in &self.gpus {
-            match gpu.offer() {
-                Offer::Whole => out.push(AllocatableDevice {
-                    gpu: gpu.clone(),
-                    mig: None,
-                }),
-                Offer::Mig => out.extend(gpu.mig_devices.iter().map(|m| AllocatableDevice {
-                    gpu: gpu.clone(),
-                    mig: Some(m.clone()),
-                })),
-                Offer::MigChangePending => {}
-            }
-        }
-        out
+        self.gpus.iter().flat_map(Gpu::allocatable).collect()
     }
 }
 

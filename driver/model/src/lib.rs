@@ -64,5 +64,8 @@ pub mod slice;
 pub mod topology;
 
 pub use cpuset::{IdList, IdListError};
-pub use inventory::{AllocatableDevice, Gpu, Inventory, MigDevice, NumaKind, NumaNode, Offer};
+pub use inventory::{
+    AllocatableDevice, Gpu, Inventory, MigDevice, MigPlacement, MigProfile, NumaKind, NumaNode,
+    Offer,
+};
 pub use pci::{PciAddress, PciAddressError, PcieRoot};

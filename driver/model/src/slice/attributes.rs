@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use super::quantity;
 use super::validate::{MAX_VALUE_LEN, check_version};
 use super::{NumaNodeFormat, SliceOptions};
-use crate::inventory::{AllocatableDevice, Gpu, Inventory};
+use crate::inventory::{AllocatableDevice, Gpu, Inventory, MigProfile};
 
 // Standard names, shared with other drivers so that a claim can align a GPU with a NIC
 // or CPU from another driver through `matchAttribute`.
@@ -137,6 +137,46 @@ pub(crate) fn allocatable_attributes(
     a.int(COMPUTE_INSTANCE, Some(mig.compute_instance));
     map.extend(a.map);
     map
+}
+
+/// The attributes of a dynamic MIG partition: what selectors, constraints and the
+/// controller use, and nothing else, since a GPU has about twenty partitions and
+/// every byte is stored and sent to every watcher that many times. The parent's
+/// topology (so `matchAttribute` and GPU + CPU alignment work for partitions),
+/// its UUID, the type and the profile. Identity a selector wants (product,
+/// driver version) is on the whole GPU device of the same parent.
+pub(crate) fn partition_attributes(
+    gpu: &Gpu,
+    profile: &str,
+    inv: &Inventory,
+    opts: &SliceOptions,
+) -> BTreeMap<String, DeviceAttribute> {
+    let mut map = device_attributes(gpu, inv, opts);
+    let aliases: Vec<&str> = opts.numa_node_aliases.iter().map(|a| a.as_str()).collect();
+    map.retain(|name, _| {
+        [NUMA_NODE, PCIE_ROOT, SOCKET, PCIE_SWITCH, NVLINK_DOMAIN].contains(&name.as_str())
+            || aliases.contains(&name.as_str())
+    });
+    let mut a = Attributes::new(gpu);
+    a.string(TYPE, Some(TYPE_MIG.to_owned()));
+    a.string(PROFILE, Some(profile.to_owned()));
+    a.string(PARENT_UUID, gpu.uuid.clone());
+    map.extend(a.map);
+    map
+}
+
+/// A partition's capacities: its profile's memory and multiprocessors.
+pub(crate) fn partition_capacity(p: &MigProfile) -> BTreeMap<String, DeviceCapacity> {
+    BTreeMap::from([
+        (
+            MEMORY.to_owned(),
+            capacity(quantity::bytes(p.memory_mib.saturating_mul(1 << 20))),
+        ),
+        (
+            MULTIPROCESSORS.to_owned(),
+            capacity(Quantity(p.multiprocessors.to_string())),
+        ),
+    ])
 }
 
 /// The capacities of one GPU: its memory, when NVML reported it.

@@ -8,7 +8,8 @@ use k8s_openapi::api::resource::v1::DeviceAttribute;
 
 use crate::cpuset::IdList;
 use crate::inventory::{
-    ComputeCapability, CudaVersion, DistanceMatrix, Gpu, Inventory, NumaKind, NumaNode,
+    ComputeCapability, CudaVersion, DistanceMatrix, Gpu, Inventory, MigMode, MigPlacement,
+    MigProfile, NumaKind, NumaNode,
 };
 use crate::pci::{PciAddress, PcieRoot};
 
@@ -39,6 +40,104 @@ pub fn h100(bus: &str, minor: u32) -> Gpu {
     g.memory_bytes = Some(81559 << 20);
     g.nvlink_domain = Some("nvls-0".to_owned());
     g
+}
+
+/// The GPU instance profiles of an H100 80GB HBM3 as NVML reports them: NVIDIA's
+/// MIG User Guide (r580), Table 7, with ids, SMs and memory from `nvidia-smi mig
+/// -lgip` and placements from `-lgipp` (the fake NVML's table cites the same).
+/// Engines are `[copy engines, decoders, encoders, JPEG, OFA]`.
+pub fn h100_mig_profiles() -> Vec<MigProfile> {
+    let ones: Vec<(u32, u32)> = (0..7).map(|s| (s, 1)).collect();
+    type Row = (
+        u32,
+        &'static str,
+        u32,
+        u32,
+        u32,
+        [u32; 5],
+        u64,
+        Vec<(u32, u32)>,
+    );
+    let rows: [Row; 7] = [
+        (19, "1g.10gb", 1, 7, 16, [1, 1, 0, 1, 0], 9984, ones.clone()),
+        (
+            14,
+            "2g.20gb",
+            2,
+            3,
+            32,
+            [2, 2, 0, 2, 0],
+            20096,
+            vec![(0, 2), (2, 2), (4, 2)],
+        ),
+        (
+            9,
+            "3g.40gb",
+            3,
+            2,
+            60,
+            [3, 3, 0, 3, 0],
+            40448,
+            vec![(0, 4), (4, 4)],
+        ),
+        (5, "4g.40gb", 4, 1, 64, [4, 4, 0, 4, 0], 40448, vec![(0, 4)]),
+        (
+            0,
+            "7g.80gb",
+            7,
+            1,
+            132,
+            [8, 7, 0, 7, 1],
+            81152,
+            vec![(0, 8)],
+        ),
+        (20, "1g.10gb+me", 1, 1, 16, [1, 1, 0, 1, 1], 9984, ones),
+        (
+            15,
+            "1g.20gb",
+            1,
+            4,
+            26,
+            [1, 1, 0, 1, 0],
+            20096,
+            vec![(0, 2), (2, 2), (4, 2), (6, 2)],
+        ),
+    ];
+    rows.into_iter()
+        .map(
+            |(id, name, slices, instances, sms, e, mib, placements)| MigProfile {
+                id,
+                name: name.to_owned(),
+                slice_count: slices,
+                instance_count: instances,
+                memory_mib: mib,
+                multiprocessors: sms,
+                copy_engines: e[0],
+                decoders: e[1],
+                encoders: e[2],
+                jpeg_engines: e[3],
+                ofa_engines: e[4],
+                placements: placements
+                    .into_iter()
+                    .map(|(start, size)| MigPlacement { start, size })
+                    .collect(),
+            },
+        )
+        .collect()
+}
+
+/// A DGX H100 whose GPUs are in MIG mode with no MIG devices, each with its
+/// profiles: what dynamic MIG carves.
+pub fn dgx_h100_mig() -> Inventory {
+    let mut inv = dgx_h100();
+    for g in &mut inv.gpus {
+        g.mig_mode = Some(MigMode {
+            current: true,
+            pending: true,
+        });
+        g.mig_profiles = h100_mig_profiles();
+    }
+    inv
 }
 
 /// A DGX H100: two sockets, one NUMA node each, eight GPUs in bus order, four per

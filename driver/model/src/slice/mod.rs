@@ -17,6 +17,7 @@
 pub mod aliases;
 pub mod attributes;
 mod order;
+mod partitions;
 mod quantity;
 mod split;
 pub(crate) mod validate;
@@ -26,7 +27,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use k8s_openapi::api::resource::v1::{
-    Device, DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
+    CounterSet, Device, DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde::{Deserialize, Serialize};
@@ -35,6 +36,7 @@ pub use aliases::{
     MAX_NUMA_NODE_ALIASES, NumaNodeAlias, NumaNodeAliasError, check_numa_node_aliases,
 };
 pub(crate) use attributes::{allocatable_attributes, allocatable_capacity};
+pub use partitions::DynamicMig;
 pub(crate) use validate::validate_pool;
 
 use crate::IdList;
@@ -124,6 +126,9 @@ pub struct SliceOptions {
     /// pool, so claims already on it keep a device to refer to, while the scheduler
     /// stops placing new claims there. A tainted device halves its slice's limit.
     pub device_taints: BTreeMap<String, Vec<DeviceTaint>>,
+    /// Which GPUs publish their possible MIG partitions beside the whole GPU,
+    /// with a counter set that keeps the two apart ([`partitions`]).
+    pub dynamic_mig: DynamicMig,
 }
 
 impl SliceOptions {
@@ -139,6 +144,7 @@ impl SliceOptions {
             node_uid: None,
             max_devices_per_slice: None,
             device_taints: BTreeMap::new(),
+            dynamic_mig: DynamicMig::Off,
         }
     }
 }
@@ -244,6 +250,50 @@ pub enum SliceError {
         expected: String,
         found: String,
     },
+    #[error(
+        "ResourceSlice {slice:?} holds both devices and shared counters; the API allows one or the other"
+    )]
+    CountersAndDevices { slice: String },
+    #[error("ResourceSlice {slice:?} has {count} counter sets, over the limit of {max}")]
+    TooManyCounterSets {
+        slice: String,
+        count: usize,
+        max: usize,
+    },
+    #[error("counter set {set:?} appears more than once in pool {pool:?}")]
+    DuplicateCounterSet { pool: String, set: String },
+    #[error("counter set {set:?}: name {name:?} is invalid ({reason}): it must be a DNS label")]
+    CounterName {
+        set: String,
+        name: String,
+        reason: &'static str,
+    },
+    #[error("{owner}: {count} counters, over the limit of {max}")]
+    TooManyCounters {
+        owner: String,
+        count: usize,
+        max: usize,
+    },
+    #[error("{owner}: no counters; the API refuses an empty counter set or consumption")]
+    NoCounters { owner: String },
+    #[error("device {device:?} consumes from {count} counter sets, over the limit of {max}")]
+    TooManyConsumptions {
+        device: String,
+        count: usize,
+        max: usize,
+    },
+    #[error("device {device:?} consumes from counter set {set:?} twice")]
+    DuplicateConsumption { device: String, set: String },
+    #[error("device {device:?} consumes from counter set {set:?}, which the pool does not have")]
+    UnknownCounterSet { device: String, set: String },
+    #[error(
+        "device {device:?} consumes counter {counter:?}, which counter set {set:?} does not have"
+    )]
+    UnknownCounter {
+        device: String,
+        set: String,
+        counter: String,
+    },
     #[error("max_devices_per_slice must be at least 1")]
     ZeroDevicesPerSlice,
     #[error(transparent)]
@@ -285,36 +335,109 @@ pub fn build_slices(
     }
     check_numa_node_aliases(&opts.numa_node_aliases, &opts.driver_name)?;
 
-    let devices = order::in_allocation_order(inv)
+    let (devices, counter_sets) = devices_and_counters(inv, opts);
+    let mut chunks: Vec<Chunk> = split::into_chunks(devices, opts.max_devices_per_slice)
         .into_iter()
-        .map(|d| build_device(&d, inv, opts))
+        .map(Chunk::Devices)
         .collect();
-    let chunks = split::into_chunks(devices, opts.max_devices_per_slice);
+    chunks.extend(
+        split::counter_set_chunks(counter_sets)
+            .into_iter()
+            .map(Chunk::Counters),
+    );
     let numa_nodes: IdList = inv.numa_nodes.iter().map(|n| n.id).collect();
     let count = i64::try_from(chunks.len()).unwrap_or(i64::MAX);
 
     let slices: Vec<ResourceSlice> = chunks
         .into_iter()
         .enumerate()
-        .map(|(i, devices)| ResourceSlice {
-            metadata: slice_metadata(opts, i, &numa_nodes),
-            spec: ResourceSliceSpec {
-                driver: opts.driver_name.clone(),
-                node_name: Some(opts.node_name.clone()),
-                pool: ResourcePool {
-                    name: opts.node_name.clone(),
-                    generation: opts.pool_generation,
-                    resource_slice_count: count,
+        .map(|(i, chunk)| {
+            let (devices, shared_counters) = match chunk {
+                // Omitted rather than `[]` when empty: that is how the server
+                // returns it, so a read-back compares equal.
+                Chunk::Devices(d) => ((!d.is_empty()).then_some(d), None),
+                Chunk::Counters(c) => (None, Some(c)),
+            };
+            ResourceSlice {
+                metadata: slice_metadata(opts, i, &numa_nodes),
+                spec: ResourceSliceSpec {
+                    driver: opts.driver_name.clone(),
+                    node_name: Some(opts.node_name.clone()),
+                    pool: ResourcePool {
+                        name: opts.node_name.clone(),
+                        generation: opts.pool_generation,
+                        resource_slice_count: count,
+                    },
+                    devices,
+                    shared_counters,
+                    ..Default::default()
                 },
-                // Omitted rather than `[]` when empty: that is how the server returns
-                // it, so a read-back compares equal.
-                devices: (!devices.is_empty()).then_some(devices),
-                ..Default::default()
-            },
+            }
         })
         .collect();
     validate_pool(&slices)?;
     Ok(slices)
+}
+
+/// What one slice carries: the API allows devices or shared counters, never both.
+enum Chunk {
+    Devices(Vec<Device>),
+    Counters(Vec<CounterSet>),
+}
+
+/// Every device of the pool in publishing order, and the counter sets of the GPUs
+/// with dynamic MIG.
+///
+/// Whole GPUs and static MIG devices come first, in allocation order; partitions
+/// follow, the GPU published last first. The scheduler takes the first device
+/// that fits, so whole-GPU claims fill the pool from its start and partitions
+/// from its end, and a GPU that already holds a partition takes the next one
+/// before an uncarved GPU is touched.
+fn devices_and_counters(inv: &Inventory, opts: &SliceOptions) -> (Vec<Device>, Vec<CounterSet>) {
+    let mut geometries = BTreeMap::new();
+    let mut allocatable = Vec::new();
+    for gpu in &inv.gpus {
+        match partitions::geometry_of(gpu, opts) {
+            Some(g) => {
+                geometries.insert(gpu.pci_bus_id, g);
+                allocatable.push(AllocatableDevice {
+                    gpu: gpu.clone(),
+                    mig: None,
+                });
+            }
+            None => allocatable.extend(gpu.allocatable()),
+        }
+    }
+    let ordered = order::in_allocation_order(inv, allocatable);
+    let mut devices: Vec<Device> = ordered
+        .iter()
+        .map(|d| {
+            let mut device = build_device(d, inv, opts);
+            if let (None, Some(g)) = (&d.mig, geometries.get(&d.gpu.pci_bus_id)) {
+                device.consumes_counters = Some(vec![g.whole.clone()]);
+            }
+            device
+        })
+        .collect();
+    let carved: Vec<&AllocatableDevice> = ordered
+        .iter()
+        .filter(|d| geometries.contains_key(&d.gpu.pci_bus_id))
+        .collect();
+    for d in carved.iter().rev() {
+        if let Some(g) = geometries.get(&d.gpu.pci_bus_id) {
+            devices.extend(
+                g.partitions
+                    .iter()
+                    .map(|p| partitions::partition_device(&d.gpu, p, inv, opts)),
+            );
+        }
+    }
+    let counter_sets = carved
+        .iter()
+        .filter_map(|d| geometries.get(&d.gpu.pci_bus_id))
+        .map(|g| g.counter_set.clone())
+        .collect();
+    (devices, counter_sets)
 }
 
 /// The slices as one Kubernetes `List`, the form `kubectl apply -f` and

@@ -18,8 +18,10 @@ fn known_first<T: Ord>(v: Option<T>) -> (bool, Option<T>) {
 
 /// The node's allocatable devices in publishing order. The MIG devices of one GPU
 /// stay together, by GPU and compute instance id, where the whole GPU would be.
-pub(crate) fn in_allocation_order(inv: &Inventory) -> Vec<AllocatableDevice> {
-    let mut devices = inv.allocatable();
+pub(crate) fn in_allocation_order(
+    inv: &Inventory,
+    mut devices: Vec<AllocatableDevice>,
+) -> Vec<AllocatableDevice> {
     devices.sort_by_cached_key(|d| {
         let g = &d.gpu;
         (
@@ -63,7 +65,7 @@ mod tests {
         }
         inv.gpus.reverse();
         inv.gpus.swap(1, 6);
-        let order = buses(&in_allocation_order(&inv));
+        let order = buses(&in_allocation_order(&inv, inv.allocatable()));
         assert_eq!(
             order,
             [
@@ -86,7 +88,7 @@ mod tests {
         inv.gpus[0].numa_node = Some(9);
         inv.gpus[0].socket = Some(0);
         inv.gpus[7].socket = Some(1);
-        let order: Vec<u32> = in_allocation_order(&inv)
+        let order: Vec<u32> = in_allocation_order(&inv, inv.allocatable())
             .iter()
             .map(|d| d.gpu.minor.unwrap())
             .collect();
@@ -99,7 +101,7 @@ mod tests {
         inv.gpus[0].numa_node = None; // socket still known: last of socket 0
         inv.gpus[1].numa_node = None;
         inv.gpus[1].socket = None; // nothing known: last overall
-        let order = buses(&in_allocation_order(&inv));
+        let order = buses(&in_allocation_order(&inv, inv.allocatable()));
         assert_eq!(
             order,
             [

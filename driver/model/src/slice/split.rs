@@ -5,9 +5,9 @@
 //! fuller slices mean fewer objects for the API server to store and watchers to
 //! receive.
 
-use k8s_openapi::api::resource::v1::Device;
+use k8s_openapi::api::resource::v1::{CounterSet, Device};
 
-use super::validate::{MAX_DEVICES, MAX_DEVICES_RESTRICTED, is_restricted};
+use super::validate::{MAX_COUNTER_SETS, MAX_DEVICES, MAX_DEVICES_RESTRICTED, is_restricted};
 
 /// `cap`, when set, lowers the per-slice limit below the API's (never raises it).
 pub(crate) fn into_chunks(devices: Vec<Device>, cap: Option<usize>) -> Vec<Vec<Device>> {
@@ -32,6 +32,19 @@ pub(crate) fn into_chunks(devices: Vec<Device>, cap: Option<usize>) -> Vec<Vec<D
     }
     if !chunk.is_empty() || chunks.is_empty() {
         chunks.push(chunk);
+    }
+    chunks
+}
+
+/// Counter sets in slices of their own, as many to a slice as the API allows;
+/// none when there are none.
+pub(crate) fn counter_set_chunks(sets: Vec<CounterSet>) -> Vec<Vec<CounterSet>> {
+    let mut chunks: Vec<Vec<CounterSet>> = Vec::new();
+    for set in sets {
+        match chunks.last_mut() {
+            Some(last) if last.len() < MAX_COUNTER_SETS => last.push(set),
+            _ => chunks.push(vec![set]),
+        }
     }
     chunks
 }
@@ -88,6 +101,23 @@ mod tests {
             .into(),
         );
         assert_eq!(sizes(&into_chunks(devices, None)), [64, 128, 8]);
+    }
+
+    #[test]
+    fn counter_sets_go_eight_to_a_slice() {
+        let sets = |n: usize| {
+            (0..n)
+                .map(|i| CounterSet {
+                    name: format!("gpu-{i}"),
+                    ..Default::default()
+                })
+                .collect::<Vec<_>>()
+        };
+        let sizes = |c: Vec<Vec<CounterSet>>| c.iter().map(Vec::len).collect::<Vec<_>>();
+        assert_eq!(sizes(counter_set_chunks(sets(0))), [0usize; 0]);
+        assert_eq!(sizes(counter_set_chunks(sets(8))), [8]);
+        assert_eq!(sizes(counter_set_chunks(sets(9))), [8, 1]);
+        assert_eq!(sizes(counter_set_chunks(sets(17))), [8, 8, 1]);
     }
 
     #[test]

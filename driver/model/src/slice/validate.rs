@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourceSlice};
+use k8s_openapi::api::resource::v1::{Counter, Device, DeviceAttribute, ResourceSlice};
 
 use super::SliceError;
 
@@ -32,6 +32,15 @@ pub(crate) const MAX_ID_LEN: usize = 32;
 pub(crate) const MAX_SUBDOMAIN_LEN: usize = 253;
 /// Bytes in a device name.
 pub(crate) const MAX_LABEL_LEN: usize = 63;
+/// Counter sets per slice (`ResourceSliceMaxCounterSets`).
+pub(crate) const MAX_COUNTER_SETS: usize = 8;
+/// Counters per counter set, and per consumption of one
+/// (`ResourceSliceMaxCountersPerCounterSet`,
+/// `ResourceSliceMaxCountersPerDeviceCounterConsumption`).
+pub(crate) const MAX_COUNTERS: usize = 32;
+/// Counter sets one device consumes from
+/// (`ResourceSliceMaxDeviceCounterConsumptionsPerDevice`).
+pub(crate) const MAX_CONSUMPTIONS: usize = 2;
 
 /// The most devices one slice may hold, given the devices in it.
 pub(crate) fn device_limit<'a>(devices: impl IntoIterator<Item = &'a Device>) -> usize {
@@ -100,6 +109,29 @@ pub(crate) fn validate_slice(slice: &ResourceSlice) -> Result<(), SliceError> {
     }
 
     let devices = spec.devices.as_deref().unwrap_or_default();
+    let sets = spec.shared_counters.as_deref().unwrap_or_default();
+    if !devices.is_empty() && !sets.is_empty() {
+        return Err(SliceError::CountersAndDevices { slice: slice_name });
+    }
+    if sets.len() > MAX_COUNTER_SETS {
+        return Err(SliceError::TooManyCounterSets {
+            slice: slice_name,
+            count: sets.len(),
+            max: MAX_COUNTER_SETS,
+        });
+    }
+    for set in sets {
+        dns_label(&set.name).map_err(|reason| SliceError::CounterName {
+            set: set.name.clone(),
+            name: set.name.clone(),
+            reason,
+        })?;
+        validate_counters(
+            &set.name,
+            &format!("counter set {:?}", set.name),
+            &set.counters,
+        )?;
+    }
     let max = device_limit(devices);
     if devices.len() > max {
         return Err(SliceError::TooManyDevices {
@@ -179,6 +211,70 @@ pub(crate) fn validate_pool(slices: &[ResourceSlice]) -> Result<(), SliceError> 
             }
         }
     }
+    validate_consumptions(slices)
+}
+
+/// Counter set names are unique in the pool, and every counter a device consumes
+/// is one of a set in the pool. The API server checks one slice at a time and
+/// cannot see this; the scheduler can, and then sets the whole pool aside.
+fn validate_consumptions(slices: &[ResourceSlice]) -> Result<(), SliceError> {
+    let mut sets = BTreeMap::new();
+    for s in slices {
+        for set in s.spec.shared_counters.iter().flatten() {
+            if sets.insert(set.name.as_str(), &set.counters).is_some() {
+                return Err(SliceError::DuplicateCounterSet {
+                    pool: s.spec.pool.name.clone(),
+                    set: set.name.clone(),
+                });
+            }
+        }
+    }
+    for d in slices.iter().flat_map(|s| s.spec.devices.iter().flatten()) {
+        for c in d.consumes_counters.iter().flatten() {
+            let set =
+                sets.get(c.counter_set.as_str())
+                    .ok_or_else(|| SliceError::UnknownCounterSet {
+                        device: d.name.clone(),
+                        set: c.counter_set.clone(),
+                    })?;
+            if let Some(counter) = c.counters.keys().find(|k| !set.contains_key(*k)) {
+                return Err(SliceError::UnknownCounter {
+                    device: d.name.clone(),
+                    set: c.counter_set.clone(),
+                    counter: counter.clone(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A counter set's or a consumption's counters: at least one, at most 32, each
+/// named by a DNS label.
+fn validate_counters(
+    set: &str,
+    owner: &str,
+    counters: &BTreeMap<String, Counter>,
+) -> Result<(), SliceError> {
+    if counters.is_empty() {
+        return Err(SliceError::NoCounters {
+            owner: owner.to_owned(),
+        });
+    }
+    if counters.len() > MAX_COUNTERS {
+        return Err(SliceError::TooManyCounters {
+            owner: owner.to_owned(),
+            count: counters.len(),
+            max: MAX_COUNTERS,
+        });
+    }
+    for name in counters.keys() {
+        dns_label(name).map_err(|reason| SliceError::CounterName {
+            set: set.to_owned(),
+            name: name.clone(),
+            reason,
+        })?;
+    }
     Ok(())
 }
 
@@ -232,6 +328,28 @@ fn validate_device(driver: &str, d: &Device) -> Result<(), SliceError> {
     }
     for (name, value) in attributes {
         validate_value(&d.name, name, value)?;
+    }
+    let consumptions = d.consumes_counters.as_deref().unwrap_or_default();
+    if consumptions.len() > MAX_CONSUMPTIONS {
+        return Err(SliceError::TooManyConsumptions {
+            device: d.name.clone(),
+            count: consumptions.len(),
+            max: MAX_CONSUMPTIONS,
+        });
+    }
+    let mut sets = BTreeSet::new();
+    for c in consumptions {
+        if !sets.insert(c.counter_set.as_str()) {
+            return Err(SliceError::DuplicateConsumption {
+                device: d.name.clone(),
+                set: c.counter_set.clone(),
+            });
+        }
+        validate_counters(
+            &c.counter_set,
+            &format!("device {:?} consuming from {:?}", d.name, c.counter_set),
+            &c.counters,
+        )?;
     }
     Ok(())
 }
