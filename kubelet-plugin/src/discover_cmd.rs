@@ -56,6 +56,13 @@ pub(crate) struct DiscoverArgs {
     /// would be published without NUMA and PCIe attributes.
     #[arg(long, env = "TOPODRA_DISCOVER_STRICT")]
     strict: bool,
+
+    /// With -o json or yaml: also show the dynamic MIG partitions and counter sets
+    /// of the GPUs in MIG mode with no MIG devices, as dynamic MIG would publish
+    /// them. A preview of their devices and size only: `serve` does not publish
+    /// them yet, because it cannot yet create the instances they stand for.
+    #[arg(long)]
+    preview_dynamic_mig: bool,
 }
 
 impl DiscoverArgs {
@@ -102,6 +109,9 @@ pub(crate) fn run(args: &DiscoverArgs, out: &mut impl Write) -> Result<()> {
     options.driver_name = args.discovery.driver_name.clone();
     options.numa_node_format = args.discovery.numa_node_format;
     options.numa_node_aliases = numa_node_aliases;
+    if args.preview_dynamic_mig {
+        options.dynamic_mig = slice::DynamicMig::All;
+    }
     match args.output {
         Output::Table => crate::table::render(&inventory, out)?,
         Output::Inventory => {

@@ -8,12 +8,18 @@ use std::process::{Command, Output};
 
 use topodra_fake_nvml::sim;
 
+fn profile_yaml(profile: &str) -> String {
+    std::fs::read_to_string(topodra_fake_nvml::profiles_dir().join(format!("{profile}.yaml")))
+        .unwrap()
+}
+
 fn discover(profile: &str, extra: &[&str]) -> Output {
+    discover_yaml(&profile_yaml(profile), extra)
+}
+
+fn discover_yaml(yaml: &str, extra: &[&str]) -> Output {
     let dir = tempfile::tempdir().unwrap();
-    let yaml =
-        std::fs::read_to_string(topodra_fake_nvml::profiles_dir().join(format!("{profile}.yaml")))
-            .unwrap();
-    let node = sim::materialize(dir.path(), &yaml, &topodra_fake_nvml::cdylib_path()).unwrap();
+    let node = sim::materialize(dir.path(), yaml, &topodra_fake_nvml::cdylib_path()).unwrap();
     Command::new(env!("CARGO_BIN_EXE_topodra-kubelet-plugin"))
         .arg("discover")
         .arg(format!("--nvml-lib={}", node.nvml_lib.display()))
@@ -224,4 +230,46 @@ fn slice_sizes_in_the_docs_are_what_discover_prints() {
     assert_eq!(figure("one device object alone is"), device);
     assert_eq!(figure("compact JSON\n("), int / 8, "per device");
     assert_eq!(figure("`numaNode` it is"), list);
+}
+
+#[test]
+fn dynamic_mig_is_previewed_only_when_asked_for() {
+    // dgx-h100 with every GPU in MIG mode and no MIG devices yet.
+    let yaml = profile_yaml("dgx-h100").replace(
+        "    mig: {current: false, pending: false}",
+        "    mig: {current: true, pending: true}",
+    );
+    let slices = |extra: &[&str]| -> Vec<serde_json::Value> {
+        let out = discover_yaml(&yaml, extra);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        list["items"].as_array().unwrap().clone()
+    };
+    let count = |items: &[serde_json::Value], field: &str| -> usize {
+        items
+            .iter()
+            .map(|s| s["spec"][field].as_array().map_or(0, Vec::len))
+            .sum()
+    };
+    // Without the flag a GPU in MIG mode with no MIG devices offers nothing.
+    let plain = slices(&["-o", "json"]);
+    assert_eq!(count(&plain, "devices"), 0);
+    assert_eq!(count(&plain, "sharedCounters"), 0);
+
+    let preview = slices(&["-o", "json", "--preview-dynamic-mig"]);
+    assert_eq!(preview.len(), 5);
+    assert_eq!(count(&preview, "devices"), 8 * 26);
+    assert_eq!(count(&preview, "sharedCounters"), 8);
+    let names: Vec<&str> = preview
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten())
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"gpu-0"));
+    assert!(names.contains(&"gpu-7-mig-1g-10gb-6"));
+    assert!(names.contains(&"gpu-0-mig-7g-80gb-0"));
 }

@@ -452,3 +452,41 @@ fn lost_gpus_are_not_published_and_are_named() {
     );
     assert!(inv.unjoined.is_empty(), "a lost GPU is no join failure");
 }
+
+/// dgx-h100 with every GPU in MIG mode and no MIG devices yet: NVML's profile
+/// table and placements reach the inventory exactly as the MIG User Guide lists
+/// them for the H100 80GB (the model's fixture, from the same table), and dynamic
+/// MIG publishes them as valid slices. With MIG off nothing is read.
+#[test]
+fn gpus_in_mig_mode_carry_their_profiles_and_placements() {
+    use topodra_model::slice::{DynamicMig, SliceOptions, build_slices, fixtures};
+
+    let off = std::fs::read_to_string(profiles_dir().join("dgx-h100.yaml")).unwrap();
+    let on = off.replace(
+        "    mig: {current: false, pending: false}",
+        "    mig: {current: true, pending: true}",
+    );
+    assert_ne!(on, off);
+    let (_dir, inv) = discover_yaml(&on, NvmlPolicy::Required);
+    let inv = inv.unwrap();
+    assert_eq!(inv.gpus.len(), 8);
+    for g in &inv.gpus {
+        assert_eq!(
+            g.mig_profiles,
+            fixtures::h100_mig_profiles(),
+            "{}",
+            g.pci_bus_id
+        );
+    }
+    let mut opts = SliceOptions::new("dgx");
+    opts.dynamic_mig = DynamicMig::All;
+    let slices = build_slices(&inv, &opts).unwrap();
+    let devices: usize = slices
+        .iter()
+        .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+        .sum();
+    assert_eq!(devices, 8 * 26);
+
+    let (_dir, inv) = discover_yaml(&off, NvmlPolicy::Required);
+    assert!(inv.unwrap().gpus.iter().all(|g| g.mig_profiles.is_empty()));
+}

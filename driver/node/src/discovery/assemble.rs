@@ -191,6 +191,7 @@ fn from_identity(id: &GpuIdentity) -> Gpu {
     gpu.memory_numa_node = id.memory_numa_node;
     gpu.nvlink_clique = id.nvlink_clique.clone();
     gpu.mig_devices = id.mig_devices.clone();
+    gpu.mig_profiles = id.mig_profiles.clone();
     gpu
 }
 

@@ -27,7 +27,8 @@ pub use topodra_model::topology::NvlinkRemote;
 
 use topodra_model::IdList;
 use topodra_model::inventory::{
-    ComputeCapability, CudaVersion, DistanceMatrix, Inventory, MigDevice, MigMode, NumaNode,
+    ComputeCapability, CudaVersion, DistanceMatrix, Inventory, MigDevice, MigMode, MigProfile,
+    NumaNode,
 };
 use topodra_model::{PciAddress, PcieRoot};
 
@@ -88,6 +89,8 @@ pub struct GpuIdentity {
     pub nvlink_clique: Option<String>,
     /// The MIG devices of a GPU whose MIG mode is on.
     pub mig_devices: Vec<MigDevice>,
+    /// The GPU instance profiles and their placements, of a GPU whose MIG mode is on.
+    pub mig_profiles: Vec<MigProfile>,
 }
 
 /// What hwloc or sysfs says about the node's layout.

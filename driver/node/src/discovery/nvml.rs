@@ -194,6 +194,10 @@ fn describe(nvml: &Nvml, index: u32, device: &Device<'_>) -> Result<GpuIdentity,
             Some(MigMode { current: true, .. }) => mig::devices(nvml, device, &mut a),
             _ => Vec::new(),
         },
+        mig_profiles: match mig_mode {
+            Some(MigMode { current: true, .. }) => mig::profiles(nvml, device, &mut a),
+            _ => Vec::new(),
+        },
         uuid,
     };
     if a.lost {

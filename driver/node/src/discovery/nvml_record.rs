@@ -29,7 +29,7 @@ use super::{DiscoveryError, NvmlSource};
 /// profile values starting from 0, until the API returns
 /// NVML_ERROR_INVALID_ARGUMENT"; a driver newer than the bindings (17 profiles in
 /// nvml-wrapper-sys 0.10, as CUDA 13.0's nvml.h; 18 in CUDA 13.2's) has more.
-const PROFILES_PAST_COUNT: u32 = 16;
+pub(super) const PROFILES_PAST_COUNT: u32 = 16;
 
 /// Everything NVML answered on one machine.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -413,7 +413,7 @@ fn v2_version() -> u32 {
 /// `nvmlDeviceGetGpuInstanceProfileInfoV` with the version 2 struct, the one that
 /// carries the profile's name. nvml-wrapper 0.13 wraps only the unversioned call
 /// (`Device::profile_info`), so this goes through the raw binding.
-fn profile_info_v(
+pub(super) fn profile_info_v(
     nvml: &Nvml,
     d: &Device<'_>,
     profile: u32,
@@ -468,7 +468,7 @@ fn profile_info_v(
 /// accommodate the placements supported by the profile"; `count` "Returns number
 /// of allowed placements for the profile". nvml.h: "Requires privileged user",
 /// so an unprivileged record may hold NVML_ERROR_NO_PERMISSION here.
-fn possible_placements(
+pub(super) fn possible_placements(
     nvml: &Nvml,
     d: &Device<'_>,
     profile_id: u32,

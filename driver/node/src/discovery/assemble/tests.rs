@@ -57,6 +57,7 @@ fn ident(bus: &str, index: u32, links: &[&str]) -> GpuIdentity {
         nvlink_remotes: links.iter().map(|l| NvlinkRemote::Other(addr(l))).collect(),
         nvlink_clique: None,
         mig_devices: vec![],
+        mig_profiles: vec![],
     }
 }
 

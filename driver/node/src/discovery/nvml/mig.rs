@@ -10,8 +10,72 @@ use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
 use nvml_wrapper::{Device, Nvml};
 use nvml_wrapper_sys::bindings::*;
 
+use super::super::nvml_record::{PROFILES_PAST_COUNT, possible_placements, profile_info_v};
 use super::Answers;
-use topodra_model::inventory::MigDevice;
+use topodra_model::inventory::{MigDevice, MigPlacement, MigProfile};
+
+/// The GPU instance profiles of a GPU in MIG mode, each with its possible
+/// placements: what dynamic MIG publishes.
+///
+/// Profiles are asked by index until NVML answers INVALID_ARGUMENT past the
+/// compiled-in count (nvml.h's forward-compatible enumeration), so a newer
+/// driver's profiles are found too. A profile is kept only with its name (the
+/// versioned call, answered while MIG mode is on) and at least one placement
+/// (nvml.h: the placements call "Requires privileged user"): a partition needs
+/// both to be published and created. Everything else NVML declines is a
+/// profile this GPU does not have.
+pub(super) fn profiles(nvml: &Nvml, gpu: &Device<'_>, a: &mut Answers) -> Vec<MigProfile> {
+    let mut out = Vec::new();
+    for index in 0..NVML_GPU_INSTANCE_PROFILE_COUNT.saturating_add(PROFILES_PAST_COUNT) {
+        let info = match profile_info_v(nvml, gpu, index) {
+            Ok(info) => info,
+            Err(NvmlError::InvalidArg) if index >= NVML_GPU_INSTANCE_PROFILE_COUNT => break,
+            Err(e) => {
+                a.ok::<()>(Err(e));
+                continue;
+            }
+        };
+        let placements = match possible_placements(nvml, gpu, info.id) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!(profile = info.id, error = %e, "no placements for a MIG profile");
+                a.ok::<()>(Err(e));
+                continue;
+            }
+        };
+        let name = info
+            .name
+            .as_deref()
+            .map(|n| n.strip_prefix("MIG ").unwrap_or(n).trim());
+        let Some(name) = name.filter(|n| !n.is_empty()) else {
+            continue;
+        };
+        if placements.is_empty() {
+            continue;
+        }
+        out.push(MigProfile {
+            id: info.id,
+            name: name.to_owned(),
+            slice_count: info.slice_count,
+            instance_count: info.instance_count,
+            memory_mib: info.memory_size_mb,
+            multiprocessors: info.multiprocessor_count,
+            copy_engines: info.copy_engine_count,
+            decoders: info.decoder_count,
+            encoders: info.encoder_count,
+            jpeg_engines: info.jpeg_count,
+            ofa_engines: info.ofa_count,
+            placements: placements
+                .iter()
+                .map(|p| MigPlacement {
+                    start: p.start,
+                    size: p.size,
+                })
+                .collect(),
+        });
+    }
+    out
+}
 
 pub(super) fn devices(nvml: &Nvml, gpu: &Device<'_>, a: &mut Answers) -> Vec<MigDevice> {
     let max = a.ok(gpu.mig_device_count()).unwrap_or(0);
