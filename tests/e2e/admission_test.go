@@ -138,6 +138,28 @@ func TestResourceSlicePolicy(t *testing.T) {
 		_, err := plugin.Create(ctx, policySlice("create-test", own, tc.edit), dryRun)
 		check("create, "+tc.what, err, tc.want)
 	}
+	// Dynamic MIG's slices (devices that consume counters, and slices of counter
+	// sets alone) pass the API server's validation and the policy as they are built.
+	partitions := partitionSlicesFor(t, own)
+	for _, s := range partitions {
+		_, err := plugin.Create(ctx, s, dryRun)
+		what := fmt.Sprintf("create, dynamic MIG slice %s (%d devices, %d counter sets)", s.Name, len(s.Spec.Devices), len(s.Spec.SharedCounters))
+		check(what, err, "")
+	}
+	// They were at the API's limits (64 devices that consume counters, 8 counter
+	// sets): one more of either is invalid, as the model's limits say.
+	over := partitions[0].DeepCopy()
+	over.Spec.Devices = append(over.Spec.Devices, partitions[3].Spec.Devices[0])
+	if _, err := plugin.Create(ctx, over, dryRun); !apierrors.IsInvalid(err) {
+		t.Errorf("65 devices that consume counters in one slice: got %v, want Invalid", err)
+	}
+	over = partitions[4].DeepCopy()
+	extra := over.Spec.SharedCounters[0].DeepCopy()
+	extra.Name = "gpu-8"
+	over.Spec.SharedCounters = append(over.Spec.SharedCounters, *extra)
+	if _, err := plugin.Create(ctx, over, dryRun); !apierrors.IsInvalid(err) {
+		t.Errorf("9 counter sets in one slice: got %v, want Invalid", err)
+	}
 
 	// Server-side apply, the plugin's own way of writing: a create for a new slice.
 	apply := func(name, pool string) error {
