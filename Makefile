@@ -5,7 +5,7 @@ CARGO ?= cargo
 SIM_PROFILE ?= dgx-h100
 PROFILES := tests/fake-nvml/profiles
 
-.PHONY: all setup build build-debug fuzz-build release push demo test test-unit test-e2e e2e tools-cdi chart-check deps-check deps-audit lint fmt fmt-check clippy bench bench-prepare bench-socket bench-scale bench-node bench-plots clean image image-check image-test gpu-check gpu-check-bundle gpu-check-dry
+.PHONY: all setup build build-debug fuzz-build release push demo test test-unit test-e2e e2e tools-cdi chart-check deps-check deps-audit lint fmt fmt-check clippy bench bench-prepare bench-socket bench-scale bench-node bench-fragmentation bench-plots clean image image-check image-test gpu-check gpu-check-bundle gpu-check-dry
 
 all: build
 
@@ -182,9 +182,19 @@ clippy:
 ## ratios to references measured in the same run; writes target/bench/prepare.json.
 ## See docs/benchmarks.md. TOPODRA_BENCH_ITERS / TOPODRA_BENCH_WARMUP override 1000 / 100.
 ## bench: every benchmark: prepare latency over the real sockets, what unfinished
-## messages on the DRA socket make the plugin hold, the scale run, and the node path
-## against the reference driver.
-bench: bench-prepare bench-socket bench-scale bench-node
+## messages on the DRA socket make the plugin hold, the scale run, the node path
+## against the reference driver, and dynamic MIG fragmentation by device order.
+bench: bench-prepare bench-socket bench-scale bench-node bench-fragmentation
+
+## bench-fragmentation: a churn of MIG profile and whole-GPU claims on the simulated
+## DGX H100 with dynamic MIG, through the real 1.37.2 allocator, for topodra's device
+## order against a lexical and a shuffled one; writes target/bench/fragmentation.json
+## (docs/benchmarks.md, "Dynamic MIG: device order and fragmentation").
+bench-fragmentation: setup
+	$(CARGO) build -p topodra-fake-nvml
+	$(CARGO) build -p topodra-kubelet-plugin --features topodra-kubelet-plugin/crash-points
+	cd tests/e2e && TOPODRA_BENCH_FRAGMENTATION=$(CURDIR)/target/bench/fragmentation.json CGO_ENABLED=0 \
+		go test -trimpath -count=1 -timeout 20m -v -run '^TestFragmentationBenchmark$$' .
 
 bench-prepare: setup
 	@echo "== cargo bench (release build: the first one takes several minutes on 2 cores)"
