@@ -137,7 +137,10 @@ pub(super) async fn serve(
         });
     }
 
-    let publisher_config = PublisherConfig::new(&args.discovery.driver_name, &args.node_name);
+    let mut publisher_config = PublisherConfig::new(&args.discovery.driver_name, &args.node_name);
+    // The allocator walks a pool's slices by name; topodra's device order is policy
+    // (docs/benchmarks.md, "Dynamic MIG: device order and fragmentation").
+    publisher_config.ordered_slice_names = true;
     let slices = match &*desired_rx.borrow() {
         dra_kubeletplugin::publish::DesiredPool::Slices(s) => s.len(),
         dra_kubeletplugin::publish::DesiredPool::Invalid(_) => 1,

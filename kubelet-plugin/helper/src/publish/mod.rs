@@ -77,6 +77,14 @@ pub struct PublisherConfig {
     /// Retry delays after a failed request: doubling from the first to the cap.
     pub retry_initial: Duration,
     pub retry_max: Duration,
+    /// Name a pool of several slices so that its slices sort by name in the order
+    /// the driver gave them: each slice's `generateName` carries its index
+    /// (`<node>-<driver>-<index>-`), and an existing slice is reused only for the
+    /// index its name carries. The scheduler's allocator walks a pool's slices
+    /// sorted by name and takes the first device that fits, so without this a pool
+    /// of several slices is walked in the order of the server's random suffixes.
+    /// A pool of one slice keeps whatever name it has.
+    pub ordered_slice_names: bool,
 }
 
 impl PublisherConfig {
@@ -88,6 +96,7 @@ impl PublisherConfig {
             max_debounce: Duration::from_secs(5),
             retry_initial: Duration::from_millis(500),
             retry_max: Duration::from_secs(60),
+            ordered_slice_names: false,
         }
     }
 

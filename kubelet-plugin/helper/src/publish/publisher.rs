@@ -96,7 +96,8 @@ impl Publisher {
             .streaming_lists();
         let mut events = pin!(watcher(api.clone(), config).default_backoff());
 
-        let mut state = PoolState::new(&self.config.driver_name, &self.config.node_name);
+        let mut state = PoolState::new(&self.config.driver_name, &self.config.node_name)
+            .with_ordered_names(self.config.ordered_slice_names);
         let mut debounce = Debounce::new(self.config.debounce, self.config.max_debounce);
         let mut backoff = Backoff::new(self.config.retry_initial, self.config.retry_max);
         let mut retry_at: Option<Instant> = None;

@@ -74,7 +74,15 @@ pub(crate) struct PoolState {
     /// The highest generation we wrote, so a generation is never reused for other
     /// content, even when the slices that carried it are gone.
     last_generation: Option<i64>,
+    /// [`crate::publish::PublisherConfig::ordered_slice_names`].
+    ordered: bool,
 }
+
+/// The API server cuts a `generateName` to 58 characters before it adds five
+/// random ones (`names.SimpleNameGenerator`: 63 less 5).
+const MAX_GENERATE_NAME: usize = 58;
+/// The characters the API server's random suffix adds.
+const SUFFIX_LEN: usize = 5;
 
 impl PoolState {
     pub(crate) fn new(driver: impl Into<String>, node: impl Into<String>) -> Self {
@@ -87,7 +95,31 @@ impl PoolState {
             synced: false,
             written: BTreeMap::new(),
             last_generation: None,
+            ordered: false,
         }
+    }
+
+    pub(crate) fn with_ordered_names(mut self, ordered: bool) -> Self {
+        self.ordered = ordered;
+        self
+    }
+
+    /// The `generateName` of the slice at `index` of a pool of `count` slices when
+    /// names keep the order: `<node>-<driver>-<index>-`, the index zero-padded so
+    /// names sort as numbers. Where that is longer than the server keeps, the index
+    /// goes first, since a cut would take it off the end.
+    fn ordered_prefix(&self, index: usize, count: usize) -> String {
+        let width = count.saturating_sub(1).to_string().len().max(2);
+        let index = format!("{index:0width$}");
+        let full = format!("{}-{}-{index}-", self.node, self.driver);
+        if full.len() <= MAX_GENERATE_NAME {
+            return full;
+        }
+        let mut p = format!("{index}-{}-{}", self.node, self.driver);
+        p.truncate(MAX_GENERATE_NAME.saturating_sub(1));
+        let mut p = p.trim_end_matches(['-', '.']).to_owned();
+        p.push('-');
+        p
     }
 
     /// True once the watch's initial events are complete and no relist is running:
@@ -194,11 +226,20 @@ impl PoolState {
         let effective = self.effective(&observed, now);
         let observed_max = effective.values().map(|s| s.spec.pool.generation).max();
         let high = observed_max.max(self.last_generation);
-        let names = assign(desired, &effective);
+        let prefixes: Option<Vec<String>> = (self.ordered && desired.len() > 1).then(|| {
+            (0..desired.len())
+                .map(|i| self.ordered_prefix(i, desired.len()))
+                .collect()
+        });
+        let names = assign(desired, &effective, prefixes.as_deref());
         let named: Vec<ResourceSlice> = desired
             .iter()
             .zip(&names)
-            .map(|(s, name)| self.named(s, name.clone()))
+            .enumerate()
+            .map(|(i, (s, name))| {
+                let prefix = prefixes.as_ref().and_then(|p| p.get(i)).cloned();
+                self.named(s, name.clone(), prefix)
+            })
             .collect();
 
         if let Some(generation) = high
@@ -229,12 +270,18 @@ impl PoolState {
         })
     }
 
-    /// `slice` under `name`, or to be named by the server after this node and driver.
-    fn named(&self, slice: &ResourceSlice, name: Option<String>) -> ResourceSlice {
+    /// `slice` under `name`, or to be named by the server after this node and driver
+    /// (and, for ordered names, its index: `prefix`).
+    fn named(
+        &self,
+        slice: &ResourceSlice,
+        name: Option<String>,
+        prefix: Option<String>,
+    ) -> ResourceSlice {
         let mut s = slice.clone();
         s.metadata.generate_name = match name {
             Some(_) => None,
-            None => Some(format!("{}-{}-", self.node, self.driver)),
+            None => Some(prefix.unwrap_or_else(|| format!("{}-{}-", self.node, self.driver))),
         };
         s.metadata.name = name;
         s
@@ -307,10 +354,18 @@ impl PoolState {
 /// none is left (it is created). Reusing slices keeps writes to one per changed
 /// slice; matching by devices keeps each device in the object it was in, so a
 /// reader never sees a device move between slices for nothing.
+///
+/// With `prefixes` (ordered names), desired slice `i` only takes a slice named
+/// `prefixes[i]` and a server suffix, so the names keep sorting in pool order.
 fn assign(
     desired: &[ResourceSlice],
     observed: &BTreeMap<&String, &ResourceSlice>,
+    prefixes: Option<&[String]>,
 ) -> Vec<Option<String>> {
+    let fits = |i: usize, name: &str| match prefixes.and_then(|p| p.get(i)) {
+        None => prefixes.is_none(),
+        Some(p) => name.starts_with(p.as_str()) && name.len() == p.len().saturating_add(SUFFIX_LEN),
+    };
     let devices = |s: &ResourceSlice| -> BTreeSet<String> {
         s.spec
             .devices
@@ -324,22 +379,28 @@ fn assign(
     let wanted: Vec<BTreeSet<String>> = desired.iter().map(devices).collect();
     let mut out: Vec<Option<String>> = vec![None; desired.len()];
     for (i, want) in wanted.iter().enumerate() {
-        if let Some(at) = free.iter().position(|(_, have)| have == want) {
+        if let Some(at) = free
+            .iter()
+            .position(|(name, have)| have == want && fits(i, name))
+        {
             out[i] = Some(free.remove(at).0.clone());
         }
     }
     for (i, want) in wanted.iter().enumerate() {
-        if out[i].is_some() || free.is_empty() {
+        if out[i].is_some() {
             continue;
         }
         // max_by_key keeps the last of equals; the first (by name) is wanted.
-        let at = free
+        let best = free
             .iter()
             .enumerate()
             .rev()
+            .filter(|(_, (name, _))| fits(i, name))
             .max_by_key(|(_, (_, have))| have.intersection(want).count())
-            .map_or(0, |(at, _)| at);
-        out[i] = Some(free.remove(at).0.clone());
+            .map(|(at, _)| at);
+        if let Some(at) = best {
+            out[i] = Some(free.remove(at).0.clone());
+        }
     }
     out
 }

@@ -564,3 +564,40 @@ async fn a_duplicate_slice_of_ours_is_deleted() {
     assert_eq!(counts(&run.requests())[&("delete", "resourceslices")], 1);
     run.stop().await;
 }
+
+/// With ordered names the server's names sort in pool order, and a restarted
+/// publisher finds them in sync: nothing is written twice.
+#[tokio::test(start_paused = true)]
+async fn ordered_names_sort_in_pool_order_and_survive_a_restart() {
+    let mock = mock();
+    let mut ordered = config();
+    ordered.ordered_slice_names = true;
+    let mut run = start(&mock, ordered.clone(), desired(8, Some(3)));
+    run.until(PublishStatus::InSync { generation: 1 }).await;
+    // mock.stored() is by name, so in the order the allocator walks the slices.
+    let stored = mock.stored();
+    let by_name: Vec<(&String, &serde_json::Value)> = stored.iter().collect();
+    let first_devices: Vec<&str> = by_name
+        .iter()
+        .map(|(_, s)| s["spec"]["devices"][0]["name"].as_str().unwrap())
+        .collect();
+    // Three devices to a slice, in pool order: gpu-0, gpu-3, gpu-6 lead them.
+    assert_eq!(first_devices, ["gpu-0", "gpu-3", "gpu-6"]);
+    for (i, (name, _)) in by_name.iter().enumerate() {
+        assert!(
+            name.starts_with(&format!("{NODE}-{DRIVER}-0{i}-")),
+            "{name}"
+        );
+    }
+    run.stop().await;
+
+    let before = mock.requests().len();
+    let mut again = start(&mock, ordered, desired(8, Some(3)));
+    again.until(PublishStatus::InSync { generation: 1 }).await;
+    let writes = mock.requests()[before..]
+        .iter()
+        .filter(|r| r.method != Method::GET)
+        .count();
+    assert_eq!(writes, 0);
+    again.stop().await;
+}

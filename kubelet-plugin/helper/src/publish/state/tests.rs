@@ -179,3 +179,124 @@ fn other_drivers_and_nodes_are_not_ours() {
     assert_eq!(plan.generation, 1);
     assert!(plan.delete.is_empty());
 }
+
+fn ordered_synced_with(node: &str, slices: Vec<ResourceSlice>) -> PoolState {
+    let mut st = PoolState::new("gpu.topodra.dev", node).with_ordered_names(true);
+    st.on_event(&watcher::Event::Init);
+    for (i, s) in slices.into_iter().enumerate() {
+        st.on_event(&watcher::Event::InitApply(stored(s, i as u32 + 1)));
+    }
+    assert!(st.on_event(&watcher::Event::InitDone));
+    st
+}
+
+fn plan_of(d: Decision) -> Plan {
+    match d {
+        Decision::Write(plan) => plan,
+        other => panic!("expected a write, got {other:?}"),
+    }
+}
+
+#[test]
+fn ordered_names_carry_the_index_so_names_sort_in_pool_order() {
+    let st = ordered_synced_with("n", vec![]);
+    let plan = plan_of(st.decide(&pool(5), Instant::now()));
+    let prefixes: Vec<_> = plan
+        .create
+        .iter()
+        .map(|s| s.metadata.generate_name.clone().unwrap())
+        .collect();
+    assert_eq!(
+        prefixes,
+        [
+            "n-gpu.topodra.dev-00-",
+            "n-gpu.topodra.dev-01-",
+            "n-gpu.topodra.dev-02-"
+        ]
+    );
+}
+
+#[test]
+fn ordered_names_are_kept_for_their_index_only() {
+    let now = Instant::now();
+    // Ours, named by the server from ordered prefixes, listed out of order.
+    let mut observed = at(6, 3);
+    for (s, name) in observed.iter_mut().zip([
+        "n-gpu.topodra.dev-01-bbbbb",
+        "n-gpu.topodra.dev-00-zzzzz",
+        "n-gpu.topodra.dev-02-ccccc",
+    ]) {
+        s.metadata.name = Some(name.to_owned());
+    }
+    // Slice 0's devices under the name of index 1 and the other way round: the
+    // devices move to the slices whose names keep the pool's order.
+    let st = ordered_synced_with("n", observed);
+    let plan = plan_of(st.decide(&pool(6), now));
+    let names: Vec<_> = plan
+        .apply
+        .iter()
+        .map(|s| s.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "n-gpu.topodra.dev-00-zzzzz",
+            "n-gpu.topodra.dev-01-bbbbb",
+            "n-gpu.topodra.dev-02-ccccc"
+        ]
+    );
+    assert!(plan.create.is_empty() && plan.delete.is_empty());
+
+    // Once in order, an unchanged pool writes nothing; a shrunk one drops the last.
+    let mut in_order = at(6, 4);
+    for (i, s) in in_order.iter_mut().enumerate() {
+        s.metadata.name = Some(format!("n-gpu.topodra.dev-0{i}-abcde"));
+    }
+    let st = ordered_synced_with("n", in_order);
+    assert_eq!(st.decide(&pool(6), now), Decision::InSync { generation: 4 });
+    let plan = plan_of(st.decide(&pool(4), now));
+    let deleted: Vec<_> = plan
+        .delete
+        .iter()
+        .map(|s| s.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(deleted, ["n-gpu.topodra.dev-02-abcde"]);
+}
+
+#[test]
+fn unordered_names_of_several_slices_are_replaced_once_and_one_slice_keeps_its_name() {
+    let now = Instant::now();
+    let mut legacy = at(4, 2);
+    legacy[0].metadata.name = Some("n-gpu.topodra.dev-zzzzz".to_owned());
+    legacy[1].metadata.name = Some("n-gpu.topodra.dev-bbbbb".to_owned());
+    let st = ordered_synced_with("n", legacy);
+    let plan = plan_of(st.decide(&pool(4), now));
+    assert_eq!(
+        (plan.apply.len(), plan.create.len(), plan.delete.len()),
+        (0, 2, 2)
+    );
+
+    // A pool of one slice: order cannot matter, the name stays.
+    let mut one = at(2, 2);
+    one[0].metadata.name = Some("n-gpu.topodra.dev-zzzzz".to_owned());
+    let st = ordered_synced_with("n", one);
+    assert_eq!(st.decide(&pool(2), now), Decision::InSync { generation: 2 });
+}
+
+#[test]
+fn a_long_node_name_puts_the_index_first_where_the_server_would_cut_it_off() {
+    let node = format!("{}.example.com", "a".repeat(60));
+    let st = PoolState::new("gpu.topodra.dev", node.as_str()).with_ordered_names(true);
+    let p = st.ordered_prefix(3, 12);
+    assert!(p.len() <= MAX_GENERATE_NAME, "{p}");
+    assert!(p.starts_with("03-aaaa"), "{p}");
+    assert!(
+        p.ends_with('-') && !p.ends_with(".-") && !p.ends_with("--"),
+        "{p}"
+    );
+    assert_eq!(st.ordered_prefix(3, 120), {
+        let mut q = format!("003-{node}-gpu.topodra.dev");
+        q.truncate(MAX_GENERATE_NAME - 1);
+        format!("{}-", q.trim_end_matches(['-', '.']))
+    });
+}
