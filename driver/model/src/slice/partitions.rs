@@ -27,7 +27,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::resource::v1::{Counter, CounterSet, Device, DeviceCounterConsumption};
+use k8s_openapi::api::resource::v1::{
+    Counter, CounterSet, Device, DeviceCounterConsumption, DeviceTaint,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::attributes::{self, partition_attributes};
@@ -382,12 +384,23 @@ pub(crate) fn partition_device(
     let attributes = partition_attributes(gpu, &p.profile.name, inv, opts);
     let capacity = attributes::partition_capacity(&p.profile);
     let name = partition_name(gpu, p);
+    // A partition is part of its GPU: what taints the GPU (an XID, a lost GPU)
+    // taints every partition of it, beside any taint of the partition's own.
+    let mut taints: Vec<DeviceTaint> = Vec::new();
+    for t in [name.clone(), gpu.device_name()]
+        .iter()
+        .filter_map(|n| opts.device_taints.get(n))
+        .flatten()
+    {
+        if !taints
+            .iter()
+            .any(|have| have.key == t.key && have.effect == t.effect)
+        {
+            taints.push(t.clone());
+        }
+    }
     Device {
-        taints: opts
-            .device_taints
-            .get(&name)
-            .filter(|t| !t.is_empty())
-            .cloned(),
+        taints: (!taints.is_empty()).then_some(taints),
         name,
         attributes: (!attributes.is_empty()).then_some(attributes),
         capacity: (!capacity.is_empty()).then_some(capacity),

@@ -560,3 +560,38 @@ fn bytes_per_gpu_with_and_without_partitions() {
     // docs/attributes.md quotes both figures ("Dynamic MIG").
     assert_eq!((per_gpu_whole, per_gpu_carved), (712, 15_644));
 }
+
+#[test]
+fn a_taint_on_a_gpu_taints_each_of_its_partitions() {
+    let taint = |value: &str| k8s_openapi::api::resource::v1::DeviceTaint {
+        key: "gpu.topodra.dev/unhealthy".to_owned(),
+        value: Some(value.to_owned()),
+        effect: "NoSchedule".to_owned(),
+        ..Default::default()
+    };
+    let mut opts = dynamic("dgx");
+    opts.device_taints
+        .insert("gpu-3".to_owned(), vec![taint("xid-79")]);
+    opts.device_taints
+        .insert("gpu-5-mig-1g-10gb-6".to_owned(), vec![taint("own")]);
+    let slices = build_slices(&dgx_h100_mig(), &opts).unwrap();
+    let all = devices(&slices);
+    let of = |prefix: &str| -> Vec<&&Device> {
+        all.iter()
+            .filter(|d| d.name == prefix || d.name.starts_with(&format!("{prefix}-mig-")))
+            .collect()
+    };
+    let gpu3 = of("gpu-3");
+    assert_eq!(gpu3.len(), 26);
+    for d in gpu3 {
+        let t = d.taints.as_ref().unwrap();
+        assert_eq!(t.len(), 1, "{}", d.name);
+        assert_eq!(t[0].value.as_deref(), Some("xid-79"), "{}", d.name);
+    }
+    for d in of("gpu-5") {
+        let want = usize::from(d.name == "gpu-5-mig-1g-10gb-6");
+        assert_eq!(d.taints.as_ref().map_or(0, Vec::len), want, "{}", d.name);
+    }
+    // Tainted devices halve no slice below what the counters already did (64).
+    validate::validate_pool(&slices).unwrap();
+}
