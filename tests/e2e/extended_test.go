@@ -104,21 +104,7 @@ func alignedShare(ps []erPlacement, numa map[string]int64) (aligned, pairs int) 
 func simulateWorkload(t *testing.T, node *v1.Node, class *resourceapi.DeviceClass, slice *resourceapi.ResourceSlice, steps []erStep) []erPlacement {
 	t.Helper()
 	ctx := context.Background()
-	fts := schedfeature.NewSchedulerFeaturesFromGates(utilfeature.DefaultFeatureGate)
-	features := structured.Features{
-		AdminAccess:             fts.EnableDRAAdminAccess,
-		PrioritizedList:         fts.EnableDRAPrioritizedList,
-		PartitionableDevices:    fts.EnableDRAPartitionableDevices,
-		DeviceTaints:            fts.EnableDRADeviceTaints,
-		DeviceBindingAndStatus:  fts.EnableDRADeviceBindingConditions && fts.EnableDRAResourceClaimDeviceStatus,
-		ConsumableCapacity:      fts.EnableDRAConsumableCapacity,
-		FractionalCapacityRange: fts.EnableDRAFractionalCapacityRange,
-		ListTypeAttributes:      fts.EnableDRAListTypeAttributes,
-		OptionalNodeOperations:  fts.EnableDRAOptionalNodeOperations,
-		DerivedAttributes:       fts.EnableDRADerivedAttributes,
-		CompatibilityGroups:     fts.EnableDRADeviceCompatibilityGroups,
-	}
-	celCache := cel.NewCache(10, cel.Features{EnableConsumableCapacity: features.ConsumableCapacity, EnableListTypeAttributes: features.ListTypeAttributes})
+	features, celCache := schedulerAllocator()
 	allocated := sets.New[structured.DeviceID]()
 	held := map[string][]string{}
 	var out []erPlacement
@@ -160,6 +146,27 @@ func simulateWorkload(t *testing.T, node *v1.Node, class *resourceapi.DeviceClas
 		out = append(out, erPlacement{s.pod, s.size, devs})
 	}
 	return out
+}
+
+// schedulerAllocator is what the scheduler's DRA plugin gives the allocator: the
+// allocator features it derives from the feature gates (here the defaults of this
+// release), and a CEL cache with the matching CEL features.
+func schedulerAllocator() (structured.Features, *cel.Cache) {
+	fts := schedfeature.NewSchedulerFeaturesFromGates(utilfeature.DefaultFeatureGate)
+	features := structured.Features{
+		AdminAccess:             fts.EnableDRAAdminAccess,
+		PrioritizedList:         fts.EnableDRAPrioritizedList,
+		PartitionableDevices:    fts.EnableDRAPartitionableDevices,
+		DeviceTaints:            fts.EnableDRADeviceTaints,
+		DeviceBindingAndStatus:  fts.EnableDRADeviceBindingConditions && fts.EnableDRAResourceClaimDeviceStatus,
+		ConsumableCapacity:      fts.EnableDRAConsumableCapacity,
+		FractionalCapacityRange: fts.EnableDRAFractionalCapacityRange,
+		ListTypeAttributes:      fts.EnableDRAListTypeAttributes,
+		OptionalNodeOperations:  fts.EnableDRAOptionalNodeOperations,
+		DerivedAttributes:       fts.EnableDRADerivedAttributes,
+		CompatibilityGroups:     fts.EnableDRADeviceCompatibilityGroups,
+	}
+	return features, cel.NewCache(10, cel.Features{EnableConsumableCapacity: features.ConsumableCapacity, EnableListTypeAttributes: features.ListTypeAttributes})
 }
 
 // classes lists DeviceClasses for the allocator.

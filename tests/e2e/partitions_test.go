@@ -21,7 +21,6 @@ import (
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
-	schedfeature "k8s.io/kubernetes/pkg/scheduler/framework/plugins/feature"
 )
 
 // The dynamic MIG slices of a simulated DGX H100 (every GPU in MIG mode, no MIG
@@ -105,23 +104,10 @@ type partitionAllocator struct {
 }
 
 func newPartitionAllocator(t *testing.T) *partitionAllocator {
-	fts := schedfeature.NewSchedulerFeaturesFromGates(utilfeature.DefaultFeatureGate)
-	if !fts.EnableDRAPartitionableDevices {
+	if !utilfeature.DefaultFeatureGate.Enabled("DRAPartitionableDevices") {
 		t.Fatal("DRAPartitionableDevices is off by default; the 1.37 default was on")
 	}
-	features := structured.Features{
-		AdminAccess:             fts.EnableDRAAdminAccess,
-		PrioritizedList:         fts.EnableDRAPrioritizedList,
-		PartitionableDevices:    fts.EnableDRAPartitionableDevices,
-		DeviceTaints:            fts.EnableDRADeviceTaints,
-		DeviceBindingAndStatus:  fts.EnableDRADeviceBindingConditions && fts.EnableDRAResourceClaimDeviceStatus,
-		ConsumableCapacity:      fts.EnableDRAConsumableCapacity,
-		FractionalCapacityRange: fts.EnableDRAFractionalCapacityRange,
-		ListTypeAttributes:      fts.EnableDRAListTypeAttributes,
-		OptionalNodeOperations:  fts.EnableDRAOptionalNodeOperations,
-		DerivedAttributes:       fts.EnableDRADerivedAttributes,
-		CompatibilityGroups:     fts.EnableDRADeviceCompatibilityGroups,
-	}
+	features, cache := schedulerAllocator()
 	class := func(name, expr string) *resourceapi.DeviceClass {
 		return &resourceapi.DeviceClass{
 			ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -137,7 +123,7 @@ func newPartitionAllocator(t *testing.T) *partitionAllocator {
 	}
 	return &partitionAllocator{
 		t: t, slices: partitionSlices(t), classes: cs, features: features,
-		cache:     cel.NewCache(10, cel.Features{EnableConsumableCapacity: features.ConsumableCapacity, EnableListTypeAttributes: features.ListTypeAttributes}),
+		cache:     cache,
 		allocated: sets.New[structured.DeviceID](),
 	}
 }
