@@ -139,15 +139,15 @@ pub(crate) fn allocatable_attributes(
     map
 }
 
-/// The attributes of a dynamic MIG partition: what selectors, constraints and the
-/// controller use, and nothing else, since a GPU has about twenty partitions and
-/// every byte is stored and sent to every watcher that many times. The parent's
-/// topology (so `matchAttribute` and GPU + CPU alignment work for partitions),
-/// its UUID, the type and the profile. Identity a selector wants (product,
-/// driver version) is on the whole GPU device of the same parent.
-pub(crate) fn partition_attributes(
+/// What every dynamic MIG partition of a GPU says alike: what selectors,
+/// constraints and the controller use, and nothing else, since a GPU has about
+/// twenty partitions and every byte is stored and sent to every watcher that many
+/// times. The parent's topology (so `matchAttribute` and GPU + CPU alignment work
+/// for partitions), its UUID and the type. Identity a selector wants (product,
+/// driver version) is on the whole GPU device of the same parent. Built once per
+/// GPU; [`partition_attributes`] adds each partition's profile.
+pub(crate) fn partition_shared_attributes(
     gpu: &Gpu,
-    profile: &str,
     inv: &Inventory,
     opts: &SliceOptions,
 ) -> BTreeMap<String, DeviceAttribute> {
@@ -159,8 +159,20 @@ pub(crate) fn partition_attributes(
     });
     let mut a = Attributes::new(gpu);
     a.string(TYPE, Some(TYPE_MIG.to_owned()));
-    a.string(PROFILE, Some(profile.to_owned()));
     a.string(PARENT_UUID, gpu.uuid.clone());
+    map.extend(a.map);
+    map
+}
+
+/// The attributes of one partition: its GPU's shared ones and its profile.
+pub(crate) fn partition_attributes(
+    gpu: &Gpu,
+    shared: &BTreeMap<String, DeviceAttribute>,
+    profile: &str,
+) -> BTreeMap<String, DeviceAttribute> {
+    let mut a = Attributes::new(gpu);
+    a.string(PROFILE, Some(profile.to_owned()));
+    let mut map = shared.clone();
     map.extend(a.map);
     map
 }

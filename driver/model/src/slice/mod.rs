@@ -425,10 +425,11 @@ fn devices_and_counters(inv: &Inventory, opts: &SliceOptions) -> (Vec<Device>, V
         .collect();
     for d in carved.iter().rev() {
         if let Some(g) = geometries.get(&d.gpu.pci_bus_id) {
+            let shared = attributes::partition_shared_attributes(&d.gpu, inv, opts);
             devices.extend(
                 g.partitions
                     .iter()
-                    .map(|p| partitions::partition_device(&d.gpu, p, inv, opts)),
+                    .map(|p| partitions::partition_device(&d.gpu, p, &shared, opts)),
             );
         }
     }

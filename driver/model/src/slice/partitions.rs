@@ -28,13 +28,13 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{
-    Counter, CounterSet, Device, DeviceCounterConsumption, DeviceTaint,
+    Counter, CounterSet, Device, DeviceAttribute, DeviceCounterConsumption, DeviceTaint,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::attributes::{self, partition_attributes};
 use super::{SliceOptions, quantity};
-use crate::inventory::{Gpu, Inventory, MigPlacement, MigProfile, Offer};
+use crate::inventory::{Gpu, MigPlacement, MigProfile, Offer};
 
 /// Which GPUs publish their MIG partitions.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -373,15 +373,15 @@ pub(crate) fn partition_name(gpu: &Gpu, p: &Partition) -> String {
     )
 }
 
-/// The device of one partition: the parent's topology, the profile, what it
-/// consumes.
+/// The device of one partition: its GPU's `shared` attributes
+/// ([`attributes::partition_shared_attributes`]), the profile, what it consumes.
 pub(crate) fn partition_device(
     gpu: &Gpu,
     p: &Partition,
-    inv: &Inventory,
+    shared: &BTreeMap<String, DeviceAttribute>,
     opts: &SliceOptions,
 ) -> Device {
-    let attributes = partition_attributes(gpu, &p.profile.name, inv, opts);
+    let attributes = partition_attributes(gpu, shared, &p.profile.name);
     let capacity = attributes::partition_capacity(&p.profile);
     let name = partition_name(gpu, p);
     // A partition is part of its GPU: what taints the GPU (an XID, a lost GPU)
