@@ -35,6 +35,13 @@ pub(super) fn profiles(nvml: &Nvml, gpu: &Device<'_>, a: &mut Answers) -> Vec<Mi
                 continue;
             }
         };
+        let name = info
+            .name
+            .as_deref()
+            .map(|n| n.strip_prefix("MIG ").unwrap_or(n).trim());
+        let Some(name) = name.filter(|n| !n.is_empty()) else {
+            continue;
+        };
         let placements = match possible_placements(nvml, gpu, info.id) {
             Ok(p) => p,
             Err(e) => {
@@ -42,13 +49,6 @@ pub(super) fn profiles(nvml: &Nvml, gpu: &Device<'_>, a: &mut Answers) -> Vec<Mi
                 a.ok::<()>(Err(e));
                 continue;
             }
-        };
-        let name = info
-            .name
-            .as_deref()
-            .map(|n| n.strip_prefix("MIG ").unwrap_or(n).trim());
-        let Some(name) = name.filter(|n| !n.is_empty()) else {
-            continue;
         };
         if placements.is_empty() {
             continue;
