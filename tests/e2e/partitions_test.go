@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -362,7 +363,7 @@ func legalPlacement(geom map[string]placement, held []string, profile string, in
 	}
 	sort.Strings(names)
 	for _, name := range names {
-		if geom[name].profile != profile || contains(held, name) {
+		if geom[name].profile != profile || slices.Contains(held, name) {
 			continue
 		}
 		if checkNVMLRules(geom, append(append([]string{}, held...), name), instances) == nil {
@@ -370,13 +371,4 @@ func legalPlacement(geom map[string]placement, held []string, profile string, in
 		}
 	}
 	return "", false
-}
-
-func contains(xs []string, x string) bool {
-	for _, y := range xs {
-		if y == x {
-			return true
-		}
-	}
-	return false
 }
