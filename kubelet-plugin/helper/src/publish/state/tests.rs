@@ -10,6 +10,14 @@ fn at(devices: u32, generation: i64) -> Vec<ResourceSlice> {
     at_generation(&pool(devices), generation)
 }
 
+/// The names of written or deleted slices, in order.
+fn names_of(slices: &[ResourceSlice]) -> Vec<String> {
+    slices
+        .iter()
+        .map(|s| s.metadata.name.clone().unwrap())
+        .collect()
+}
+
 fn stored(mut s: ResourceSlice, rv: u32) -> ResourceSlice {
     s.metadata.resource_version = Some(rv.to_string());
     s.metadata.uid = Some(format!("uid-{}", s.metadata.name.as_deref().unwrap()));
@@ -65,11 +73,7 @@ fn a_shrunk_pool_bumps_and_deletes_the_extra_slice() {
     assert_eq!(plan.generation, 8);
     assert_eq!(plan.apply.len(), 2);
     assert!(plan.apply.iter().all(|s| s.spec.pool.generation == 8));
-    let deleted: Vec<_> = plan
-        .delete
-        .iter()
-        .map(|s| s.metadata.name.clone().unwrap())
-        .collect();
+    let deleted = names_of(&plan.delete);
     assert_eq!(deleted, ["n-gpu.topodra.dev-2"]);
 }
 
@@ -147,11 +151,7 @@ fn slices_are_matched_by_devices_whatever_their_names() {
     let Decision::Write(plan) = st.decide(&pool(3), now) else {
         panic!("expected a write");
     };
-    let names: Vec<_> = plan
-        .apply
-        .iter()
-        .map(|s| s.metadata.name.clone().unwrap())
-        .collect();
+    let names = names_of(&plan.apply);
     assert_eq!(
         names,
         ["n-gpu.topodra.dev-zzzzz", "n-gpu.topodra.dev-bbbbb"]
@@ -232,11 +232,7 @@ fn ordered_names_are_kept_for_their_index_only() {
     // devices move to the slices whose names keep the pool's order.
     let st = ordered_synced_with("n", observed);
     let plan = plan_of(st.decide(&pool(6), now));
-    let names: Vec<_> = plan
-        .apply
-        .iter()
-        .map(|s| s.metadata.name.clone().unwrap())
-        .collect();
+    let names = names_of(&plan.apply);
     assert_eq!(
         names,
         [
@@ -255,11 +251,7 @@ fn ordered_names_are_kept_for_their_index_only() {
     let st = ordered_synced_with("n", in_order);
     assert_eq!(st.decide(&pool(6), now), Decision::InSync { generation: 4 });
     let plan = plan_of(st.decide(&pool(4), now));
-    let deleted: Vec<_> = plan
-        .delete
-        .iter()
-        .map(|s| s.metadata.name.clone().unwrap())
-        .collect();
+    let deleted = names_of(&plan.delete);
     assert_eq!(deleted, ["n-gpu.topodra.dev-02-abcde"]);
 }
 
