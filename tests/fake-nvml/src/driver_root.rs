@@ -308,6 +308,10 @@ pub struct Options {
     /// Profile YAML written as `nvml-profile.yaml` beside the root's NVML, which
     /// it reads when `TOPODRA_FAKE_NVML_PROFILE` is unset.
     pub nvml_profile: Option<String>,
+    /// The MIG state file of the node's own NVML: linked beside the root's
+    /// NVML, so a process loading the root's copy sees the same instances
+    /// (real MIG instances belong to the driver, not to one library copy).
+    pub nvml_state: Option<PathBuf>,
     /// Where `dev/` goes; `None`: the driver root itself.
     pub dev_root: Option<PathBuf>,
     /// Create the device nodes (skipped, not failed, without `CAP_MKNOD`).
@@ -339,6 +343,7 @@ impl Default for Options {
             cuda_driver_version: R570_CUDA_VERSION,
             nvml_lib: None,
             nvml_profile: None,
+            nvml_state: None,
             dev_root: None,
             device_nodes: true,
             device_mode: 0o666,
@@ -477,6 +482,10 @@ impl DriverRoot {
         if let Some(yaml) = &options.nvml_profile {
             let p = lib_dir.join(crate::ffi::PROFILE_FILE_NAME);
             std::fs::write(&p, yaml).map_err(|e| at("writing", &p, e))?;
+        }
+        if let Some(state) = &options.nvml_state {
+            let p = lib_dir.join(crate::ffi::mig::state::STATE_FILE_NAME);
+            std::os::unix::fs::symlink(state, &p).map_err(|e| at("linking", &p, e))?;
         }
 
         let mut binaries = Vec::new();

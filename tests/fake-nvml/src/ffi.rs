@@ -93,15 +93,37 @@ struct FakeGpu {
     links: Vec<ResolvedLink>,
     slots: u32,
     link_version: u32,
-    /// Existing MIG devices, position = MIG device index.
-    migs: Box<[FakeMig]>,
 }
 
+/// A MIG device a handle was handed out for: one per (GPU, MIG UUID), kept for
+/// the life of the process so the handle stays a valid pointer. Whether the
+/// device still exists is asked of the state file on each use ([`mig`]).
 #[derive(Debug)]
 struct FakeMig {
+    gpu: &'static FakeGpu,
     dev: MigDevice,
-    /// Index for `nvmlDeviceGetMigDeviceHandleByIndex` / `nvmlDeviceGetIndex`.
-    index: u32,
+}
+
+static MIG_HANDLES: Mutex<Vec<&'static FakeMig>> = Mutex::new(Vec::new());
+
+/// The handle of MIG device `dev` of `gpu`, the same for every call.
+fn mig_handle(gpu: &'static FakeGpu, dev: &MigDevice) -> nvmlDevice_t {
+    let mut all = lock(&MIG_HANDLES);
+    let m = match all
+        .iter()
+        .find(|m| std::ptr::eq(m.gpu, gpu) && m.dev.uuid == dev.uuid)
+    {
+        Some(m) => *m,
+        None => {
+            let m: &'static FakeMig = Box::leak(Box::new(FakeMig {
+                gpu,
+                dev: dev.clone(),
+            }));
+            all.push(m);
+            m
+        }
+    };
+    handle_of(m)
 }
 
 /// What a handle points at: a whole GPU, or a MIG device and its parent.
@@ -122,22 +144,12 @@ impl Dev {
 
 impl FakeGpu {
     fn new(profile: &Profile, g: &Gpu) -> Option<Self> {
-        let migs = g
-            .mig_devices
-            .iter()
-            .zip(0..)
-            .map(|(d, index)| FakeMig {
-                dev: d.clone(),
-                index,
-            })
-            .collect();
         Some(Self {
             gpu: g.clone(),
             bus: BusId::parse(&g.bus_id).ok()?,
             links: profile.links_of(g),
             slots: profile.nvlink_slots(g),
             link_version: profile.nvlink_version(g),
-            migs,
         })
     }
 
@@ -151,6 +163,9 @@ struct Machine {
     profile: Profile,
     /// NVML-visible GPUs, position = NVML index.
     gpus: Box<[FakeGpu]>,
+    /// The driver's MIG state ([`mig::state`]); `None` when the library can
+    /// tell neither where it lives nor where it was loaded from.
+    state_path: Option<PathBuf>,
 }
 
 /// A stable handle value for a leaked device struct.
@@ -169,7 +184,11 @@ impl Machine {
             .into_iter()
             .filter_map(|g| FakeGpu::new(&profile, g))
             .collect();
-        Self { profile, gpus }
+        Self {
+            profile,
+            gpus,
+            state_path: mig::state::path(own_dir().as_deref()),
+        }
     }
 
     fn handle(&self, i: usize) -> nvmlDevice_t {
@@ -182,11 +201,25 @@ impl Machine {
             if is_handle_of(g, handle) {
                 return Ok(Dev::Gpu(g));
             }
-            if let Some(m) = g.migs.iter().find(|m| is_handle_of(*m, handle)) {
-                return Ok(Dev::Mig(g, m));
-            }
         }
-        Err(INVALID_ARGUMENT)
+        let mig = *lock(&MIG_HANDLES)
+            .iter()
+            .find(|m| is_handle_of(**m, handle))
+            .ok_or(INVALID_ARGUMENT)?;
+        let g = self
+            .gpus
+            .iter()
+            .find(|g| std::ptr::eq(*g, mig.gpu))
+            .ok_or(INVALID_ARGUMENT)?;
+        // A MIG device destroyed since its handle was handed out: nvml.h has
+        // no code for it; this library answers as for any foreign handle.
+        if !mig::instances::mig_devices(self, g)?
+            .iter()
+            .any(|d| d.uuid == mig.dev.uuid)
+        {
+            return Err(INVALID_ARGUMENT);
+        }
+        Ok(Dev::Mig(g, mig))
     }
 
     /// What `nvmlDeviceGetNvLinkRemotePciInfo_v2` answers for a link.
@@ -608,8 +641,11 @@ fn find_uuid(m: &'static Machine, uuid: &str) -> Ret<nvmlDevice_t> {
         if g.gpu.uuid == uuid {
             return Ok(handle_of(g));
         }
-        if let Some(mig) = g.migs.iter().find(|x| x.dev.uuid == uuid) {
-            return Ok(handle_of(mig));
+        if let Some(d) = mig::instances::mig_devices(m, g)?
+            .iter()
+            .find(|d| d.uuid == uuid)
+        {
+            return Ok(mig_handle(g, d));
         }
     }
     Err(NOT_FOUND)
@@ -676,9 +712,13 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(
     index: *mut c_uint,
 ) -> nvmlReturn_t {
     guard(|| {
-        let v = match resolve(device)?.1 {
-            Dev::Gpu(g) => g.gpu.index,
-            Dev::Mig(_, m) => m.index,
+        let v = match resolve(device)? {
+            (_, Dev::Gpu(g)) => g.gpu.index,
+            (m, Dev::Mig(g, d)) => mig::instances::mig_devices(m, g)?
+                .iter()
+                .position(|x| x.uuid == d.dev.uuid)
+                .and_then(|i| u32::try_from(i).ok())
+                .ok_or(INVALID_ARGUMENT)?,
         };
         // SAFETY: forwarded caller contract.
         unsafe { put(index, v) }

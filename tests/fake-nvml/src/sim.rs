@@ -89,6 +89,10 @@ pub struct SimNode {
     pub proc_devices: PathBuf,
     /// Mirror of `/proc/driver/nvidia/capabilities`.
     pub capabilities_dir: PathBuf,
+    /// The fake NVML's MIG state ([`crate::ffi::mig::state`]): which GPU and
+    /// compute instances exist. Tests inject faults through it;
+    /// [`SimNode::reboot`] resets it.
+    pub nvml_state: PathBuf,
     /// The `nvidia-cdi-hook` the plugin installs (`--cdi-hook-source`): NVIDIA's
     /// or a stand-in, see [`crate::cdi_hook`]. `None` passes no flag, and the
     /// plugin looks for the image's `/usr/bin/nvidia-cdi-hook`.
@@ -117,12 +121,32 @@ impl SimNode {
         args
     }
 
+    /// A reboot of the node's GPUs: the instances made since boot are gone,
+    /// the profile's own are back, and the capability files say so. Faults
+    /// injected into the state are cleared with it.
+    pub fn reboot(&self, profile_yaml: &str) -> std::io::Result<()> {
+        let profile = Profile::from_yaml_str(profile_yaml).map_err(std::io::Error::other)?;
+        std::fs::remove_dir_all(&self.capabilities_dir)?;
+        write_capabilities(&self.capabilities_dir, &profile)?;
+        write_boot_state(&self.nvml_state, &self.capabilities_dir)
+    }
+
     /// This node with `hook` as the plugin's `--cdi-hook-source`.
     #[must_use]
     pub fn with_cdi_hook(mut self, hook: impl Into<PathBuf>) -> Self {
         self.cdi_hook_source = Some(hook.into());
         self
     }
+}
+
+/// The state file of a freshly booted node: no instances beyond the profile's,
+/// the capabilities mirror to keep in step.
+fn write_boot_state(path: &Path, capabilities_dir: &Path) -> std::io::Result<()> {
+    let state = crate::ffi::mig::state::DriverState {
+        capabilities_dir: Some(capabilities_dir.to_owned()),
+        ..Default::default()
+    };
+    crate::ffi::mig::state::write(path, &state).map_err(|e| std::io::Error::other(e.0))
 }
 
 /// Choices of [`materialize_with`] that callers other than topodra's plugin need.
@@ -158,6 +182,14 @@ pub fn materialize_with(
     let nvml_lib = nvml_dir.join(crate::INSTALLED_NAME);
     std::fs::copy(nvml_lib_src, &nvml_lib)?;
     std::fs::write(nvml_dir.join(crate::ffi::PROFILE_FILE_NAME), profile_yaml)?;
+    // Absolute paths: the state names the mirror, the driver root links the
+    // state, and whoever reads either may run in another directory.
+    let capabilities_dir = dir.join("capabilities");
+    write_capabilities(&capabilities_dir, &profile)?;
+    let capabilities_dir = std::fs::canonicalize(capabilities_dir)?;
+    let nvml_state =
+        std::fs::canonicalize(&nvml_dir)?.join(crate::ffi::mig::state::STATE_FILE_NAME);
+    write_boot_state(&nvml_state, &capabilities_dir)?;
 
     let hwloc = dir.join("topology.xml");
     std::fs::write(&hwloc, hwloc_xml::render(&profile))?;
@@ -185,6 +217,7 @@ pub fn materialize_with(
             cuda_driver_version: profile.cuda_driver_version,
             nvml_lib: Some(nvml_lib_src.to_owned()),
             nvml_profile: Some(profile_yaml.to_owned()),
+            nvml_state: Some(nvml_state.clone()),
             device_nodes: options.driver_root_device_nodes,
             ..driver_root::Options::default()
         },
@@ -200,8 +233,6 @@ pub fn materialize_with(
     std::fs::create_dir_all(dev_root.join("dev"))?;
     let proc_devices = dir.join("proc-devices");
     std::fs::write(&proc_devices, proc_devices_text())?;
-    let capabilities_dir = dir.join("capabilities");
-    write_capabilities(&capabilities_dir, &profile)?;
     let cpu_host_root = dir.join("host-root");
     cpu_sysfs::write(&cpu_host_root, &profile)?;
     Ok(SimNode {
@@ -211,6 +242,7 @@ pub fn materialize_with(
         dev_root,
         proc_devices,
         capabilities_dir,
+        nvml_state,
         cdi_hook_source: None,
         cpu_host_root,
     })

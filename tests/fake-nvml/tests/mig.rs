@@ -415,7 +415,7 @@ fn versioned_profile_info() {
 
 /// The H100 80GB table (MIG User Guide Table 7, public `-lgip` output), and GPUs
 /// without one: no MIG (L40S) or a MIG-capable product this library has no table
-/// for (A100-SXM4-80GB) answer NOT_SUPPORTED below the count, INVALID_ARGUMENT at it.
+/// for (H100 PCIe) answer NOT_SUPPORTED below the count, INVALID_ARGUMENT at it.
 #[test]
 fn h100_table_and_gpus_without_one() {
     let (_dir, lib) = setup(&builtin_yaml("dgx-h100"));
@@ -444,7 +444,7 @@ fn h100_table_and_gpus_without_one() {
     assert_eq!(placements(&nvml, &gpu, 0).unwrap(), [(0, 8)]);
 
     let last = sys::NVML_GPU_INSTANCE_PROFILE_COUNT;
-    for yaml in [builtin_yaml("l40s-pcie"), builtin_yaml("dgx-a100")] {
+    for yaml in [builtin_yaml("l40s-pcie"), builtin_yaml("snc4-xeon")] {
         let (_dir, lib) = setup(&yaml);
         let nvml = open(&lib).expect("init");
         let gpu = nvml.device_by_index(0).expect("gpu");

@@ -183,3 +183,67 @@ fn device_nodes_in_the_driver_root_on_request() {
         );
     }
 }
+
+/// MIG instances belong to the node, not to one copy of NVML: an instance made
+/// through the node's NVML shows in the capabilities mirror and through the
+/// driver root's copy, and a reboot takes it away again.
+#[test]
+fn mig_state_is_the_nodes_and_a_reboot_resets_it() {
+    use nvml_wrapper::Nvml;
+    use nvml_wrapper_sys::bindings as sys;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = std::fs::read_to_string(profiles_dir().join("dgx-a100-mig.yaml")).expect("read");
+    let sim = sim::materialize(dir.path(), &yaml, &cdylib_path()).expect("materialize");
+    let nvml = Nvml::builder()
+        .lib_path(sim.nvml_lib.as_os_str())
+        .init()
+        .expect("init");
+    // GPU 1 has 3g.20gb, 2g.10gb and 1g.5gb from the profile; a 1g.5gb more.
+    let gpu1 = nvml.device_by_index(1).expect("gpu 1");
+    // SAFETY: handles of this library, valid out pointers.
+    let (gi, id) = unsafe {
+        let mut gi = std::ptr::null_mut();
+        let mut ci = std::ptr::null_mut();
+        assert_eq!(
+            nvml.lib()
+                .nvmlDeviceCreateGpuInstance(gpu1.handle(), 19, &mut gi),
+            0
+        );
+        assert_eq!(
+            nvml.lib()
+                .nvmlGpuInstanceCreateComputeInstance(gi, 0, &mut ci),
+            0
+        );
+        let mut info: sys::nvmlGpuInstanceInfo_t = std::mem::zeroed();
+        assert_eq!(nvml.lib().nvmlGpuInstanceGetInfo(gi, &mut info), 0);
+        (gi, info.id)
+    };
+    assert!(!gi.is_null());
+    let access = sim
+        .capabilities_dir
+        .join(format!("gpu1/mig/gi{id}/ci0/access"));
+    assert!(access.exists(), "{}", access.display());
+
+    let root_lib = sim
+        .driver_root
+        .join("usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1");
+    let root = Nvml::builder()
+        .lib_path(root_lib.as_os_str())
+        .init()
+        .expect("root's copy");
+    let count = |n: &Nvml| {
+        let g = n.device_by_index(1).expect("gpu 1");
+        (0..7).filter(|i| g.mig_device_by_index(*i).is_ok()).count()
+    };
+    assert_eq!(
+        count(&root),
+        4,
+        "the driver root's NVML sees the new instance"
+    );
+
+    sim.reboot(&yaml).expect("reboot");
+    assert_eq!(count(&nvml), 3);
+    assert!(!access.exists());
+    assert!(sim.capabilities_dir.join("gpu1/mig/gi2/access").exists());
+}

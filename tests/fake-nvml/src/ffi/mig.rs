@@ -11,10 +11,12 @@ use nvml_wrapper_sys::bindings::*;
 
 use super::{
     Dev, FakeGpu, INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED, Ret, fill, guard, handle_of, live,
-    live_gpu, put, read_version, resolve, struct_version,
+    live_gpu, mig_handle, put, read_version, resolve, struct_version,
 };
 
 mod gi_profiles;
+pub mod instances;
+pub mod state;
 
 use gi_profiles::GiProfile;
 
@@ -51,16 +53,17 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
     mig_device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
     guard(|| {
-        let (_, g) = live_gpu(device)?;
+        let (m, g) = live_gpu(device)?;
         if !g.mig_enabled() {
             return Err(NOT_SUPPORTED);
         }
         if index >= g.gpu.max_mig_devices() {
             return Err(INVALID_ARGUMENT);
         }
-        let m = g.migs.iter().find(|m| m.index == index).ok_or(NOT_FOUND)?;
+        let devices = instances::mig_devices(m, g)?;
+        let d = devices.get(index as usize).ok_or(NOT_FOUND)?;
         // SAFETY: forwarded caller contract.
-        unsafe { put(mig_device, handle_of(m)) }
+        unsafe { put(mig_device, mig_handle(g, d)) }
     })
 }
 

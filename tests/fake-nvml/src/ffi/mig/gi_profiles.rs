@@ -38,7 +38,71 @@
 //!   `nvidia-smi mig -lgip`; that nvidia-smi prints this field is this
 //!   library's assumption.
 //!
-//! Neither GPU reports P2P for any profile (`P2P No` in every `-lgip` row).
+//! No GPU here reports P2P for any profile (`P2P No` in every `-lgip` row
+//! the sources below show).
+//!
+//! The three tables added after the first two, per product and column (the
+//! index mapping and the profile name are as above throughout):
+//!
+//! A100-SXM4-80GB (NVML name `NVIDIA A100-SXM4-80GB`, as public `nvidia-smi`
+//! output of such boards shows, e.g. NVIDIA/mig-parted#31, and as
+//! GoogleCloudPlatform/container-engine-accelerators
+//! `partition_gpu/partition_gpu.go` spells it):
+//! - profiles, instance counts (7, 1, 4, 3, 2, 1, 1) and engines: the guide's
+//!   Table 6, whose note gives the 80GB names (1g.10gb, 1g.10gb+me, 1g.20gb,
+//!   2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb) for the same rows;
+//! - ids 19, 14, 9, 5, 0: `partition_gpu.go` above (its A100 80GB entries);
+//!   20 and 15: the A100 ids of the guide's `-lgipp` example, which public
+//!   A100 80GB `-lgip` output repeats (20 for 1g.10gb+me, 15 for 1g.20gb);
+//! - SMs (14, 14, 14, 28, 42, 56, 98) and memory in MiB (9856, 9856, 19968,
+//!   19968, 40192, 40192, 80384): go-nvml's mock (`pkg/nvml/mock/gpus/a100.go`,
+//!   `a100_80gb_GpuInstanceProfiles`). Public A100 80GB `-lgip` output agrees
+//!   on every SM count and on 19.50 and 39.25 GiB for the 2- and 4-memory-slice
+//!   rows; its 1g and 7g figures vary with the driver (9.50 GiB, and 78.75 to
+//!   79.00 GiB, in the outputs found), so those two are go-nvml's 9.62 and
+//!   78.50 GiB;
+//! - placements: the guide's `-lgipp` example, id for id; no `-lgipp` of an
+//!   80GB board was found, and Table 6 gives the 80GB rows the same memory
+//!   fractions.
+//!
+//! H200 141GB SXM (NVML name `NVIDIA H200`, what the real H200 in
+//! `real/h200-vm` reports and what `partition_gpu.go` spells):
+//! - profiles, instance counts and engines: the guide's Table 8 "GPU Instance
+//!   Profiles on H200";
+//! - ids, SMs, engines and memory: public `-lgip` output of an H200 machine
+//!   (NVIDIA/mig-parted#120): 1g.18gb id 19, 16 SMs, 16.00 GiB; 1g.18gb+me 20,
+//!   16, 16.00; 1g.35gb 15, 26, 32.25; 2g.35gb 14, 32, 32.25; 3g.71gb 9, 60,
+//!   69.50; 4g.71gb 5, 64, 69.50; 7g.141gb 0, 132, 139.75, with the same
+//!   `[CE, DEC, ENC, JPEG, OFA]` as the H100 rows (7g: 8, 7, 0, 7, 1). Another
+//!   driver's output prints 32.50 and 140.00 GiB for 2g and 7g; the MiB here
+//!   follow mig-parted#120 throughout;
+//! - placements: no H200 `-lgipp` was found; Table 8 gives the same memory
+//!   fractions as the H100's Table 7, so the H100's placements are assumed.
+//!
+//! GB200 (NVML name `NVIDIA GB200`, as `partition_gpu.go` spells it; the
+//! guide has no GB200 table, only the B200's Table 9):
+//! - profiles and instance counts: public `-lgip` output of a production
+//!   GB200 NVL board (NVIDIA/mig-parted#227, whose fix, mig-parted#228, names
+//!   1g.23gb, 1g.47gb, 2g.47gb, 3g.93gb, 4g.93gb and 7g.186gb in
+//!   `deployments/systemd/config-default.yaml`; an earlier board printed
+//!   1g.24gb and 3g.95gb, NVIDIA/gpu-operator#1303) and `partition_gpu.go`
+//!   (counts 7, 4, 3, 2, 1, 1);
+//! - ids: 19, 20, 15, 14 from mig-parted#227; 9, 5, 0 from `partition_gpu.go`;
+//! - SMs, engines and memory of the 1g and 2g rows, from mig-parted#227:
+//!   1g.23gb and 1g.23gb+me 18 SMs, 22.00 GiB, `[2, 1, 0, 1, 0]` and
+//!   `[2, 1, 0, 1, 1]`; 1g.47gb 32 SMs, 45.50 GiB, `[2, 1, 0, 1, 0]`; 2g.47gb
+//!   38 SMs, 45.50 GiB, `[4, 2, 0, 2, 0]` (`[CE, DEC, ENC, JPEG, OFA]`);
+//! - the 3g, 4g and 7g rows' SMs, engines and memory have no source found
+//!   (the rest of mig-parted#227's output could not be read) and are derived here:
+//!   SMs at 19 per 1/7 of the GPU (the 2g row's 38 over its 2/7, the guide's
+//!   fractions of SMs) give 57, 76 and 133; memory at the 2g row's 45.50 GiB
+//!   per two memory slices gives 91.00 GiB for four (3g, 4g) and 182.00 for
+//!   eight (7g), short of the real figures by the little the H100 shows
+//!   (39.50 against twice 19.62); copy engines 6, 8 and 16 are Table 9's
+//!   B200 figures, and two per slice as the 1g and 2g rows show; decoders and
+//!   JPEG one per slice as those rows show, OFA only on 7g as Table 9 has it;
+//! - placements: no GB200 `-lgipp` was found; assumed the H100's, as Table 9
+//!   gives the B200 the same memory fractions.
 
 use nvml_wrapper_sys::bindings::*;
 
@@ -128,11 +192,52 @@ static H100_80GB: &[GiProfile] = &[
     row(NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2, 15, "1g.20gb", 1, 4, 26, [1, 1, 0, 1, 0], 20096, TWOS_OF_FOUR),
 ];
 
+/// A100-SXM4-80GB (MIG User Guide Table 6 with its 80GB names; go-nvml's
+/// mock for SMs and memory; see the module doc).
+#[rustfmt::skip]
+static A100_SXM4_80GB: &[GiProfile] = &[
+    row(NVML_GPU_INSTANCE_PROFILE_1_SLICE, 19, "1g.10gb", 1, 7, 14, [1, 0, 0, 0, 0], 9856, ONES),
+    row(NVML_GPU_INSTANCE_PROFILE_2_SLICE, 14, "2g.20gb", 2, 3, 28, [2, 1, 0, 0, 0], 19968, TWOS_OF_THREE),
+    row(NVML_GPU_INSTANCE_PROFILE_3_SLICE, 9, "3g.40gb", 3, 2, 42, [3, 2, 0, 0, 0], 40192, HALVES),
+    row(NVML_GPU_INSTANCE_PROFILE_4_SLICE, 5, "4g.40gb", 4, 1, 56, [4, 2, 0, 0, 0], 40192, FIRST_HALF),
+    row(NVML_GPU_INSTANCE_PROFILE_7_SLICE, 0, "7g.80gb", 7, 1, 98, [7, 5, 0, 1, 1], 80384, WHOLE),
+    row(NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1, 20, "1g.10gb+me", 1, 1, 14, [1, 1, 0, 1, 1], 9856, ONES),
+    row(NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2, 15, "1g.20gb", 1, 4, 14, [1, 1, 0, 0, 0], 19968, TWOS_OF_FOUR),
+];
+
+/// H200 141GB SXM (MIG User Guide Table 8; `-lgip` of NVIDIA/mig-parted#120).
+#[rustfmt::skip]
+static H200: &[GiProfile] = &[
+    row(NVML_GPU_INSTANCE_PROFILE_1_SLICE, 19, "1g.18gb", 1, 7, 16, [1, 1, 0, 1, 0], 16384, ONES),
+    row(NVML_GPU_INSTANCE_PROFILE_2_SLICE, 14, "2g.35gb", 2, 3, 32, [2, 2, 0, 2, 0], 33024, TWOS_OF_THREE),
+    row(NVML_GPU_INSTANCE_PROFILE_3_SLICE, 9, "3g.71gb", 3, 2, 60, [3, 3, 0, 3, 0], 71168, HALVES),
+    row(NVML_GPU_INSTANCE_PROFILE_4_SLICE, 5, "4g.71gb", 4, 1, 64, [4, 4, 0, 4, 0], 71168, FIRST_HALF),
+    row(NVML_GPU_INSTANCE_PROFILE_7_SLICE, 0, "7g.141gb", 7, 1, 132, [8, 7, 0, 7, 1], 143104, WHOLE),
+    row(NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1, 20, "1g.18gb+me", 1, 1, 16, [1, 1, 0, 1, 1], 16384, ONES),
+    row(NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2, 15, "1g.35gb", 1, 4, 26, [1, 1, 0, 1, 0], 33024, TWOS_OF_FOUR),
+];
+
+/// GB200 (`-lgip` of NVIDIA/mig-parted#227 for the 1g and 2g rows; the 3g, 4g
+/// and 7g rows' SMs, engines and memory are derived, see the module doc).
+#[rustfmt::skip]
+static GB200: &[GiProfile] = &[
+    row(NVML_GPU_INSTANCE_PROFILE_1_SLICE, 19, "1g.23gb", 1, 7, 18, [2, 1, 0, 1, 0], 22528, ONES),
+    row(NVML_GPU_INSTANCE_PROFILE_2_SLICE, 14, "2g.47gb", 2, 3, 38, [4, 2, 0, 2, 0], 46592, TWOS_OF_THREE),
+    row(NVML_GPU_INSTANCE_PROFILE_3_SLICE, 9, "3g.93gb", 3, 2, 57, [6, 3, 0, 3, 0], 93184, HALVES),
+    row(NVML_GPU_INSTANCE_PROFILE_4_SLICE, 5, "4g.93gb", 4, 1, 76, [8, 4, 0, 4, 0], 93184, FIRST_HALF),
+    row(NVML_GPU_INSTANCE_PROFILE_7_SLICE, 0, "7g.186gb", 7, 1, 133, [16, 7, 0, 7, 1], 186368, WHOLE),
+    row(NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1, 20, "1g.23gb+me", 1, 1, 18, [2, 1, 0, 1, 1], 22528, ONES),
+    row(NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2, 15, "1g.47gb", 1, 4, 32, [2, 1, 0, 1, 0], 46592, TWOS_OF_FOUR),
+];
+
 /// The table of a GPU product by its NVML name, if this library has one.
 pub(crate) fn table(gpu_name: &str) -> Option<&'static [GiProfile]> {
     match gpu_name {
         "NVIDIA A100-SXM4-40GB" => Some(A100_SXM4_40GB),
+        "NVIDIA A100-SXM4-80GB" => Some(A100_SXM4_80GB),
         "NVIDIA H100 80GB HBM3" => Some(H100_80GB),
+        "NVIDIA H200" => Some(H200),
+        "NVIDIA GB200" => Some(GB200),
         _ => None,
     }
 }
@@ -147,7 +252,7 @@ mod tests {
     /// slices are the row's.
     #[test]
     fn tables_are_consistent() {
-        for t in [A100_SXM4_40GB, H100_80GB] {
+        for t in [A100_SXM4_40GB, A100_SXM4_80GB, H100_80GB, H200, GB200] {
             for (i, r) in t.iter().enumerate() {
                 assert!(r.profile < NVML_GPU_INSTANCE_PROFILE_COUNT, "{}", r.name);
                 assert!(
