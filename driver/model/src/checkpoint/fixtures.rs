@@ -29,6 +29,7 @@ pub fn device(pool: &str, name: &str, claim: &str) -> PreparedGpu {
         device: name.into(),
         cdi_device_ids: vec![format!("k8s.gpu.topodra.dev/claim={claim}-{name}")],
         share_id: None,
+        mig: None,
     }
 }
 
@@ -80,14 +81,21 @@ fn prepared_device() -> impl Strategy<Value = PreparedGpu> {
         text(),
         prop::collection::vec(text(), 0..3),
         prop::option::of(text()),
+        prop::option::of((text(), any::<u32>(), any::<u32>(), any::<u32>())),
     )
         .prop_map(
-            |(requests, pool, device, cdi_device_ids, share_id)| PreparedGpu {
+            |(requests, pool, device, cdi_device_ids, share_id, mig)| PreparedGpu {
                 requests,
                 pool,
                 device,
                 cdi_device_ids,
                 share_id,
+                mig: mig.map(|(parent_uuid, profile_id, start, size)| MigIntent {
+                    parent_uuid,
+                    profile_id,
+                    start,
+                    size,
+                }),
             },
         )
 }

@@ -109,6 +109,33 @@ pub struct PreparedGpu {
     pub cdi_device_ids: Vec<String>,
     /// Set when the device is shared (time slicing, MPS) under this id.
     pub share_id: Option<String>,
+    /// The MIG instance prepare makes for this device (dynamic MIG); `None` for a
+    /// device that exists without us (a whole GPU, a MIG device an operator made).
+    pub mig: Option<MigIntent>,
+}
+
+/// A MIG instance the plugin makes at prepare: a GPU instance of `profile_id` at
+/// memory slices `start..start + size` of the GPU `parent_uuid`, with one compute
+/// instance spanning it. Recorded with the claim before the first NVML call, so
+/// a restart after a crash finds a half-made instance by its placement and
+/// removes it, and unprepare removes the instance from the record alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigIntent {
+    pub parent_uuid: String,
+    /// NVML's GPU instance profile id (`nvmlGpuInstanceProfileInfo_t.id`).
+    pub profile_id: u32,
+    pub start: u32,
+    pub size: u32,
+}
+
+impl MigIntent {
+    /// Whether the two instances would share a memory slice of one GPU: NVML
+    /// refuses the second, and the checkpoint refuses to record it.
+    pub fn overlaps(&self, other: &Self) -> bool {
+        self.parent_uuid == other.parent_uuid
+            && self.start < other.start.saturating_add(other.size)
+            && other.start < self.start.saturating_add(self.size)
+    }
 }
 
 /// Identity of the claim being prepared.
@@ -174,6 +201,16 @@ impl Checkpoint {
         self.claims.values().find(|r| r.holds(pool, device))
     }
 
+    /// The claim and device, if any, whose MIG instance would overlap `intent`.
+    pub fn mig_overlap(&self, intent: &MigIntent) -> Option<(&ClaimRecord, &PreparedGpu)> {
+        self.claims.values().find_map(|r| {
+            r.devices
+                .iter()
+                .find(|d| d.mig.as_ref().is_some_and(|m| m.overlaps(intent)))
+                .map(|d| (r, d))
+        })
+    }
+
     /// Inserts or replaces the record under its own UID; returns the previous one.
     pub fn insert(&mut self, record: ClaimRecord) -> Option<ClaimRecord> {
         self.claims.insert(record.uid.clone(), record)
@@ -194,7 +231,10 @@ impl ClaimRecord {
 
 /// Records that prepare of `claim` is starting, with everything needed to undo it.
 ///
-/// Refuses when one of `devices` is held by another claim. A record already there for
+/// Refuses when one of `devices` is held by another claim, or would make a MIG
+/// instance overlapping one another claim's record holds (the scheduler's counters
+/// keep that from happening; this keeps a stale slice from making it happen). A
+/// record already there for
 /// the same UID is replaced: the caller calls this only after deciding the prepare must
 /// be (re)done, e.g. for a retry or a [`ClaimState::NeedsReprepare`] record.
 pub fn begin_prepare(
@@ -211,6 +251,20 @@ pub fn begin_prepare(
             return Err(DeviceInUse {
                 pool: d.pool.clone(),
                 device: d.device.clone(),
+                holder: ClaimIdentity {
+                    uid: holder.uid.clone(),
+                    namespace: holder.namespace.clone(),
+                    name: holder.name.clone(),
+                },
+            }
+            .into_transition());
+        }
+        if let Some((holder, held)) = d.mig.as_ref().and_then(|m| checkpoint.mig_overlap(m))
+            && holder.uid != claim.uid
+        {
+            return Err(DeviceInUse {
+                pool: held.pool.clone(),
+                device: held.device.clone(),
                 holder: ClaimIdentity {
                     uid: holder.uid.clone(),
                     namespace: holder.namespace.clone(),

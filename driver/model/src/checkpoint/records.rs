@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Checkpoint, ClaimRecord, ClaimState, PreparedGpu};
+use super::{Checkpoint, ClaimRecord, ClaimState, MigIntent, PreparedGpu};
 
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -61,6 +61,20 @@ struct DeviceV1 {
     cdi_device_ids: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     share_id: Option<String>,
+    /// Added without a new version: an older plugin ignores it and leaves the
+    /// instance in place on unprepare, which holds slices too long but never
+    /// takes another's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mig: Option<MigV1>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MigV1 {
+    parent_uuid: String,
+    profile_id: u32,
+    start: u32,
+    size: u32,
 }
 
 impl From<&Checkpoint> for CheckpointV1 {
@@ -133,6 +147,12 @@ impl From<&PreparedGpu> for DeviceV1 {
             device: d.device.clone(),
             cdi_device_ids: d.cdi_device_ids.clone(),
             share_id: d.share_id.clone(),
+            mig: d.mig.as_ref().map(|m| MigV1 {
+                parent_uuid: m.parent_uuid.clone(),
+                profile_id: m.profile_id,
+                start: m.start,
+                size: m.size,
+            }),
         }
     }
 }
@@ -145,6 +165,12 @@ impl From<DeviceV1> for PreparedGpu {
             device: d.device,
             cdi_device_ids: d.cdi_device_ids,
             share_id: d.share_id,
+            mig: d.mig.map(|m| MigIntent {
+                parent_uuid: m.parent_uuid,
+                profile_id: m.profile_id,
+                start: m.start,
+                size: m.size,
+            }),
         }
     }
 }

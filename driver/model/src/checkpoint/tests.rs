@@ -119,3 +119,67 @@ fn after_reboot_keeps_records_and_asks_for_reprepare() {
     let r = complete_prepare(&mut cp, "u1", 601).unwrap();
     assert_eq!(r.state, ClaimState::PrepareCompleted);
 }
+
+fn partition(name: &str, claim: &str, parent: &str, start: u32, size: u32) -> PreparedGpu {
+    PreparedGpu {
+        mig: Some(MigIntent {
+            parent_uuid: parent.into(),
+            profile_id: 19,
+            start,
+            size,
+        }),
+        ..device("node-1", name, claim)
+    }
+}
+
+/// Two claims never record MIG instances that share a memory slice of one GPU,
+/// whatever their device names; beside each other, or on another GPU, they do.
+#[test]
+fn begin_prepare_refuses_an_overlapping_mig_instance() {
+    let mut cp = Checkpoint::new("boot-a");
+    begin_prepare(
+        &mut cp,
+        claim("a"),
+        vec![partition("gpu-0-mig-2g-20gb-4", "a", "GPU-0", 4, 2)],
+        None,
+        1,
+    )
+    .unwrap();
+    let err = begin_prepare(
+        &mut cp,
+        claim("b"),
+        vec![partition("gpu-0", "b", "GPU-0", 0, 8)],
+        None,
+        2,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, TransitionError::DeviceInUse(d) if d.device == "gpu-0-mig-2g-20gb-4" && d.holder.uid == "a"),
+        "{err:?}"
+    );
+    assert!(cp.get("b").is_none());
+    for (name, parent, start, size) in [
+        ("gpu-0-mig-1g-10gb-6", "GPU-0", 6, 1),
+        ("gpu-0-mig-2g-20gb-2", "GPU-0", 2, 2),
+        ("gpu-1-mig-1g-10gb-4", "GPU-1", 4, 1),
+    ] {
+        let uid = format!("c-{name}");
+        begin_prepare(
+            &mut cp,
+            claim(&uid),
+            vec![partition(name, &uid, parent, start, size)],
+            None,
+            3,
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    // The same claim prepared again replaces its own record.
+    begin_prepare(
+        &mut cp,
+        claim("a"),
+        vec![partition("gpu-0-mig-2g-20gb-4", "a", "GPU-0", 4, 2)],
+        None,
+        4,
+    )
+    .unwrap();
+}

@@ -63,6 +63,10 @@ pub(crate) struct Geometry {
     pub(crate) counter_set: CounterSet,
     /// What the whole GPU consumes: all of it.
     pub(crate) whole: DeviceCounterConsumption,
+    /// The profile spanning the whole GPU (`7g`) and its one placement: the
+    /// instance a claim for the whole GPU gets, since a GPU in MIG mode runs
+    /// CUDA only inside instances.
+    pub(crate) whole_instance: (MigProfile, MigPlacement),
     /// Every possible partition, in publishing order.
     pub(crate) partitions: Vec<Partition>,
 }
@@ -153,7 +157,17 @@ pub(crate) fn geometry(gpu: &Gpu) -> Option<Geometry> {
         )
     });
     let counters = counts.totals(memory_slices);
+    let whole_placement = full
+        .placements
+        .iter()
+        .copied()
+        .max_by_key(|pl| pl.size)
+        .unwrap_or(MigPlacement {
+            start: 0,
+            size: memory_slices,
+        });
     Some(Geometry {
+        whole_instance: (full.clone(), whole_placement),
         whole: DeviceCounterConsumption {
             counter_set: name.clone(),
             counters: counters.clone(),
@@ -361,6 +375,45 @@ pub(crate) fn profile_label(name: &str) -> Option<String> {
     }
     let trimmed = out.trim_matches('-');
     (!trimmed.is_empty() && !trimmed.contains("--")).then(|| trimmed.to_owned())
+}
+
+/// A device dynamic MIG publishes, with the instance prepare makes for it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DynamicDevice {
+    /// Its name in the slice: `gpu-<minor>`, or `gpu-<minor>-mig-<profile>-<start>`.
+    pub name: String,
+    pub gpu: Gpu,
+    pub profile: MigProfile,
+    pub placement: MigPlacement,
+}
+
+/// Every device the slices publish for GPUs with dynamic MIG under `opts`: each
+/// such GPU whole (as its full-size instance) and each of its partitions. The
+/// kubelet plugin prepares these by making their instances.
+pub fn dynamic_devices(
+    inv: &crate::inventory::Inventory,
+    opts: &SliceOptions,
+) -> Vec<DynamicDevice> {
+    let mut out = Vec::new();
+    for gpu in &inv.gpus {
+        let Some(g) = geometry_of(gpu, opts) else {
+            continue;
+        };
+        let (profile, placement) = g.whole_instance.clone();
+        out.push(DynamicDevice {
+            name: gpu.device_name(),
+            gpu: gpu.clone(),
+            profile,
+            placement,
+        });
+        out.extend(g.partitions.iter().map(|p| DynamicDevice {
+            name: partition_name(gpu, p),
+            gpu: gpu.clone(),
+            profile: p.profile.clone(),
+            placement: p.placement,
+        }));
+    }
+    out
 }
 
 /// `gpu-<minor>-mig-<profile>-<start>`.

@@ -595,3 +595,39 @@ fn a_taint_on_a_gpu_taints_each_of_its_partitions() {
     // Tainted devices halve no slice below what the counters already did (64).
     validate::validate_pool(&slices).unwrap();
 }
+
+/// What the plugin prepares is exactly what the slices publish with counters:
+/// every counted device has its instance, whole GPUs their full-size one.
+#[test]
+fn dynamic_devices_are_the_counted_devices_of_the_slices() {
+    let inv = dgx_h100_mig();
+    let opts = dynamic("node-a");
+    let slices = build_slices(&inv, &opts).unwrap();
+    let published: BTreeSet<&str> = devices(&slices)
+        .into_iter()
+        .filter(|d| d.consumes_counters.is_some())
+        .map(|d| d.name.as_str())
+        .collect();
+    let dynamic = dynamic_devices(&inv, &opts);
+    let prepared: BTreeSet<&str> = dynamic.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(prepared, published);
+
+    let whole = dynamic.iter().find(|d| d.name == "gpu-0").unwrap();
+    assert_eq!(whole.profile.name, "7g.80gb");
+    assert_eq!((whole.placement.start, whole.placement.size), (0, 8));
+    let small = dynamic
+        .iter()
+        .find(|d| d.name == "gpu-0-mig-1g-10gb-6")
+        .unwrap();
+    assert_eq!(
+        (
+            small.profile.id,
+            small.placement.start,
+            small.placement.size
+        ),
+        (19, 6, 1)
+    );
+    assert_eq!(small.gpu.uuid, whole.gpu.uuid);
+
+    assert!(dynamic_devices(&inv, &SliceOptions::new("node-a")).is_empty());
+}
