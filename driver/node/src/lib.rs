@@ -13,11 +13,13 @@
 //!   what they cannot trust.
 //! - [`prepare`]: the prepare/unprepare state machine behind the kubelet's DRA calls
 //!   ([`prepare::Preparer`]), on top of [`cdi`] and [`checkpoint`].
+//! - [`dynamic_mig`]: makes and removes the MIG instances of prepared partitions.
 //! - [`monitor`]: the NVML health monitor: XID events and device probes, judged by
 //!   the model's health policy.
 
 pub mod cdi;
 pub mod checkpoint;
 pub mod discovery;
+pub mod dynamic_mig;
 pub mod monitor;
 pub mod prepare;

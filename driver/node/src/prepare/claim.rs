@@ -49,6 +49,7 @@ impl Preparer {
                 device: d.device.clone(),
                 cdi_device_ids: vec![self.writer.kind().device_id(&claim_ref.uid, &d.device)],
                 share_id: d.share_id.clone(),
+                mig: None,
             })
             .collect();
 
