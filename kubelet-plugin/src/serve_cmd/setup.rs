@@ -40,6 +40,7 @@ impl Setup<'_> {
             state_dir: self.args.state_dir(),
             boot_id: self.boot_id.to_owned(),
             cdi_spec_dir: self.args.cdi.cdi_dir.clone(),
+            dynamic_mig: None,
         }
     }
 

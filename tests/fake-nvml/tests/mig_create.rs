@@ -39,7 +39,7 @@ fn h100_mig_yaml() -> String {
     for g in &mut p.gpus {
         g.mig = Some(MigMode {
             current: true,
-            pending: false,
+            pending: true,
             max_devices: None,
         });
     }

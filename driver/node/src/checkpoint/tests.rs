@@ -189,7 +189,7 @@ fn unknown_fields_and_the_v1_fixture_load() {
     fs::write(store.path(), V1_FIXTURE).unwrap();
     assert_eq!(store.load("boot-a").unwrap().checkpoint, sample());
 
-    let data = r#"{"bootId":"boot-a","newTopLevel":1,"claims":{"u":{"uid":"u","state":"PrepareCompleted","extra":[{}],"devices":[{"pool":"p","device":"gpu-0","mig":"1g.10gb"}]}}}"#;
+    let data = r#"{"bootId":"boot-a","newTopLevel":1,"claims":{"u":{"uid":"u","state":"PrepareCompleted","extra":[{}],"devices":[{"pool":"p","device":"gpu-0","futureField":"1g.10gb"}]}}}"#;
     fs::write(store.path(), envelope(1, data)).unwrap();
     let loaded = store.load("boot-a").unwrap();
     assert_eq!(loaded.quarantined, None);

@@ -15,7 +15,7 @@ fn h100() -> (tempfile::TempDir, Carver, String) {
     for g in &mut p.gpus {
         g.mig = Some(MigMode {
             current: true,
-            pending: false,
+            pending: true,
             max_devices: None,
         });
     }

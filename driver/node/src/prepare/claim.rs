@@ -7,6 +7,8 @@ use topodra_model::checkpoint::{self, ClaimIdentity, ClaimRecord, ClaimState, Pr
 use super::*;
 use crate::cdi::{self, ClaimGpu, ClaimSpecRequest};
 use crate::checkpoint::unix_now;
+use crate::dynamic_mig::MadeInstance;
+use topodra_model::inventory::MigDevice;
 
 impl Preparer {
     /// Prepares one claim whose object the caller has read from the API server.
@@ -33,10 +35,11 @@ impl Preparer {
             driver_name: &self.driver_name,
             pool: &self.pool,
             gpus: &self.gpus,
+            dynamic: &self.dynamic,
         };
         let plan = plan::plan(&ctx, claim_ref, claim)?;
         let names: Vec<String> = plan.devices.iter().map(|d| d.device.clone()).collect();
-        let _held = self.locks.lock(&names);
+        let _held = self.locks.lock(&self.lock_names(&names));
         // The answer always comes from the claim as it is now: request names in
         // particular, which a checkpoint rebuilt from CDI specs by an older version
         // may lack, and which the kubelet needs to hand devices to containers.
@@ -49,7 +52,7 @@ impl Preparer {
                 device: d.device.clone(),
                 cdi_device_ids: vec![self.writer.kind().device_id(&claim_ref.uid, &d.device)],
                 share_id: d.share_id.clone(),
-                mig: None,
+                mig: self.intent_of(&d.device),
             })
             .collect();
 
@@ -69,29 +72,19 @@ impl Preparer {
             return Ok(prepared);
         }
 
-        // Build the spec before recording anything: if the node cannot describe the
-        // devices, there is nothing to roll back. Whether another claim holds one of
-        // them is only known under the lock of the save below (begin_prepare).
-        let gpus = plan
-            .devices
-            .iter()
-            .filter_map(|d| Some((d, self.gpus.get(&d.device)?)))
-            .map(|(planned, dev)| {
-                let mut gpu = ClaimGpu::from_device(dev, self.nodes.as_ref())?;
-                gpu.requests = planned.requests.clone();
-                Ok(gpu)
-            })
-            .collect::<Result<_, cdi::CdiError>>()?;
-        let request = ClaimSpecRequest {
-            claim_uid: claim_ref.uid.clone(),
-            claim_namespace: claim_ref.namespace.clone(),
-            claim_name: claim_ref.name.clone(),
-            gpus,
-            env_hints: plan.env_hints,
-            kind: self.writer.kind().clone(),
-            capabilities: plan.capabilities.clone(),
+        // Without dynamic MIG, build the spec before recording anything: if the
+        // node cannot describe the devices, there is nothing to roll back. A
+        // partition's instance, whose ids the spec needs, is made only after the
+        // record names it, so that a crash in between leaves a record to find it by.
+        // Whether another claim holds one of the devices is only known under the
+        // lock of the save below (begin_prepare).
+        let files = files?;
+        let makes_instances = prepared.iter().any(|d| d.mig.is_some());
+        let early_spec = if makes_instances {
+            None
+        } else {
+            Some(self.build_spec(claim_ref, &plan, &BTreeMap::new(), &files)?)
         };
-        let spec = cdi::claim_spec(&request, self.nodes.as_ref(), &*files?)?;
         let spec_path = self.writer.path_for(&claim_ref.uid);
         // A spec already at the path (a claim prepared again after a reboot, or with
         // other devices) goes first: a spec found next to a started record must be
@@ -113,19 +106,25 @@ impl Preparer {
         #[cfg(feature = "crash-points")]
         self.crash(CrashPoint::AfterStartedRecord)?;
 
+        let spec = match early_spec {
+            Some(spec) => spec,
+            None => {
+                let made = self
+                    .make_instances(claim_ref, &prepared)
+                    .and_then(|made| self.build_spec(claim_ref, &plan, &made, &files));
+                match made {
+                    Ok(spec) => spec,
+                    Err(e) => return Err(self.abandon(claim_ref, &prepared, e)),
+                }
+            }
+        };
+        #[cfg(feature = "crash-points")]
+        if makes_instances {
+            self.crash(CrashPoint::BeforeSpec)?;
+        }
+
         if let Err(e) = self.writer.write(&claim_ref.uid, &spec) {
-            // Nothing was handed out: forget the claim so its devices are free again.
-            // The rename may have happened before the failure; a spec left next to
-            // the started record would be rolled forward by the next start.
-            if let Err(remove) = self.writer.remove(&claim_ref.uid) {
-                tracing::error!(claim = %claim_ref.uid, error = %remove, "removing the spec of a failed prepare");
-            }
-            if let Err(rollback) = self.update(Some(&claim_ref.uid), |cp| {
-                Ok::<_, CheckpointError>(cp.remove(&claim_ref.uid))
-            }) {
-                tracing::error!(claim = %claim_ref.uid, error = %rollback, "rolling back a failed prepare");
-            }
-            return Err(e.into());
+            return Err(self.abandon(claim_ref, &prepared, e.into()));
         }
         #[cfg(feature = "crash-points")]
         self.crash(CrashPoint::AfterCdiWrite)?;
@@ -136,15 +135,141 @@ impl Preparer {
         Ok(prepared)
     }
 
+    /// The claim's CDI spec; `made` holds the instances of its dynamic MIG devices.
+    fn build_spec(
+        &self,
+        claim_ref: &ClaimIdentity,
+        plan: &plan::Plan,
+        made: &BTreeMap<String, MadeInstance>,
+        files: &cdi::NvidiaFiles,
+    ) -> Result<cdi::Spec, ClaimError> {
+        let mut gpus = Vec::new();
+        for planned in &plan.devices {
+            let mut gpu = match (self.dynamic.get(&planned.device), made.get(&planned.device)) {
+                (Some(d), Some(m)) => {
+                    let dev = AllocatableDevice {
+                        gpu: d.gpu.clone(),
+                        mig: Some(MigDevice {
+                            uuid: m.uuid.clone(),
+                            gpu_instance: m.gpu_instance,
+                            compute_instance: m.compute_instance,
+                            profile: Some(d.profile.name.clone()),
+                            memory_bytes: Some(d.profile.memory_mib << 20),
+                            multiprocessors: Some(d.profile.multiprocessors),
+                        }),
+                    };
+                    let mut gpu = ClaimGpu::from_device(&dev, self.nodes.as_ref())?;
+                    // Named as the slice names it: the CDI id the kubelet gets.
+                    gpu.device_name.clone_from(&planned.device);
+                    gpu
+                }
+                _ => match self.gpus.get(&planned.device) {
+                    Some(dev) => ClaimGpu::from_device(dev, self.nodes.as_ref())?,
+                    None => continue,
+                },
+            };
+            gpu.requests = planned.requests.clone();
+            gpus.push(gpu);
+        }
+        let request = ClaimSpecRequest {
+            claim_uid: claim_ref.uid.clone(),
+            claim_namespace: claim_ref.namespace.clone(),
+            claim_name: claim_ref.name.clone(),
+            gpus,
+            env_hints: plan.env_hints,
+            kind: self.writer.kind().clone(),
+            capabilities: plan.capabilities.clone(),
+        };
+        Ok(cdi::claim_spec(&request, self.nodes.as_ref(), files)?)
+    }
+
+    /// Makes the MIG instances of the claim's dynamic MIG devices, each step
+    /// idempotent, so a prepare retried after a crash finishes what one began.
+    fn make_instances(
+        &self,
+        claim_ref: &ClaimIdentity,
+        prepared: &[PreparedGpu],
+    ) -> Result<BTreeMap<String, MadeInstance>, ClaimError> {
+        let mut made = BTreeMap::new();
+        for d in prepared {
+            let Some(intent) = &d.mig else { continue };
+            let carver = self.carver_for(claim_ref, &d.device)?;
+            let mig_error = |source| ClaimError::Mig {
+                namespace: claim_ref.namespace.clone(),
+                name: claim_ref.name.clone(),
+                device: d.device.clone(),
+                source: Box::new(source),
+            };
+            carver.create_gpu_instance(intent).map_err(mig_error)?;
+            #[cfg(feature = "crash-points")]
+            self.crash(CrashPoint::AfterGpuInstance)?;
+            let m = carver.create_compute_instance(intent).map_err(mig_error)?;
+            #[cfg(feature = "crash-points")]
+            self.crash(CrashPoint::AfterComputeInstance)?;
+            made.insert(d.device.clone(), m);
+        }
+        Ok(made)
+    }
+
+    fn carver_for(&self, claim_ref: &ClaimIdentity, device: &str) -> Result<&Carver, ClaimError> {
+        self.carver.as_deref().ok_or_else(|| ClaimError::NoCarver {
+            namespace: claim_ref.namespace.clone(),
+            name: claim_ref.name.clone(),
+            device: device.to_owned(),
+        })
+    }
+
+    /// Undoes a prepare that failed after its record was saved: the spec, the MIG
+    /// instances it made, then the record, so its devices are free again. An
+    /// instance that cannot be removed keeps the record, and with it the slices,
+    /// for an unprepare or the next start to remove. Returns `error`, the failure.
+    /// A crash point's error is returned untouched: a crash cleans nothing up.
+    fn abandon(
+        &self,
+        claim_ref: &ClaimIdentity,
+        prepared: &[PreparedGpu],
+        error: ClaimError,
+    ) -> ClaimError {
+        #[cfg(feature = "crash-points")]
+        if matches!(error, ClaimError::Crashed(_)) {
+            return error;
+        }
+        // The rename may have happened before a write failed; a spec left next to
+        // the started record would be rolled forward by the next start.
+        if let Err(remove) = self.writer.remove(&claim_ref.uid) {
+            tracing::error!(claim = %claim_ref.uid, error = %remove, "removing the spec of a failed prepare");
+        }
+        for d in prepared {
+            let Some(intent) = &d.mig else { continue };
+            let removed = self
+                .carver
+                .as_deref()
+                .map(|c| c.destroy(intent).map_err(|e| e.to_string()))
+                .unwrap_or_else(|| Err("no NVML".to_owned()));
+            if let Err(why) = removed {
+                tracing::error!(claim = %claim_ref.uid, device = %d.device, error = %why,
+                    "the MIG instance of a failed prepare could not be removed; its record stays until an unprepare or the next start removes it");
+                return error;
+            }
+        }
+        if let Err(rollback) = self.update(Some(&claim_ref.uid), |cp| {
+            Ok::<_, CheckpointError>(cp.remove(&claim_ref.uid))
+        }) {
+            tracing::error!(claim = %claim_ref.uid, error = %rollback, "rolling back a failed prepare");
+        }
+        error
+    }
+
     /// Unprepares a claim by UID, from the checkpoint alone. Idempotent: an unknown
     /// claim is already unprepared.
     pub fn unprepare(&self, uid: &str) -> Result<(), ClaimError> {
         let _owned = self.owned()?;
-        let devices: Vec<String> = self.state.read(|cp| match cp.get(uid) {
-            Some(record) => record.devices.iter().map(|d| d.device.clone()).collect(),
-            None => Vec::new(),
-        });
-        let _held = self.locks.lock(&devices);
+        let record = self.state.read(|cp| cp.get(uid).cloned());
+        let devices: Vec<String> = record
+            .iter()
+            .flat_map(|r| r.devices.iter().map(|d| d.device.clone()))
+            .collect();
+        let _held = self.locks.lock(&self.lock_names(&devices));
         // The spec goes first: a crash between the two steps leaves a record whose
         // spec is gone, which the next unprepare finishes; the reverse would leave a
         // spec that no record owns until the next start.
@@ -157,6 +282,26 @@ impl Preparer {
                 );
             }
             return Ok(());
+        }
+        // The instances go before the record: one that cannot be removed keeps the
+        // record, and the kubelet retries the unprepare.
+        if let Some(record) = &record {
+            let identity = ClaimIdentity {
+                uid: record.uid.clone(),
+                namespace: record.namespace.clone(),
+                name: record.name.clone(),
+            };
+            for d in &record.devices {
+                let Some(intent) = &d.mig else { continue };
+                self.carver_for(&identity, &d.device)?
+                    .destroy(intent)
+                    .map_err(|source| ClaimError::Mig {
+                        namespace: record.namespace.clone(),
+                        name: record.name.clone(),
+                        device: d.device.clone(),
+                        source: Box::new(source),
+                    })?;
+            }
         }
         if self.state.read(|cp| cp.get(uid).is_some()) {
             self.update(Some(uid), |cp| Ok::<_, ClaimError>(cp.remove(uid)))?;

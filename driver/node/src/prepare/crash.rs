@@ -10,6 +10,12 @@ use super::{ClaimError, Preparer};
 pub enum CrashPoint {
     /// The started record is on disk; no CDI spec yet.
     AfterStartedRecord,
+    /// A dynamic MIG partition's GPU instance exists, its compute instance not yet.
+    AfterGpuInstance,
+    /// A dynamic MIG partition's compute instance exists too.
+    AfterComputeInstance,
+    /// Every instance is made and the spec built; the spec is not written.
+    BeforeSpec,
     /// The CDI spec is written; the claim is still recorded as started.
     AfterCdiWrite,
     /// The claim is completed in memory (on disk it is still started, with its
@@ -22,10 +28,14 @@ impl std::str::FromStr for CrashPoint {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "after-started-record" => Ok(Self::AfterStartedRecord),
+            "after-gpu-instance" => Ok(Self::AfterGpuInstance),
+            "after-compute-instance" => Ok(Self::AfterComputeInstance),
+            "before-spec" => Ok(Self::BeforeSpec),
             "after-cdi-write" => Ok(Self::AfterCdiWrite),
             "before-answer" => Ok(Self::BeforeAnswer),
             other => Err(format!(
-                "unknown crash point {other:?}: after-started-record, after-cdi-write, before-answer"
+                "unknown crash point {other:?}: after-started-record, after-gpu-instance, \
+                 after-compute-instance, before-spec, after-cdi-write, before-answer"
             )),
         }
     }

@@ -1,5 +1,6 @@
 use crate::cdi::CdiError;
 use crate::checkpoint::CheckpointError;
+use crate::dynamic_mig::CarveError;
 use topodra_model::checkpoint::{ClaimIdentity, DeviceInUse, TransitionError};
 use topodra_model::config::ConfigError;
 
@@ -95,6 +96,27 @@ pub enum ClaimError {
     #[error("writing the CDI spec: {0}")]
     Cdi(#[from] CdiError),
 
+    /// Making or removing a dynamic MIG instance failed; a prepare rolled back
+    /// what it had made.
+    #[error("claim {namespace}/{name}: MIG instance of {device}: {source}")]
+    Mig {
+        namespace: String,
+        name: String,
+        device: String,
+        /// Boxed: NVML's errors are large, and this variant is rare.
+        #[source]
+        source: Box<CarveError>,
+    },
+
+    #[error(
+        "claim {namespace}/{name}: device {device} is a dynamic MIG partition, but this plugin has no NVML to make or remove its instance"
+    )]
+    NoCarver {
+        namespace: String,
+        name: String,
+        device: String,
+    },
+
     #[error("recording the claim in the checkpoint: {0}")]
     Checkpoint(#[from] CheckpointError),
 
@@ -134,6 +156,8 @@ impl ClaimError {
             Self::DeviceInUse(_) => ClaimErrorKind::DeviceInUse,
             Self::Internal { .. } => ClaimErrorKind::Internal,
             Self::Cdi(_) => ClaimErrorKind::Cdi,
+            Self::Mig { source, .. } if source.is_conflict() => ClaimErrorKind::MigConflict,
+            Self::Mig { .. } | Self::NoCarver { .. } => ClaimErrorKind::Mig,
             Self::Checkpoint(_) => ClaimErrorKind::Checkpoint,
             Self::HandedOver { .. } => ClaimErrorKind::HandedOver,
             Self::StateUnusable { .. } => ClaimErrorKind::StateUnusable,
@@ -171,6 +195,11 @@ pub enum ClaimErrorKind {
     DeviceInUse,
     Internal,
     Cdi,
+    /// NVML could not make or remove a MIG instance.
+    Mig,
+    /// The instance's memory slices were taken (NVML or the record of another
+    /// claim): the allocation no longer fits the GPU.
+    MigConflict,
     Checkpoint,
     HandedOver,
     StateUnusable,
@@ -193,6 +222,8 @@ impl ClaimErrorKind {
             Self::DeviceInUse => "device_in_use",
             Self::Internal => "internal",
             Self::Cdi => "cdi",
+            Self::Mig => "mig",
+            Self::MigConflict => "mig_conflict",
             Self::Checkpoint => "checkpoint",
             Self::HandedOver => "handed_over",
             Self::StateUnusable => "state_unusable",

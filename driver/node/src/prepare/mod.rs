@@ -36,7 +36,7 @@ mod recovery;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 
 #[cfg(feature = "crash-points")]
 pub use crash::{CrashHook, CrashPoint};
@@ -45,8 +45,10 @@ pub use recovery::StartupReport;
 
 use crate::cdi::{self, DeviceNodes, DriverFiles, SpecWriter};
 use crate::checkpoint::{CheckpointError, CheckpointStore, unix_now};
-use topodra_model::checkpoint::{self, Checkpoint, ClaimIdentity, PreparedGpu};
+use crate::dynamic_mig::Carver;
+use topodra_model::checkpoint::{self, Checkpoint, ClaimIdentity, MigIntent, PreparedGpu};
 use topodra_model::inventory::{AllocatableDevice, Inventory};
+use topodra_model::slice::{DynamicDevice, DynamicMig, SliceOptions, dynamic_devices};
 
 /// Where the state machine keeps its state and who it is.
 #[derive(Debug, Clone)]
@@ -60,6 +62,10 @@ pub struct PreparerConfig {
     pub boot_id: String,
     /// Directory of the CDI specs.
     pub cdi_spec_dir: PathBuf,
+    /// Dynamic MIG: the GPUs' partitions are prepared by making their instances
+    /// with this. `None`: no partition is prepared, and a record naming an
+    /// instance is kept until a start with NVML can remove it.
+    pub dynamic_mig: Option<Arc<Carver>>,
 }
 
 impl PreparerConfig {
@@ -80,6 +86,10 @@ pub struct Preparer {
     pool: String,
     /// Every allocatable device (whole GPU or MIG device) by its slice name.
     gpus: BTreeMap<String, AllocatableDevice>,
+    /// With dynamic MIG, the devices whose instance a prepare makes (whole GPUs
+    /// in MIG mode and their partitions), by slice name; they win over `gpus`.
+    dynamic: BTreeMap<String, DynamicDevice>,
+    carver: Option<Arc<Carver>>,
     locks: locks::DeviceLocks,
     writer: SpecWriter,
     nodes: Box<dyn DeviceNodes + Send + Sync>,
@@ -117,8 +127,13 @@ impl Preparer {
         files: impl Into<DriverFiles>,
     ) -> Result<(Self, StartupReport), RecoveryError> {
         let (store, writer) = config.store_and_writer();
-        let (checkpoint, report) =
-            recovery::recover(&store, &writer, &config.boot_id, &config.node_name)?;
+        let (checkpoint, report) = recovery::recover(
+            &store,
+            &writer,
+            &config.boot_id,
+            &config.node_name,
+            config.dynamic_mig.as_deref(),
+        )?;
         let preparer = Self::assemble(
             config,
             inventory,
@@ -181,11 +196,24 @@ impl Preparer {
             .into_iter()
             .map(|d| (d.name(), d))
             .collect();
+        let dynamic: BTreeMap<String, DynamicDevice> = match &config.dynamic_mig {
+            Some(_) => {
+                let mut opts = SliceOptions::new(&config.node_name);
+                opts.dynamic_mig = DynamicMig::All;
+                dynamic_devices(inventory, &opts)
+                    .into_iter()
+                    .map(|d| (d.name.clone(), d))
+                    .collect()
+            }
+            None => BTreeMap::new(),
+        };
         Self {
             driver_name: config.driver_name.clone(),
             pool: config.node_name.clone(),
-            locks: locks::DeviceLocks::new(gpus.keys().cloned()),
+            locks: locks::DeviceLocks::new(gpus.keys().chain(dynamic.keys()).cloned()),
             gpus,
+            dynamic,
+            carver: config.dynamic_mig.clone(),
             writer,
             nodes,
             files,
@@ -195,6 +223,31 @@ impl Preparer {
             #[cfg(feature = "crash-points")]
             crash_hook: None,
         }
+    }
+
+    /// The instance a prepare of `device` makes, for a dynamic MIG device.
+    fn intent_of(&self, device: &str) -> Option<MigIntent> {
+        let d = self.dynamic.get(device)?;
+        Some(MigIntent {
+            parent_uuid: d.gpu.uuid.clone()?,
+            profile_id: d.profile.id,
+            start: d.placement.start,
+            size: d.placement.size,
+        })
+    }
+
+    /// The locks a call on `devices` takes: the devices, and for dynamic MIG ones
+    /// their GPU too, so that the instances of one GPU are made one at a time
+    /// (and never beside a claim of the whole GPU).
+    fn lock_names(&self, devices: &[String]) -> Vec<String> {
+        let mut names = devices.to_vec();
+        names.extend(
+            devices
+                .iter()
+                .filter_map(|d| self.dynamic.get(d))
+                .map(|d| d.gpu.device_name()),
+        );
+        names
     }
 
     /// Why this state machine serves read-only, if it does.

@@ -10,6 +10,7 @@ use super::ClaimError;
 use topodra_model::checkpoint::ClaimIdentity;
 use topodra_model::config::{EffectiveConfig, effective_configs};
 use topodra_model::inventory::AllocatableDevice;
+use topodra_model::slice::DynamicDevice;
 
 /// One allocated device of ours.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +34,16 @@ pub(super) struct Context<'a> {
     pub(super) driver_name: &'a str,
     pub(super) pool: &'a str,
     pub(super) gpus: &'a BTreeMap<String, AllocatableDevice>,
+    pub(super) dynamic: &'a BTreeMap<String, DynamicDevice>,
+}
+
+impl Context<'_> {
+    fn numa_node(&self, device: &str) -> Option<u32> {
+        match self.dynamic.get(device) {
+            Some(d) => d.gpu.numa_node,
+            None => self.gpus.get(device).and_then(|g| g.gpu.numa_node),
+        }
+    }
 }
 
 fn base_request(request: &str) -> &str {
@@ -89,7 +100,7 @@ pub(super) fn plan(
                 node: ctx.pool.to_owned(),
             });
         }
-        if !ctx.gpus.contains_key(&result.device) {
+        if !ctx.gpus.contains_key(&result.device) && !ctx.dynamic.contains_key(&result.device) {
             return Err(ClaimError::UnknownDevice {
                 namespace,
                 name,
@@ -140,10 +151,8 @@ pub(super) fn plan(
         .iter()
         .any(|r| config_of(r).numa.require_aligned)
     {
-        let nodes: BTreeSet<Option<u32>> = devices
-            .iter()
-            .map(|d| ctx.gpus.get(&d.device).and_then(|g| g.gpu.numa_node))
-            .collect();
+        let nodes: BTreeSet<Option<u32>> =
+            devices.iter().map(|d| ctx.numa_node(&d.device)).collect();
         if nodes.len() > 1 || nodes.contains(&None) {
             let nodes: Vec<String> = nodes
                 .iter()

@@ -3,6 +3,7 @@
 
 use crate::cdi::{self, Spec, SpecWriter};
 use crate::checkpoint::{CheckpointStore, Quarantined, unix_now};
+use crate::dynamic_mig::Carver;
 use topodra_model::checkpoint::{self, Checkpoint, ClaimRecord, ClaimState, PreparedGpu};
 
 use super::RecoveryError;
@@ -17,8 +18,12 @@ pub struct StartupReport {
     /// The node rebooted since the checkpoint was written.
     pub rebooted: bool,
     /// Claims whose prepare had started but not written its spec: spec removed,
-    /// record dropped.
+    /// the MIG instances it may have made removed, record dropped.
     pub rolled_back: Vec<String>,
+    /// Claims to roll back whose MIG instance could not be removed (or no NVML
+    /// was there to remove it): the record stays, holding the instance's slices,
+    /// for an unprepare or the next start. With why.
+    pub rollback_pending: Vec<String>,
     /// Claims recorded as started whose spec was written, so the prepare finished
     /// (and was likely answered) before the completion was saved: completed.
     pub rolled_forward: Vec<String>,
@@ -39,6 +44,7 @@ pub(super) fn recover(
     writer: &SpecWriter,
     boot_id: &str,
     pool: &str,
+    carver: Option<&Carver>,
 ) -> Result<(Checkpoint, StartupReport), RecoveryError> {
     let loaded = store.load(boot_id)?;
     let mut checkpoint = loaded.checkpoint;
@@ -97,6 +103,15 @@ pub(super) fn recover(
     report.rolled_forward = roll_forward(&mut checkpoint, writer, pool);
     for record in checkpoint::rollback_candidates(&checkpoint) {
         writer.remove(&record.uid)?;
+        // A MIG instance is found by the placement its record names: whatever
+        // steps the crashed prepare got through, nothing else of it is left.
+        if let Err(why) = remove_instances(&record, carver) {
+            tracing::error!(claim = %record.uid, error = %why, "rolling back a prepare: its MIG instance stays, and its record with it");
+            report
+                .rollback_pending
+                .push(format!("{}: {why}", record.uid));
+            continue;
+        }
         checkpoint.remove(&record.uid);
         report.rolled_back.push(record.uid);
     }
@@ -116,6 +131,18 @@ pub(super) fn recover(
         report.save_failed = Some(e.to_string());
     }
     Ok((checkpoint, report))
+}
+
+/// Removes the MIG instances a record names.
+fn remove_instances(record: &ClaimRecord, carver: Option<&Carver>) -> Result<(), String> {
+    for d in &record.devices {
+        let Some(intent) = &d.mig else { continue };
+        let carver = carver.ok_or("no NVML to remove the instance of dynamic MIG device")?;
+        carver
+            .destroy(intent)
+            .map_err(|e| format!("{}: {e}", d.device))?;
+    }
+    Ok(())
 }
 
 /// Completes the started records whose spec is in place, and returns their UIDs. The
@@ -186,6 +213,7 @@ fn record_from_spec(writer: &SpecWriter, uid: &str, pool: &str) -> Option<ClaimR
             device: device.to_owned(),
             cdi_device_ids: vec![writer.kind().device_id(uid, device)],
             share_id: None,
+            mig: None,
         })
         .collect();
     Some(ClaimRecord {
