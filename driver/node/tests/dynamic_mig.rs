@@ -217,8 +217,16 @@ fn partitions_are_made_at_prepare_and_removed_at_unprepare() {
     assert!(node.instances(0).is_empty());
     prepare(&p, "whole", &["gpu-0"]).unwrap();
     assert_eq!(node.instances(0), [(0, 8, 1)]);
-    // A retried prepare answers from the record; the instance stays one.
+    // A retried prepare answers from the record; the instance stays one. One
+    // whose spec went missing is prepared again, on the instance it made.
     prepare(&p, "whole", &["gpu-0"]).unwrap();
+    let spec = node
+        .dir
+        .path()
+        .join("cdi/k8s.gpu.topodra.dev-claim_whole.json");
+    std::fs::remove_file(&spec).unwrap();
+    prepare(&p, "whole", &["gpu-0"]).unwrap();
+    assert!(spec.exists());
     assert_eq!(node.instances(0), [(0, 8, 1)]);
     p.unprepare("whole").unwrap();
     p.unprepare("whole").unwrap();
@@ -318,7 +326,7 @@ fn instances_made_by_others_are_left_alone() {
         start: 4,
         size: 4,
     };
-    operator.create_gpu_instance(&theirs).unwrap();
+    operator.create_gpu_instance(&theirs, false).unwrap();
     operator.create_compute_instance(&theirs).unwrap();
 
     let (p, report) = node.start("boot-1");
@@ -326,6 +334,9 @@ fn instances_made_by_others_are_left_alone() {
     let err = prepare(&p, "u1", &["gpu-5-mig-1g-10gb-4"]).unwrap_err();
     assert_eq!(err.kind(), ClaimErrorKind::MigConflict, "{err}");
     assert!(err.to_string().contains("left alone"), "{err}");
+    // Not even one of the very profile and placement a partition names.
+    let err = prepare(&p, "u1", &["gpu-5-mig-3g-40gb-4"]).unwrap_err();
+    assert_eq!(err.kind(), ClaimErrorKind::MigConflict, "{err}");
     assert_eq!(node.instances(5), [(4, 4, 1)]);
     assert!(p.checkpoint().claims.is_empty());
     // Beside it, the GPU is still usable.

@@ -144,12 +144,24 @@ impl Carver {
         Ok(ours)
     }
 
-    /// Step one: the GPU instance at the intended placement, made unless it is
-    /// there already. Returns its id.
-    pub fn create_gpu_instance(&self, intent: &MigIntent) -> Result<u32, CarveError> {
+    /// Step one: the GPU instance at the intended placement. `ours` says whether
+    /// the claim's record named this instance before this prepare began (a
+    /// prepare again after its spec went missing): then an instance already there
+    /// is the one an earlier prepare made, and is used. Otherwise an instance
+    /// there was made by someone else, and is refused, never used. Returns its id.
+    pub fn create_gpu_instance(&self, intent: &MigIntent, ours: bool) -> Result<u32, CarveError> {
         self.on_parent(intent, |gpu| {
             if let Some(gi) = self.find(gpu, intent)? {
-                return Ok(gi.id);
+                if ours {
+                    return Ok(gi.id);
+                }
+                return Err(CarveError::PlacementTaken {
+                    parent: intent.parent_uuid.clone(),
+                    start: gi.start,
+                    size: gi.size,
+                    found: gi.profile_id,
+                    wanted: intent.profile_id,
+                });
             }
             match nvml::create_gpu_instance(
                 &self.nvml,

@@ -56,15 +56,20 @@ fn instances(dir: &tempfile::TempDir, parent: &str) -> Vec<(u32, u32, usize)> {
 fn makes_and_removes_an_instance_at_its_placement() {
     let (dir, carver, gpu) = h100();
     let one = intent(&gpu, 19, 6, 1);
-    let gi = carver.create_gpu_instance(&one).expect("gi");
+    let gi = carver.create_gpu_instance(&one, false).expect("gi");
     assert_eq!(instances(&dir, &gpu), [(6, 1, 0)]);
     let made = carver.create_compute_instance(&one).expect("ci");
     assert_eq!(made.gpu_instance, gi);
     assert!(made.uuid.starts_with("MIG-"), "{made:?}");
     assert_eq!(instances(&dir, &gpu), [(6, 1, 1)]);
 
-    // Every step again: nothing new, the same instance.
-    assert_eq!(carver.create_gpu_instance(&one).expect("gi"), gi);
+    // Every step again, for the claim that made it: nothing new, the same
+    // instance. For anyone else, the placement is taken.
+    assert_eq!(carver.create_gpu_instance(&one, true).expect("gi"), gi);
+    let err = carver
+        .create_gpu_instance(&one, false)
+        .expect_err("not ours");
+    assert!(err.is_conflict(), "{err}");
     assert_eq!(carver.create_compute_instance(&one).expect("ci"), made);
     assert_eq!(instances(&dir, &gpu), [(6, 1, 1)]);
 
@@ -77,10 +82,10 @@ fn makes_and_removes_an_instance_at_its_placement() {
 fn a_taken_placement_is_a_conflict_naming_what_holds_it() {
     let (_dir, carver, gpu) = h100();
     carver
-        .create_gpu_instance(&intent(&gpu, 5, 0, 4))
+        .create_gpu_instance(&intent(&gpu, 5, 0, 4), false)
         .expect("4g");
     let err = carver
-        .create_gpu_instance(&intent(&gpu, 14, 2, 2))
+        .create_gpu_instance(&intent(&gpu, 14, 2, 2), false)
         .expect_err("overlaps the 4g");
     assert!(err.is_conflict(), "{err}");
     assert!(
@@ -112,7 +117,7 @@ fn a_failed_compute_instance_leaves_the_gpu_instance_to_destroy() {
     .expect("io")
     .expect("edit");
     let big = intent(&gpu, 0, 0, 8);
-    carver.create_gpu_instance(&big).expect("gi");
+    carver.create_gpu_instance(&big, false).expect("gi");
     let err = carver.create_compute_instance(&big).expect_err("injected");
     assert!(!err.is_conflict(), "{err}");
     assert_eq!(instances(&dir, &gpu), [(0, 8, 0)]);
@@ -124,7 +129,7 @@ fn a_failed_compute_instance_leaves_the_gpu_instance_to_destroy() {
 fn an_unknown_gpu_is_an_error() {
     let (_dir, carver, _) = h100();
     let err = carver
-        .create_gpu_instance(&intent("GPU-not-here", 19, 0, 1))
+        .create_gpu_instance(&intent("GPU-not-here", 19, 0, 1), false)
         .expect_err("no such GPU");
     assert!(err.to_string().contains("GPU-not-here"), "{err}");
 }

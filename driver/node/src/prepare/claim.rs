@@ -56,6 +56,13 @@ impl Preparer {
             })
             .collect();
 
+        // The instances this claim's record named before this prepare: only those
+        // may be found already made and used (see `Carver::create_gpu_instance`).
+        let recorded: Vec<MigIntent> = self.state.read(|cp| {
+            cp.get(&claim_ref.uid)
+                .map(|r| r.devices.iter().filter_map(|d| d.mig.clone()).collect())
+                .unwrap_or_default()
+        });
         let done = self.state.read(|cp| {
             cp.get(&claim_ref.uid)
                 .filter(|done| {
@@ -109,12 +116,13 @@ impl Preparer {
         let spec = match early_spec {
             Some(spec) => spec,
             None => {
+                let mut ours = recorded.clone();
                 let made = self
-                    .make_instances(claim_ref, &prepared)
+                    .make_instances(claim_ref, &prepared, &mut ours)
                     .and_then(|made| self.build_spec(claim_ref, &plan, &made, &files));
                 match made {
                     Ok(spec) => spec,
-                    Err(e) => return Err(self.abandon(claim_ref, &prepared, e)),
+                    Err(e) => return Err(self.abandon(claim_ref, &ours, e)),
                 }
             }
         };
@@ -124,7 +132,8 @@ impl Preparer {
         }
 
         if let Err(e) = self.writer.write(&claim_ref.uid, &spec) {
-            return Err(self.abandon(claim_ref, &prepared, e.into()));
+            let ours: Vec<MigIntent> = prepared.iter().filter_map(|d| d.mig.clone()).collect();
+            return Err(self.abandon(claim_ref, &ours, e.into()));
         }
         #[cfg(feature = "crash-points")]
         self.crash(CrashPoint::AfterCdiWrite)?;
@@ -183,12 +192,15 @@ impl Preparer {
         Ok(cdi::claim_spec(&request, self.nodes.as_ref(), files)?)
     }
 
-    /// Makes the MIG instances of the claim's dynamic MIG devices, each step
-    /// idempotent, so a prepare retried after a crash finishes what one began.
+    /// Makes the MIG instances of the claim's dynamic MIG devices. `ours` holds
+    /// the instances the claim's record named before this prepare, which may be
+    /// found made already; each GPU instance this prepare makes is added to it,
+    /// so that a failure removes those and no other.
     fn make_instances(
         &self,
         claim_ref: &ClaimIdentity,
         prepared: &[PreparedGpu],
+        ours: &mut Vec<MigIntent>,
     ) -> Result<BTreeMap<String, MadeInstance>, ClaimError> {
         let mut made = BTreeMap::new();
         for d in prepared {
@@ -200,7 +212,12 @@ impl Preparer {
                 device: d.device.clone(),
                 source: Box::new(source),
             };
-            carver.create_gpu_instance(intent).map_err(mig_error)?;
+            carver
+                .create_gpu_instance(intent, ours.contains(intent))
+                .map_err(mig_error)?;
+            if !ours.contains(intent) {
+                ours.push(intent.clone());
+            }
             #[cfg(feature = "crash-points")]
             self.crash(CrashPoint::AfterGpuInstance)?;
             let m = carver.create_compute_instance(intent).map_err(mig_error)?;
@@ -220,14 +237,17 @@ impl Preparer {
     }
 
     /// Undoes a prepare that failed after its record was saved: the spec, the MIG
-    /// instances it made, then the record, so its devices are free again. An
-    /// instance that cannot be removed keeps the record, and with it the slices,
-    /// for an unprepare or the next start to remove. Returns `error`, the failure.
-    /// A crash point's error is returned untouched: a crash cleans nothing up.
+    /// instances that are the claim's (`ours`: made by it, now or before), then the
+    /// record, so its devices are free again. An instance at a placement of the
+    /// claim that is not its own (someone else's, which made the prepare fail) is
+    /// left alone. An instance that cannot be removed keeps the record, and with
+    /// it the slices, for an unprepare or the next start to remove. Returns
+    /// `error`, the failure. A crash point's error is returned untouched: a crash
+    /// cleans nothing up.
     fn abandon(
         &self,
         claim_ref: &ClaimIdentity,
-        prepared: &[PreparedGpu],
+        ours: &[MigIntent],
         error: ClaimError,
     ) -> ClaimError {
         #[cfg(feature = "crash-points")]
@@ -239,15 +259,14 @@ impl Preparer {
         if let Err(remove) = self.writer.remove(&claim_ref.uid) {
             tracing::error!(claim = %claim_ref.uid, error = %remove, "removing the spec of a failed prepare");
         }
-        for d in prepared {
-            let Some(intent) = &d.mig else { continue };
+        for intent in ours {
             let removed = self
                 .carver
                 .as_deref()
                 .map(|c| c.destroy(intent).map_err(|e| e.to_string()))
                 .unwrap_or_else(|| Err("no NVML".to_owned()));
             if let Err(why) = removed {
-                tracing::error!(claim = %claim_ref.uid, device = %d.device, error = %why,
+                tracing::error!(claim = %claim_ref.uid, gpu = %intent.parent_uuid, start = intent.start, error = %why,
                     "the MIG instance of a failed prepare could not be removed; its record stays until an unprepare or the next start removes it");
                 return error;
             }
