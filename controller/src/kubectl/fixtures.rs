@@ -75,6 +75,8 @@ pub(crate) fn dgx_h100_mig() -> Inventory {
             profile: Some("1g.10gb".to_owned()),
             memory_bytes: Some(9984 << 20),
             multiprocessors: Some(16),
+            placement: None,
+            profile_id: None,
         })
         .collect();
     inv

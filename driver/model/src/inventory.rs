@@ -266,6 +266,13 @@ pub struct MigDevice {
     pub memory_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub multiprocessors: Option<u32>,
+    /// Its GPU instance's memory slices, as NVML reports them: what dynamic MIG
+    /// counts as taken on the GPU. `None` where NVML did not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<MigPlacement>,
+    /// Its GPU instance's profile id (`nvmlGpuInstanceInfo_t.profileId`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile_id: Option<u32>,
 }
 
 /// How a GPU is offered, from its MIG mode.

@@ -23,6 +23,7 @@ use topodra_fake_nvml::sim::{self, SimNode};
 use topodra_fake_nvml::{Profile, cdylib_path};
 use topodra_model::Inventory;
 use topodra_model::checkpoint::{ClaimIdentity, ClaimState};
+use topodra_model::slice::{DynamicMig, SliceOptions, build_slices};
 use topodra_node::cdi::{CdiConfig, ContainerEdits, NvidiaFiles, NvidiaFilesSource, Spec};
 use topodra_node::discovery::{self, DiscoveryConfig, NvmlPolicy, TopologyInput};
 use topodra_node::dynamic_mig::Carver;
@@ -50,16 +51,20 @@ struct Node {
     inventory: Inventory,
 }
 
+fn discover(sim: &SimNode) -> Inventory {
+    let mut config = DiscoveryConfig::default();
+    config.nvml_lib = Some(sim.nvml_lib.clone());
+    config.nvml = NvmlPolicy::Required;
+    config.topology = TopologyInput::HwlocXml(sim.hwloc_xml.clone());
+    config.sysfs_root = PathBuf::from("/nonexistent");
+    discovery::discover(&config).unwrap()
+}
+
 impl Node {
     fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let sim = sim::materialize(&dir.path().join("sim"), &yaml(), &cdylib_path()).unwrap();
-        let mut config = DiscoveryConfig::default();
-        config.nvml_lib = Some(sim.nvml_lib.clone());
-        config.nvml = NvmlPolicy::Required;
-        config.topology = TopologyInput::HwlocXml(sim.hwloc_xml.clone());
-        config.sysfs_root = PathBuf::from("/nonexistent");
-        let inventory = discovery::discover(&config).unwrap();
+        let inventory = discover(&sim);
         Self {
             dir,
             sim,
@@ -342,4 +347,69 @@ fn instances_made_by_others_are_left_alone() {
     // Beside it, the GPU is still usable.
     prepare(&p, "u2", &["gpu-5-mig-1g-10gb-3"]).unwrap();
     assert_eq!(node.instances(5), [(3, 1, 1), (4, 4, 1)]);
+}
+
+/// A plugin restart discovers the instances it made and someone else's: its
+/// own stay allocated partitions, the other's slices leave the counter set.
+#[test]
+fn a_restart_tells_its_own_instances_from_someone_elses() {
+    let mut node = Node::new();
+    let (p, _) = node.start("boot-1");
+    prepare(&p, "u1", &["gpu-0-mig-1g-10gb-6"]).unwrap();
+    drop(p);
+    let nvml = Nvml::builder()
+        .lib_path(node.sim.nvml_lib.as_os_str())
+        .init()
+        .unwrap();
+    let theirs = topodra_model::checkpoint::MigIntent {
+        parent_uuid: node.inventory.gpus[0].uuid.clone().unwrap(),
+        profile_id: 9,
+        start: 0,
+        size: 4,
+    };
+    let operator = Carver::new(nvml);
+    operator.create_gpu_instance(&theirs, false).unwrap();
+    operator.create_compute_instance(&theirs).unwrap();
+
+    node.inventory = discover(&node.sim);
+    let found: Vec<_> = node.inventory.gpus[0]
+        .mig_devices
+        .iter()
+        .map(|m| m.placement.map(|pl| (pl.start, pl.size)))
+        .collect();
+    assert_eq!(found.len(), 2);
+    assert!(
+        found.contains(&Some((6, 1))) && found.contains(&Some((0, 4))),
+        "{found:?}"
+    );
+
+    let (p, _) = node.start("boot-1");
+    let uuid = theirs.parent_uuid.clone();
+    assert_eq!(
+        p.own_mig_instances().iter().collect::<Vec<_>>(),
+        [&(uuid, 6, 1)]
+    );
+    let mut opts = SliceOptions::new(NODE);
+    opts.dynamic_mig = DynamicMig::All;
+    opts.own_mig_instances = p.own_mig_instances().clone();
+    let slices = build_slices(&node.inventory, &opts).unwrap();
+    let names: Vec<&str> = slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .map(|d| d.name.as_str())
+        .filter(|n| *n == "gpu-0" || n.starts_with("gpu-0-"))
+        .collect();
+    assert!(names.contains(&"gpu-0-mig-1g-10gb-6"), "{names:?}");
+    assert!(!names.contains(&"gpu-0"), "{names:?}");
+    assert!(!names.contains(&"gpu-0-mig-3g-40gb-0"), "{names:?}");
+    // Someone else's, as a MIG device of its own (named by its instance ids).
+    let gi = state::slot_id(0, 4).unwrap();
+    assert!(
+        names.contains(&format!("gpu-0-mig-{gi}-0").as_str()),
+        "{names:?}"
+    );
+
+    // Its own instance is unprepared as ever; someone else's stays.
+    p.unprepare("u1").unwrap();
+    assert_eq!(node.instances(0), [(0, 4, 1)]);
 }

@@ -154,6 +154,8 @@ fn numa_devices_count_whole_gpus_by_numa_node_and_state() {
             profile: None,
             memory_bytes: None,
             multiprocessors: None,
+            placement: None,
+            profile_id: None,
         }),
     };
     let split = gpu(2, Some(1));

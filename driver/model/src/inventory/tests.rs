@@ -30,6 +30,8 @@ fn mig(gi: u32, ci: u32) -> MigDevice {
         profile: Some("1g.5gb".into()),
         memory_bytes: Some(5 << 30),
         multiprocessors: Some(14),
+        placement: None,
+        profile_id: None,
     }
 }
 

@@ -22,7 +22,7 @@ mod quantity;
 mod split;
 pub(crate) mod validate;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
 
@@ -129,6 +129,10 @@ pub struct SliceOptions {
     /// Which GPUs publish their possible MIG partitions beside the whole GPU,
     /// with a counter set that keeps the two apart ([`partitions`]).
     pub dynamic_mig: DynamicMig,
+    /// The MIG instances this plugin made for prepared claims, by parent GPU UUID
+    /// and memory slices (start, size): allocated partitions, where every other
+    /// instance on a GPU is someone else's and takes its slices for good.
+    pub own_mig_instances: BTreeSet<(String, u32, u32)>,
 }
 
 impl SliceOptions {
@@ -145,6 +149,7 @@ impl SliceOptions {
             max_devices_per_slice: None,
             device_taints: BTreeMap::new(),
             dynamic_mig: DynamicMig::Off,
+            own_mig_instances: BTreeSet::new(),
         }
     }
 }
@@ -399,11 +404,19 @@ fn devices_and_counters(inv: &Inventory, opts: &SliceOptions) -> (Vec<Device>, V
     for gpu in &inv.gpus {
         match partitions::geometry_of(gpu, opts) {
             Some(g) => {
-                geometries.insert(gpu.pci_bus_id, g);
-                allocatable.push(AllocatableDevice {
+                if g.whole_free {
+                    allocatable.push(AllocatableDevice {
+                        gpu: gpu.clone(),
+                        mig: None,
+                    });
+                }
+                // Someone else's instances are offered as they are, as static
+                // MIG devices; the counter set has their slices taken already.
+                allocatable.extend(g.foreign.iter().map(|m| AllocatableDevice {
                     gpu: gpu.clone(),
-                    mig: None,
-                });
+                    mig: Some(m.clone()),
+                }));
+                geometries.insert(gpu.pci_bus_id, g);
             }
             None => allocatable.extend(gpu.allocatable()),
         }
@@ -419,9 +432,12 @@ fn devices_and_counters(inv: &Inventory, opts: &SliceOptions) -> (Vec<Device>, V
             device
         })
         .collect();
+    // One entry per carved GPU, where it first comes in the order: a GPU may
+    // come as its whole device or as someone else's instances on it.
+    let mut seen = BTreeSet::new();
     let carved: Vec<&AllocatableDevice> = ordered
         .iter()
-        .filter(|d| geometries.contains_key(&d.gpu.pci_bus_id))
+        .filter(|d| geometries.contains_key(&d.gpu.pci_bus_id) && seen.insert(d.gpu.pci_bus_id))
         .collect();
     for d in carved.iter().rev() {
         if let Some(g) = geometries.get(&d.gpu.pci_bus_id) {

@@ -67,8 +67,15 @@ pub(crate) struct Geometry {
     /// instance a claim for the whole GPU gets, since a GPU in MIG mode runs
     /// CUDA only inside instances.
     pub(crate) whole_instance: (MigProfile, MigPlacement),
-    /// Every possible partition, in publishing order.
+    /// Every possible partition, in publishing order; none that overlaps
+    /// someone else's instance.
     pub(crate) partitions: Vec<Partition>,
+    /// Whether the whole GPU is published: not while someone else's instance
+    /// holds part of it.
+    pub(crate) whole_free: bool,
+    /// Instances someone else made (not the plugin for a claim): their slices are
+    /// taken out of the counter set for good, and they are offered as they are.
+    pub(crate) foreign: Vec<crate::inventory::MigDevice>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -81,22 +88,44 @@ pub(crate) struct Partition {
 /// Whether this GPU publishes partitions under these options, and its geometry.
 ///
 /// Not for a GPU waiting for a MIG mode change (it is offered as nothing until the
-/// reset), nor, for now, for one that already holds MIG devices: those were made
-/// by someone else, and their placements are not yet read, so the counters could
-/// not keep partitions off them. Such a GPU is offered as before.
+/// reset). A GPU holding MIG devices publishes partitions around them when NVML
+/// said where each sits: the instances the plugin made for claims
+/// (`opts.own_mig_instances`) are allocated partitions; any other instance is
+/// someone else's, whose slices the counter set leaves out. If NVML did not say
+/// where an instance sits, the GPU is offered as its MIG devices, as without
+/// dynamic MIG: the counters could not keep partitions off it.
 pub(crate) fn geometry_of(gpu: &Gpu, opts: &SliceOptions) -> Option<Geometry> {
-    if opts.dynamic_mig == DynamicMig::Off
-        || gpu.offer() == Offer::MigChangePending
-        || !gpu.mig_devices.is_empty()
-    {
+    if opts.dynamic_mig == DynamicMig::Off || gpu.offer() == Offer::MigChangePending {
         return None;
     }
-    geometry(gpu)
+    let uuid = gpu.uuid.clone().unwrap_or_default();
+    let foreign: Vec<&crate::inventory::MigDevice> = gpu
+        .mig_devices
+        .iter()
+        .filter(|m| {
+            m.placement.is_none_or(|pl| {
+                !opts
+                    .own_mig_instances
+                    .contains(&(uuid.clone(), pl.start, pl.size))
+            })
+        })
+        .collect();
+    if foreign.iter().any(|m| m.placement.is_none()) {
+        return None;
+    }
+    geometry_with(gpu, &foreign)
 }
 
-/// The counter set of a GPU and its partitions; `None` when NVML gave no profile
-/// that can be published, so a GPU without MIG never gets an empty counter set.
+/// [`geometry_with`] no instance on the GPU.
+#[cfg(test)]
 pub(crate) fn geometry(gpu: &Gpu) -> Option<Geometry> {
+    geometry_with(gpu, &[])
+}
+
+/// The counter set of a GPU and its partitions, around `foreign` instances (each
+/// with its placement); `None` when NVML gave no profile that can be published,
+/// so a GPU without MIG never gets an empty counter set.
+fn geometry_with(gpu: &Gpu, foreign: &[&crate::inventory::MigDevice]) -> Option<Geometry> {
     let full = gpu
         .mig_profiles
         .iter()
@@ -156,7 +185,16 @@ pub(crate) fn geometry(gpu: &Gpu) -> Option<Geometry> {
             std::cmp::Reverse(p.placement.start),
         )
     });
+    let taken: Vec<(Option<&MigProfile>, MigPlacement)> = foreign
+        .iter()
+        .filter_map(|m| {
+            let profile = gpu.mig_profiles.iter().find(|p| Some(p.id) == m.profile_id);
+            Some((profile, m.placement?))
+        })
+        .collect();
+    partitions.retain(|p| !taken.iter().any(|(_, pl)| overlap(*pl, p.placement)));
     let counters = counts.totals(memory_slices);
+    let available = counts.available(memory_slices, &taken);
     let whole_placement = full
         .placements
         .iter()
@@ -173,8 +211,13 @@ pub(crate) fn geometry(gpu: &Gpu) -> Option<Geometry> {
             counters: counters.clone(),
             ..Default::default()
         },
-        counter_set: CounterSet { name, counters },
+        counter_set: CounterSet {
+            name,
+            counters: available,
+        },
         partitions,
+        whole_free: taken.is_empty(),
+        foreign: foreign.iter().map(|m| (*m).clone()).collect(),
     })
 }
 
@@ -241,6 +284,34 @@ impl Counts {
         out
     }
 
+    /// The counter set around instances someone else made: their memory slices
+    /// at 0, and the engines and instance counts they use taken off the totals
+    /// (of an instance whose profile NVML did not list, only the slices).
+    fn available(
+        &self,
+        memory_slices: u32,
+        taken: &[(Option<&MigProfile>, MigPlacement)],
+    ) -> BTreeMap<String, Counter> {
+        let covered = |i: u32| {
+            taken
+                .iter()
+                .any(|(_, pl)| pl.start <= i && i < pl.start.saturating_add(pl.size))
+        };
+        let mut out: BTreeMap<String, Counter> = (0..memory_slices)
+            .map(|i| (memory_slice(i), count(u64::from(!covered(i)))))
+            .collect();
+        let profiles = || taken.iter().filter_map(|(p, _)| *p);
+        for &(name, total) in &self.engines {
+            let used: u64 = profiles().map(|p| amount_of(p, name)).sum();
+            out.insert(name.to_owned(), counter(name, total.saturating_sub(used)));
+        }
+        for (name, profile, n) in &self.instances {
+            let used = profiles().filter(|p| p.name == *profile).count() as u64;
+            out.insert(name.clone(), count(n.saturating_sub(used)));
+        }
+        out
+    }
+
     /// What one partition consumes.
     fn of(&self, p: &MigProfile, placement: MigPlacement) -> BTreeMap<String, Counter> {
         let mut out: BTreeMap<String, Counter> = (placement.start
@@ -260,6 +331,10 @@ impl Counts {
         }
         out
     }
+}
+
+fn overlap(a: MigPlacement, b: MigPlacement) -> bool {
+    a.start < b.start.saturating_add(b.size) && b.start < a.start.saturating_add(a.size)
 }
 
 /// The most of something that partitions on non-overlapping placements can add
@@ -399,13 +474,15 @@ pub fn dynamic_devices(
         let Some(g) = geometry_of(gpu, opts) else {
             continue;
         };
-        let (profile, placement) = g.whole_instance.clone();
-        out.push(DynamicDevice {
-            name: gpu.device_name(),
-            gpu: gpu.clone(),
-            profile,
-            placement,
-        });
+        if g.whole_free {
+            let (profile, placement) = g.whole_instance.clone();
+            out.push(DynamicDevice {
+                name: gpu.device_name(),
+                gpu: gpu.clone(),
+                profile,
+                placement,
+            });
+        }
         out.extend(g.partitions.iter().map(|p| DynamicDevice {
             name: partition_name(gpu, p),
             gpu: gpu.clone(),

@@ -165,6 +165,8 @@ impl Preparer {
                             profile: Some(d.profile.name.clone()),
                             memory_bytes: Some(d.profile.memory_mib << 20),
                             multiprocessors: Some(d.profile.multiprocessors),
+                            placement: Some(d.placement),
+                            profile_id: Some(d.profile.id),
                         }),
                     };
                     let mut gpu = ClaimGpu::from_device(&dev, self.nodes.as_ref())?;

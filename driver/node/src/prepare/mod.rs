@@ -34,7 +34,7 @@ mod locks;
 mod plan;
 mod recovery;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 
@@ -90,6 +90,9 @@ pub struct Preparer {
     /// in MIG mode and their partitions), by slice name; they win over `gpus`.
     dynamic: BTreeMap<String, DynamicDevice>,
     carver: Option<Arc<Carver>>,
+    /// The MIG instances the checkpoint held at start (see
+    /// [`Preparer::own_mig_instances`]).
+    own_mig_instances: BTreeSet<(String, u32, u32)>,
     locks: locks::DeviceLocks,
     writer: SpecWriter,
     nodes: Box<dyn DeviceNodes + Send + Sync>,
@@ -196,10 +199,12 @@ impl Preparer {
             .into_iter()
             .map(|d| (d.name(), d))
             .collect();
+        let own_mig_instances = own_instances(&checkpoint);
         let dynamic: BTreeMap<String, DynamicDevice> = match &config.dynamic_mig {
             Some(_) => {
                 let mut opts = SliceOptions::new(&config.node_name);
                 opts.dynamic_mig = DynamicMig::All;
+                opts.own_mig_instances.clone_from(&own_mig_instances);
                 dynamic_devices(inventory, &opts)
                     .into_iter()
                     .map(|d| (d.name.clone(), d))
@@ -214,6 +219,7 @@ impl Preparer {
             gpus,
             dynamic,
             carver: config.dynamic_mig.clone(),
+            own_mig_instances,
             writer,
             nodes,
             files,
@@ -248,6 +254,14 @@ impl Preparer {
                 .map(|d| d.gpu.device_name()),
         );
         names
+    }
+
+    /// The MIG instances the claims of the checkpoint held when this state
+    /// machine started, by parent UUID and memory slices: among the instances
+    /// discovery found then, the ones this plugin made (`SliceOptions::
+    /// own_mig_instances`). Instances made since are not in that inventory.
+    pub fn own_mig_instances(&self) -> &BTreeSet<(String, u32, u32)> {
+        &self.own_mig_instances
     }
 
     /// Why this state machine serves read-only, if it does.
@@ -342,6 +356,17 @@ impl Preparer {
         self.state
             .read(|cp| cp.claims.values().map(|c| c.devices.len()).sum())
     }
+}
+
+/// The MIG instances a checkpoint's records name.
+fn own_instances(checkpoint: &Checkpoint) -> BTreeSet<(String, u32, u32)> {
+    checkpoint
+        .claims
+        .values()
+        .flat_map(|r| r.devices.iter())
+        .filter_map(|d| d.mig.as_ref())
+        .map(|m| (m.parent_uuid.clone(), m.start, m.size))
+        .collect()
 }
 
 #[cfg(test)]

@@ -192,6 +192,8 @@ fn mig_inventory() -> Inventory {
             profile: Some("3g.20gb".into()),
             memory_bytes: Some(19_968 << 20),
             multiprocessors: Some(42),
+            placement: None,
+            profile_id: None,
         })
         .collect();
     inv

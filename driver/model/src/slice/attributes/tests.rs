@@ -161,6 +161,8 @@ fn mig_of(gpu: &Gpu) -> AllocatableDevice {
             profile: Some("3g.40gb".into()),
             memory_bytes: Some(40_192 << 20),
             multiprocessors: Some(60),
+            placement: None,
+            profile_id: None,
         }),
     }
 }

@@ -319,6 +319,91 @@ fn some_gpus_dynamic_and_some_not_share_one_valid_pool() {
     assert_eq!(all.len(), 1 + 6 * 26);
 }
 
+/// A 3g.40gb at memory slices 4..8 of an H100, as discovery reports it.
+fn half_of_an_h100() -> crate::inventory::MigDevice {
+    crate::inventory::MigDevice {
+        uuid: "MIG-11111111-2222-3333-4444-555555555555".to_owned(),
+        gpu_instance: 1,
+        compute_instance: 0,
+        profile: Some("3g.40gb".to_owned()),
+        memory_bytes: Some(40448 << 20),
+        multiprocessors: Some(60),
+        placement: Some(MigPlacement { start: 4, size: 4 }),
+        profile_id: Some(9),
+    }
+}
+
+/// Someone else's instance takes its memory slices out of the GPU's counter set
+/// for good: no partition over them, no whole GPU, and the instance itself
+/// offered as a MIG device of its own.
+#[test]
+fn someone_elses_instance_takes_its_slices_for_good() {
+    let mut inv = dgx_h100_mig();
+    inv.gpus[0].mig_devices = vec![half_of_an_h100()];
+    let slices = build_slices(&inv, &dynamic("dgx")).unwrap();
+    for slice in &slices {
+        validate::validate_slice(slice).unwrap();
+    }
+    let set = counter_sets(&slices)
+        .into_iter()
+        .find(|s| s.name == "gpu-0")
+        .unwrap();
+    let free: Vec<&str> = (0..8)
+        .map(|i| value(&set.counters, &format!("memory-slice-{i}")))
+        .collect();
+    assert_eq!(free, ["1", "1", "1", "1", "0", "0", "0", "0"]);
+    let all = devices(&slices);
+    let of_gpu0: Vec<&&Device> = all
+        .iter()
+        .filter(|d| d.name == "gpu-0" || d.name.starts_with("gpu-0-"))
+        .collect();
+    assert!(!of_gpu0.iter().any(|d| d.name == "gpu-0"), "no whole GPU");
+    let theirs = of_gpu0.iter().find(|d| d.name == "gpu-0-mig-1-0").unwrap();
+    assert!(theirs.consumes_counters.is_none());
+    for d in of_gpu0
+        .iter()
+        .filter(|d| d.name.starts_with("gpu-0-mig-") && d.name != "gpu-0-mig-1-0")
+    {
+        let slices: Vec<&String> = d.consumes_counters.as_ref().unwrap()[0]
+            .counters
+            .keys()
+            .filter(|k| k.starts_with("memory-slice-"))
+            .collect();
+        assert!(
+            slices.iter().all(|k| k.as_str() < "memory-slice-4"),
+            "{} uses {slices:?}",
+            d.name
+        );
+    }
+    // The 3g.40gb and the 4g.40gb at 0 still fit beside it.
+    assert!(of_gpu0.iter().any(|d| d.name == "gpu-0-mig-3g-40gb-0"));
+    assert!(of_gpu0.iter().any(|d| d.name == "gpu-0-mig-4g-40gb-0"));
+    let dynamic = dynamic_devices(&inv, &dynamic("dgx"));
+    assert!(!dynamic.iter().any(|d| d.name == "gpu-0"));
+    assert!(dynamic.iter().any(|d| d.name == "gpu-0-mig-3g-40gb-0"));
+}
+
+/// The plugin's own instances are allocated partitions: the slices are as if
+/// the GPU held none.
+#[test]
+fn own_instances_leave_the_slices_as_they_were() {
+    let inv = dgx_h100_mig();
+    let before = build_slices(&inv, &dynamic("dgx")).unwrap();
+    let mut carved = inv.clone();
+    carved.gpus[0].mig_devices = vec![half_of_an_h100()];
+    let mut opts = dynamic("dgx");
+    opts.own_mig_instances
+        .insert((inv.gpus[0].uuid.clone().unwrap(), 4, 4));
+    assert_eq!(build_slices(&carved, &opts).unwrap(), before);
+    let names = |inv: &crate::inventory::Inventory, opts: &SliceOptions| -> Vec<String> {
+        dynamic_devices(inv, opts)
+            .into_iter()
+            .map(|d| d.name)
+            .collect()
+    };
+    assert_eq!(names(&carved, &opts), names(&inv, &dynamic("dgx")));
+}
+
 #[test]
 fn a_gpu_holding_mig_devices_is_offered_as_them() {
     let mut inv = dgx_h100_mig();
@@ -329,6 +414,8 @@ fn a_gpu_holding_mig_devices_is_offered_as_them() {
         profile: Some("7g.80gb".to_owned()),
         memory_bytes: Some(81152 << 20),
         multiprocessors: Some(132),
+        placement: None,
+        profile_id: None,
     }];
     let slices = build_slices(&inv, &dynamic("dgx")).unwrap();
     let all = devices(&slices);

@@ -93,7 +93,7 @@ pub(super) fn devices(nvml: &Nvml, gpu: &Device<'_>, a: &mut Answers) -> Vec<Mig
                 continue;
             }
         };
-        match describe(nvml, &handle, a) {
+        match describe(nvml, gpu, &handle, a) {
             Some(m) => out.push(m),
             None => tracing::warn!(
                 index = i,
@@ -105,9 +105,12 @@ pub(super) fn devices(nvml: &Nvml, gpu: &Device<'_>, a: &mut Answers) -> Vec<Mig
     out
 }
 
-fn describe(nvml: &Nvml, h: &Device<'_>, a: &mut Answers) -> Option<MigDevice> {
+fn describe(nvml: &Nvml, gpu: &Device<'_>, h: &Device<'_>, a: &mut Answers) -> Option<MigDevice> {
     let uuid = a.ok(h.uuid())?;
     let gpu_instance = a.ok(instance_id(nvml, h, Instance::Gpu))?;
+    // Where its GPU instance sits: what dynamic MIG must count as taken. Asking
+    // for a GPU instance by id needs MIG mode on, as listing MIG devices does.
+    let info = a.ok(gpu_instance_info(nvml, gpu, gpu_instance));
     let compute_instance = a.ok(instance_id(nvml, h, Instance::Compute))?;
     let attrs = a.ok(attributes(nvml, h));
     let memory_bytes = a
@@ -125,7 +128,31 @@ fn describe(nvml: &Nvml, h: &Device<'_>, a: &mut Answers) -> Option<MigDevice> {
         profile,
         memory_bytes,
         multiprocessors: attrs.map(|x| x.multiprocessorCount),
+        placement: info.map(|i| MigPlacement {
+            start: i.placement.start,
+            size: i.placement.size,
+        }),
+        profile_id: info.map(|i| i.profileId),
     })
+}
+
+/// `nvmlDeviceGetGpuInstanceById` then `nvmlGpuInstanceGetInfo`.
+fn gpu_instance_info(
+    nvml: &Nvml,
+    gpu: &Device<'_>,
+    id: u32,
+) -> Result<nvmlGpuInstanceInfo_t, NvmlError> {
+    let lib = nvml.lib();
+    let by_id = nvml_sym(lib.nvmlDeviceGetGpuInstanceById.as_ref())?;
+    let get_info = nvml_sym(lib.nvmlGpuInstanceGetInfo.as_ref())?;
+    let mut gi = std::ptr::null_mut();
+    // SAFETY: a GPU handle of this NVML instance and a valid out pointer.
+    nvml_try(unsafe { by_id(gpu.handle(), id, &mut gi) })?;
+    // SAFETY: plain integers and pointers; all-zero is a valid value.
+    let mut info: nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a GPU instance handle of this NVML instance and a valid out pointer.
+    nvml_try(unsafe { get_info(gi, &mut info) })?;
+    Ok(info)
 }
 
 enum Instance {

@@ -102,6 +102,8 @@ async fn an_xid_of_a_mig_gpu_marks_each_of_its_mig_devices() {
             profile: None,
             memory_bytes: None,
             multiprocessors: None,
+            placement: None,
+            profile_id: None,
         })
         .collect();
     let src = Scripted::default();
