@@ -35,6 +35,15 @@ pub(crate) struct ServeArgs {
 
     #[command(flatten)]
     pub(crate) crash: crate::crash::CrashArgs,
+
+    /// Dynamic MIG: publish every MIG partition the GPUs in MIG mode can hold,
+    /// beside the whole GPU, with the counters that keep them apart, and make a
+    /// partition's MIG instance when a claim for it is prepared (and remove it at
+    /// unprepare). Never changes a GPU's MIG mode, never removes an instance the
+    /// plugin did not make. Off: GPUs in MIG mode are offered as the MIG devices
+    /// an operator made.
+    #[arg(long, env = "TOPODRA_DYNAMIC_MIG")]
+    pub(crate) dynamic_mig: bool,
 }
 
 /// Where the kubelet looks for the plugin, and where the plugin keeps its state.

@@ -7,12 +7,12 @@
 //! publisher's requests are counted by the layer `topodra_ops::requests` adds to the
 //! client it is given.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::DeviceTaint;
 use topodra_model::Inventory;
-use topodra_model::slice::{NumaNodeAlias, NumaNodeFormat, SliceOptions, build_slices};
+use topodra_model::slice::{DynamicMig, NumaNodeAlias, NumaNodeFormat, SliceOptions, build_slices};
 
 use dra_kubeletplugin::publish::DesiredPool;
 
@@ -41,6 +41,15 @@ impl PoolBuilder {
                 options
             },
         }
+    }
+
+    /// Publishes the MIG partitions of the GPUs in MIG mode (`--dynamic-mig`);
+    /// `own` are the instances the plugin made, as the preparer found them at
+    /// start (`Preparer::own_mig_instances`).
+    pub(crate) fn with_dynamic_mig(mut self, own: BTreeSet<(String, u32, u32)>) -> Self {
+        self.options.dynamic_mig = DynamicMig::All;
+        self.options.own_mig_instances = own;
+        self
     }
 
     /// The pool with these taints (by device name, `gpu-3`). Generation and owner

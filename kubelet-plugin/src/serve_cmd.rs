@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use topodra_node::cdi::{CdiConfig, DriverFiles};
 use topodra_node::checkpoint::read_boot_id;
 use topodra_node::discovery::{self, DiscoveryConfig, NvmlPolicy, TopologyInput};
+use topodra_node::dynamic_mig::Carver;
 use topodra_ops::requests::RequestCounter;
 
 pub(crate) use crate::args::ServeArgs;
@@ -96,6 +97,25 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         );
     }
     let boot_id = read_boot_id(&args.cdi.boot_id_file).context("reading the boot id")?;
+    // Its own NVML session: the carver outlives discovery's, and its calls on one
+    // GPU wait for each other, never for another GPU's. Opened without
+    // `--dynamic-mig` too, so that instances the checkpoint names (made before it
+    // was turned off) are still removed at unprepare. Discovery needed NVML, so
+    // a failure here is a failure of NVML itself.
+    let carver = discovery::NvmlSource::new(Some(d.nvml_lib.clone()))
+        .open()
+        .map(|nvml| Arc::new(Carver::new(nvml)))
+        .context("opening NVML for MIG instances")?;
+    if args.dynamic_mig {
+        tracing::info!(
+            gpus = inventory
+                .gpus
+                .iter()
+                .filter(|g| !g.mig_profiles.is_empty())
+                .count(),
+            "dynamic MIG: partitions of GPUs in MIG mode are published and made at prepare"
+        );
+    }
 
     let counter = RequestCounter::new();
     let kube_config = kube::Config::infer()
@@ -131,6 +151,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         cdi: &cdi,
         files: &files,
         boot_id: &boot_id,
+        carver: &carver,
         client: &client,
         metrics: &metrics,
         lifecycle: &lifecycle,

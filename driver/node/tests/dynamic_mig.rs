@@ -83,7 +83,8 @@ impl Node {
             state_dir: self.dir.path().join("state"),
             boot_id: boot_id.into(),
             cdi_spec_dir: self.dir.path().join("cdi"),
-            dynamic_mig: Some(Arc::new(Carver::new(nvml))),
+            dynamic_mig: true,
+            carver: Some(Arc::new(Carver::new(nvml))),
         };
         let mut cdi = CdiConfig::default();
         cdi.dev_root.clone_from(&self.sim.dev_root);

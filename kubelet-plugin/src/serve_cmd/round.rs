@@ -51,13 +51,16 @@ pub(super) async fn serve(
     };
 
     let (health_task, health_rx) = start_health(args, inventory, metrics, shutdown());
-    let pool = PoolBuilder::new(
+    let mut pool = PoolBuilder::new(
         Arc::new(inventory.clone()),
         &args.discovery.driver_name,
         &args.node_name,
         args.discovery.numa_node_format,
         args.discovery.numa_node_aliases.clone(),
     );
+    if args.dynamic_mig {
+        pool = pool.with_dynamic_mig(preparer.own_mig_instances().clone());
+    }
     let (taints_task, desired_rx) =
         taint_loop::spawn(health_rx.clone(), pool, args.health.evict_unhealthy);
 

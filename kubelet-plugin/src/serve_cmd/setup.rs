@@ -10,6 +10,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use topodra_model::health::{HealthPolicy, HealthState};
 use topodra_node::cdi::{CdiConfig, DriverFiles, HostNodeProblem, host_node_problems};
+use topodra_node::dynamic_mig::Carver;
 use topodra_node::prepare::{Preparer, PreparerConfig};
 
 pub(crate) use crate::args::ServeArgs;
@@ -27,6 +28,9 @@ pub(super) struct Setup<'a> {
     pub(super) cdi: &'a CdiConfig,
     pub(super) files: &'a DriverFiles,
     pub(super) boot_id: &'a str,
+    /// What makes and removes the partitions' instances (with `--dynamic-mig`),
+    /// and removes those the checkpoint names (without it too).
+    pub(super) carver: &'a Arc<Carver>,
     pub(super) client: &'a kube::Client,
     pub(super) metrics: &'a Arc<Metrics>,
     pub(super) lifecycle: &'a Lifecycle,
@@ -40,7 +44,8 @@ impl Setup<'_> {
             state_dir: self.args.state_dir(),
             boot_id: self.boot_id.to_owned(),
             cdi_spec_dir: self.args.cdi.cdi_dir.clone(),
-            dynamic_mig: None,
+            dynamic_mig: self.args.dynamic_mig,
+            carver: Some(Arc::clone(self.carver)),
         }
     }
 

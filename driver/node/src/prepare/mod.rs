@@ -62,10 +62,13 @@ pub struct PreparerConfig {
     pub boot_id: String,
     /// Directory of the CDI specs.
     pub cdi_spec_dir: PathBuf,
-    /// Dynamic MIG: the GPUs' partitions are prepared by making their instances
-    /// with this. `None`: no partition is prepared, and a record naming an
-    /// instance is kept until a start with NVML can remove it.
-    pub dynamic_mig: Option<Arc<Carver>>,
+    /// Dynamic MIG: the GPUs' partitions are devices, prepared by making their
+    /// instances with `carver`.
+    pub dynamic_mig: bool,
+    /// Makes and removes MIG instances. Needed with dynamic MIG, and wherever a
+    /// record names an instance (dynamic MIG turned off since): without it such a
+    /// record is kept, holding its slices, until a start with NVML removes it.
+    pub carver: Option<Arc<Carver>>,
 }
 
 impl PreparerConfig {
@@ -135,7 +138,7 @@ impl Preparer {
             &writer,
             &config.boot_id,
             &config.node_name,
-            config.dynamic_mig.as_deref(),
+            config.carver.as_deref(),
         )?;
         let preparer = Self::assemble(
             config,
@@ -200,8 +203,8 @@ impl Preparer {
             .map(|d| (d.name(), d))
             .collect();
         let own_mig_instances = own_instances(&checkpoint);
-        let dynamic: BTreeMap<String, DynamicDevice> = match &config.dynamic_mig {
-            Some(_) => {
+        let dynamic: BTreeMap<String, DynamicDevice> = match (&config.carver, config.dynamic_mig) {
+            (Some(_), true) => {
                 let mut opts = SliceOptions::new(&config.node_name);
                 opts.dynamic_mig = DynamicMig::All;
                 opts.own_mig_instances.clone_from(&own_mig_instances);
@@ -210,7 +213,7 @@ impl Preparer {
                     .map(|d| (d.name.clone(), d))
                     .collect()
             }
-            None => BTreeMap::new(),
+            _ => BTreeMap::new(),
         };
         Self {
             driver_name: config.driver_name.clone(),
@@ -218,7 +221,7 @@ impl Preparer {
             locks: locks::DeviceLocks::new(gpus.keys().chain(dynamic.keys()).cloned()),
             gpus,
             dynamic,
-            carver: config.dynamic_mig.clone(),
+            carver: config.carver.clone(),
             own_mig_instances,
             writer,
             nodes,

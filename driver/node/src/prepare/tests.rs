@@ -73,7 +73,8 @@ impl Node {
             state_dir: self.dir.path().join("state"),
             boot_id: boot_id.into(),
             cdi_spec_dir: self.cdi_dir(),
-            dynamic_mig: None,
+            dynamic_mig: false,
+            carver: None,
         }
     }
 
