@@ -1435,6 +1435,7 @@ pub fn builtin_names() -> &'static [&'static str] {
         "init-failure",
         "mismatch",
         "dgx-a100-mig",
+        "dgx-h100-mig",
         "hgx-h100-placeholder",
         "lost-gpu",
     ]

@@ -1,0 +1,161 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// nvmlState is the part of the fake NVML's state file (the simulated driver's MIG
+// instances, tests/fake-nvml/src/ffi/mig/state.rs) these tests read.
+type nvmlState struct {
+	GPUs map[string]struct {
+		Instances []struct {
+			Start   int        `json:"start"`
+			Size    int        `json:"size"`
+			Name    string     `json:"name"`
+			Compute []struct{} `json:"compute"`
+		} `json:"instances"`
+	} `json:"gpus"`
+}
+
+// migInstances lists the MIG instances the simulated driver holds, as
+// "<gpu uuid> <profile>@<start>:<size>", sorted; each must have its compute instance.
+func (e *env) migInstances() []string {
+	e.t.Helper()
+	raw, err := os.ReadFile(filepath.Join(e.dir, "sim", "nvml", "nvml-state.yaml"))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var s nvmlState
+	if err := yaml.Unmarshal(raw, &s); err != nil {
+		e.t.Fatal(err)
+	}
+	var out []string
+	for gpu, g := range s.GPUs {
+		for _, gi := range g.Instances {
+			if len(gi.Compute) != 1 {
+				e.t.Errorf("GPU %s: instance %s at %d has %d compute instances", gpu, gi.Name, gi.Start, len(gi.Compute))
+			}
+			out = append(out, fmt.Sprintf("%s %s@%d:%d", gpu, gi.Name, gi.Start, gi.Size))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func partitionTemplate(ns, name, profile string) string {
+	return claimSpec{ns: ns, name: name, selector: fmt.Sprintf(
+		`device.attributes["gpu.topodra.dev"].type == "mig" && device.attributes["gpu.topodra.dev"].profile == %q`,
+		profile)}.yaml()
+}
+
+// TestDynamicMIG: a DGX H100 with every GPU in MIG mode and no instance, the plugin
+// with --dynamic-mig, and the real 1.37.2 scheduler. The pool publishes every GPU
+// whole and its 25 partitions; a burst of seven 1g.10gb claims carves one GPU only,
+// a 7g.80gb and a whole GPU are still placed after it, each claim's instance is made
+// at the placement the scheduler chose and reaches the container as its capability
+// nodes, and deleting the pods removes the instances.
+func TestDynamicMIG(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOptions{profile: "dgx-h100-mig", pluginArgs: []string{"--dynamic-mig"}})
+	e.waitRegistered(2 * time.Minute)
+	devices := e.waitDevices(8+8*25, 2*time.Minute)
+	if got := e.migInstances(); len(got) != 0 {
+		t.Fatalf("instances before any claim: %v", got)
+	}
+
+	const ns = "dynamic-mig"
+	e.createNamespace(ns)
+	e.kubectlApply(partitionTemplate(ns, "small", "1g.10gb"))
+	e.kubectlApply(partitionTemplate(ns, "big", "7g.80gb"))
+	e.kubectlApply(claimSpec{ns: ns, name: "whole", selector: `device.attributes["gpu.topodra.dev"].type == "gpu"`}.yaml())
+
+	var small []string
+	for i := range 7 {
+		name := fmt.Sprintf("small-%d", i)
+		e.createPod(ns, name, "small")
+		pod := e.waitPodRunning(ns, name, 2*time.Minute)
+		_, devs := e.allocation(pod)
+		if len(devs) != 1 {
+			t.Fatalf("%s got %v", name, devs)
+		}
+		small = append(small, devs[0])
+	}
+	// The allocator's order puts small partitions on the GPU published last, each
+	// at its highest free start: one GPU carved, the other seven untouched.
+	parents := map[string]bool{}
+	for _, d := range small {
+		parents[strings.Join(attrValues(devices[d], "parentUUID"), "")] = true
+	}
+	if len(parents) != 1 {
+		t.Errorf("seven 1g.10gb claims carved %d GPUs (%v), want 1", len(parents), small)
+	}
+	t.Logf("1g.10gb claims got %v", small)
+
+	pod := e.waitPodRunning(ns, "small-0", time.Minute)
+	rec, err := readRecord(e, pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caps := 0
+	for _, n := range rec.Containers[0].DeviceNodes {
+		if regexp.MustCompile(`^/dev/nvidia-caps/nvidia-cap\d+$`).MatchString(n) {
+			caps++
+		}
+	}
+	if caps != 2 {
+		t.Errorf("small-0 (%s): injected %v, want 2 MIG capability nodes", small[0], rec.Containers[0].DeviceNodes)
+	}
+
+	e.createPod(ns, "big-0", "big")
+	big := e.waitPodRunning(ns, "big-0", 2*time.Minute)
+	_, bigDevs := e.allocation(big)
+	e.createPod(ns, "whole-0", "whole")
+	whole := e.waitPodRunning(ns, "whole-0", 2*time.Minute)
+	_, wholeDevs := e.allocation(whole)
+	t.Logf("7g.80gb got %v, the whole GPU claim %v", bigDevs, wholeDevs)
+	if len(wholeDevs) != 1 || strings.Contains(wholeDevs[0], "-mig-") {
+		t.Errorf("the whole-GPU claim got %v", wholeDevs)
+	}
+
+	instances := e.migInstances()
+	var ones, sevens int
+	for _, in := range instances {
+		switch {
+		case strings.Contains(in, " 1g.10gb@"):
+			ones++
+		case strings.Contains(in, " 7g.80gb@0:8"):
+			sevens++
+		}
+	}
+	if len(instances) != 9 || ones != 7 || sevens != 2 {
+		t.Errorf("instances %v, want seven 1g.10gb and two 7g.80gb (the 7g claim's and the whole GPU's)", instances)
+	}
+
+	ctx := context.Background()
+	for i := range 7 {
+		name := fmt.Sprintf("small-%d", i)
+		if err := e.admin.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		e.waitPodGone(ns, name, 2*time.Minute)
+	}
+	eventually(t, time.Minute, func() error {
+		left := e.migInstances()
+		if slices.ContainsFunc(left, func(s string) bool { return strings.Contains(s, " 1g.10gb@") }) || len(left) != 2 {
+			return fmt.Errorf("instances left: %v", left)
+		}
+		return nil
+	})
+}
