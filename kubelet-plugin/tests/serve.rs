@@ -297,6 +297,73 @@ async fn a_crash_at_each_prepare_step_then_a_restart_leaks_nothing() {
     }
 }
 
+/// The simulated driver's MIG instances: (GPU UUID, start, size, compute instances).
+fn mig_instances(node: &NodeDirs) -> Vec<(String, u32, u32, usize)> {
+    let state = topodra_fake_nvml::ffi::mig::state::read(&node.sim.nvml_state).unwrap();
+    let mut out: Vec<_> = state
+        .gpus
+        .iter()
+        .flat_map(|(uuid, g)| {
+            g.instances
+                .iter()
+                .map(|gi| (uuid.clone(), gi.start, gi.size, gi.compute.len()))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Dynamic MIG: the process killed after each step of making a partition's
+/// instance; the next start rolls the half-made instance back by the placement its
+/// record names, and the kubelet's retry makes it anew. No instance leaks.
+#[cfg_attr(
+    not(feature = "crash-points"),
+    ignore = "needs --features topodra-kubelet-plugin/crash-points"
+)]
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crash_at_each_dynamic_mig_step_then_a_restart_leaks_no_instance() {
+    for point in [
+        "after-started-record",
+        "after-gpu-instance",
+        "after-compute-instance",
+        "before-spec",
+        "after-cdi-write",
+    ] {
+        let node = NodeDirs::profile("dgx-h100-mig");
+        let (api, kubeconfig) = api_for(&node).await;
+        api.put_claim(claim_json("u1", "node-a", &["gpu-2-mig-1g-10gb-6"], None));
+        let dynamic = ("TOPODRA_DYNAMIC_MIG", "true");
+        let mut crashing = Plugin::start(
+            &node,
+            &kubeconfig,
+            &[("TOPODRA_TEST_CRASH_AT", point), dynamic],
+        );
+        crashing.wait_live(Duration::from_secs(60)).await;
+        let result = dra_client(&node)
+            .await
+            .node_prepare_resources(v1::NodePrepareResourcesRequest {
+                claims: vec![claim_ref("u1")],
+            })
+            .await;
+        assert!(result.is_err(), "{point}: the process aborted mid-call");
+        assert!(!crashing.wait_exit(Duration::from_secs(10)).success());
+        drop(crashing);
+
+        let mut plugin = Plugin::start(&node, &kubeconfig, &[dynamic]);
+        plugin.wait_live(Duration::from_secs(60)).await;
+        let resp = prepare(&node, &["u1"]).await;
+        assert_eq!(resp.claims["u1"].error, "", "{point}");
+        let made = mig_instances(&node);
+        assert_eq!(made.len(), 1, "{point}: {made:?}");
+        assert_eq!((made[0].1, made[0].2, made[0].3), (6, 1, 1), "{point}");
+        let un = unprepare(&node, &["u1"]).await;
+        assert_eq!(un.claims["u1"].error, "");
+        assert!(mig_instances(&node).is_empty(), "{point}");
+        assert!(node.cdi_specs().is_empty(), "{point}");
+        plugin.terminate();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn prepared_claims_survive_a_restart_and_a_corrupt_checkpoint() {
     let node = NodeDirs::profile("dgx-h100");

@@ -265,7 +265,7 @@ fn a_restart_after_a_crash_rolls_each_step_back_or_forward() {
         CrashPoint::BeforeSpec,
         CrashPoint::AfterCdiWrite,
     ] {
-        let node = Node::new();
+        let mut node = Node::new();
         let armed = Arc::new(AtomicBool::new(true));
         let hook = Arc::clone(&armed);
         let (p, _) = node.start("boot-1");
@@ -279,6 +279,9 @@ fn a_restart_after_a_crash_rolls_each_step_back_or_forward() {
         );
         drop(p);
 
+        // As a restarted plugin does: discovery first, which may find the
+        // half-made instance, then recovery, which removes it.
+        node.inventory = discover(&node.sim);
         let (restarted, report) = node.start("boot-1");
         if point == CrashPoint::AfterCdiWrite {
             assert_eq!(report.rolled_forward, ["u1"], "{point:?}");
@@ -290,6 +293,9 @@ fn a_restart_after_a_crash_rolls_each_step_back_or_forward() {
         }
         assert!(node.instances(2).is_empty(), "{point:?}");
         assert!(restarted.checkpoint().claims.is_empty(), "{point:?}");
+        // The slices it took are free again: the kubelet's retry gets them.
+        prepare(&restarted, "u2", &["gpu-2-mig-1g-10gb-5"]).unwrap();
+        restarted.unprepare("u2").unwrap();
     }
 }
 

@@ -145,9 +145,11 @@ impl Preparer {
             inventory,
             nodes,
             files.into(),
-            store,
-            writer,
+            (store, writer),
             checkpoint,
+            // Discovery ran before the rollback removed them: they are the
+            // plugin's (gone now), not someone else's.
+            &report.rolled_back_instances,
         );
         Ok((preparer, report))
     }
@@ -181,9 +183,9 @@ impl Preparer {
                 inventory,
                 nodes,
                 files.into(),
-                store,
-                writer,
+                (store, writer),
                 checkpoint,
+                &[],
             )
         }
     }
@@ -193,28 +195,22 @@ impl Preparer {
         inventory: &Inventory,
         nodes: Box<dyn DeviceNodes + Send + Sync>,
         files: DriverFiles,
-        store: CheckpointStore,
-        writer: SpecWriter,
+        (store, writer): (CheckpointStore, SpecWriter),
         checkpoint: Checkpoint,
+        rolled_back: &[MigIntent],
     ) -> Self {
         let gpus: BTreeMap<String, AllocatableDevice> = inventory
             .allocatable()
             .into_iter()
             .map(|d| (d.name(), d))
             .collect();
-        let own_mig_instances = own_instances(&checkpoint);
-        let dynamic: BTreeMap<String, DynamicDevice> = match (&config.carver, config.dynamic_mig) {
-            (Some(_), true) => {
-                let mut opts = SliceOptions::new(&config.node_name);
-                opts.dynamic_mig = DynamicMig::All;
-                opts.own_mig_instances.clone_from(&own_mig_instances);
-                dynamic_devices(inventory, &opts)
-                    .into_iter()
-                    .map(|d| (d.name.clone(), d))
-                    .collect()
-            }
-            _ => BTreeMap::new(),
-        };
+        let mut own_mig_instances = own_instances(&checkpoint);
+        own_mig_instances.extend(
+            rolled_back
+                .iter()
+                .map(|m| (m.parent_uuid.clone(), m.start, m.size)),
+        );
+        let dynamic = dynamic_map(config, inventory, &own_mig_instances);
         Self {
             driver_name: config.driver_name.clone(),
             pool: config.node_name.clone(),
@@ -359,6 +355,25 @@ impl Preparer {
         self.state
             .read(|cp| cp.claims.values().map(|c| c.devices.len()).sum())
     }
+}
+
+/// With dynamic MIG, the devices a prepare makes an instance for, by name; `own`
+/// are the plugin's own instances among those discovery found.
+fn dynamic_map(
+    config: &PreparerConfig,
+    inventory: &Inventory,
+    own: &BTreeSet<(String, u32, u32)>,
+) -> BTreeMap<String, DynamicDevice> {
+    if config.carver.is_none() || !config.dynamic_mig {
+        return BTreeMap::new();
+    }
+    let mut opts = SliceOptions::new(&config.node_name);
+    opts.dynamic_mig = DynamicMig::All;
+    opts.own_mig_instances.clone_from(own);
+    dynamic_devices(inventory, &opts)
+        .into_iter()
+        .map(|d| (d.name.clone(), d))
+        .collect()
 }
 
 /// The MIG instances a checkpoint's records name.

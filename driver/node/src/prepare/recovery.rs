@@ -4,7 +4,9 @@
 use crate::cdi::{self, Spec, SpecWriter};
 use crate::checkpoint::{CheckpointStore, Quarantined, unix_now};
 use crate::dynamic_mig::Carver;
-use topodra_model::checkpoint::{self, Checkpoint, ClaimRecord, ClaimState, PreparedGpu};
+use topodra_model::checkpoint::{
+    self, Checkpoint, ClaimRecord, ClaimState, MigIntent, PreparedGpu,
+};
 
 use super::RecoveryError;
 
@@ -24,6 +26,9 @@ pub struct StartupReport {
     /// was there to remove it): the record stays, holding the instance's slices,
     /// for an unprepare or the next start. With why.
     pub rollback_pending: Vec<String>,
+    /// The MIG instances of the claims rolled back, removed now: discovery, which
+    /// ran before, may have found them, and must not take them for someone else's.
+    pub rolled_back_instances: Vec<MigIntent>,
     /// Claims recorded as started whose spec was written, so the prepare finished
     /// (and was likely answered) before the completion was saved: completed.
     pub rolled_forward: Vec<String>,
@@ -112,6 +117,9 @@ pub(super) fn recover(
                 .push(format!("{}: {why}", record.uid));
             continue;
         }
+        report
+            .rolled_back_instances
+            .extend(record.devices.iter().filter_map(|d| d.mig.clone()));
         checkpoint.remove(&record.uid);
         report.rolled_back.push(record.uid);
     }
