@@ -195,6 +195,7 @@ fn flag_names_and_environment_variables_stay_as_they_were() {
             "TOPODRA_HEALTH_QUIET_PERIOD_SECONDS",
         ),
         ("evict-unhealthy", "TOPODRA_EVICT_UNHEALTHY"),
+        ("dynamic-mig", "TOPODRA_DYNAMIC_MIG"),
         #[cfg(feature = "crash-points")]
         ("test-crash-at", "TOPODRA_TEST_CRASH_AT"),
     ]

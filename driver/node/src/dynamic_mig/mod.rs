@@ -187,8 +187,7 @@ impl Carver {
                 nvml_wrapper_sys::bindings::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES,
             ),
         };
-        // Profile ids are small; NVML answers INVALID_ARGUMENT for unknown ones.
-        for profile in 0..64 {
+        for profile in nvml::profile_ids(&self.nvml, gpu) {
             let Ok(list) = nvml::gpu_instances(&self.nvml, gpu, profile) else {
                 continue;
             };

@@ -71,6 +71,23 @@ pub(super) fn gpu_instances(
         .collect()
 }
 
+/// The ids of the GPU instance profiles the GPU has, asked by index
+/// (`NVML_GPU_INSTANCE_PROFILE_*`) as discovery asks them.
+pub(super) fn profile_ids(nvml: &Nvml, gpu: &Device<'_>) -> Vec<u32> {
+    let Ok(f) = nvml_sym(nvml.lib().nvmlDeviceGetGpuInstanceProfileInfo.as_ref()) else {
+        return Vec::new();
+    };
+    (0..NVML_GPU_INSTANCE_PROFILE_COUNT)
+        .filter_map(|index| {
+            // SAFETY: plain integers; all-zero is a valid value.
+            let mut info: nvmlGpuInstanceProfileInfo_t = unsafe { std::mem::zeroed() };
+            // SAFETY: a GPU handle of this NVML instance and a valid out pointer.
+            nvml_try(unsafe { f(gpu.handle(), index, &mut info) }).ok()?;
+            Some(info.id)
+        })
+        .collect()
+}
+
 pub(super) fn destroy_gpu_instance(nvml: &Nvml, gi: &GpuInstance) -> Result<(), NvmlError> {
     let f = nvml_sym(nvml.lib().nvmlGpuInstanceDestroy.as_ref())?;
     // SAFETY: a GPU instance handle of this NVML instance.

@@ -6,10 +6,9 @@
 //! - the file is `TOPODRA_FAKE_NVML_STATE` if set, else `nvml-state.yaml`
 //!   next to the loaded library (where the profile sits);
 //! - every change is a read-modify-write under an exclusive `flock` on a
-//!   sibling `.lock` file, written to a temporary file, synced and renamed over
-//!   the old one, so a process killed at any point leaves the old or the new
-//!   state, never half of one, and two processes never lose each other's
-//!   changes;
+//!   sibling `.lock` file, written to a temporary file and renamed over the old
+//!   one, so a process killed at any point leaves the old or the new state,
+//!   never half of one, and two processes never lose each other's changes;
 //! - a GPU the file does not mention has the instances its profile lists
 //!   (`mig_devices`): the geometry an operator (or mig-parted at boot) made.
 //!   Removing the file is therefore a reboot back to that geometry.
@@ -191,15 +190,34 @@ fn resolved(path: &Path) -> PathBuf {
     std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned())
 }
 
+/// The last file parsed, by its text: NVML's queries read the state on every
+/// call, and parsing the YAML each time made a test of thousands of calls slow.
+/// Comparing the text (a few kilobytes) keeps a file any process wrote since from
+/// ever being mistaken for the one parsed before.
+static PARSED: std::sync::Mutex<Option<(PathBuf, String, DriverState)>> =
+    std::sync::Mutex::new(None);
+
 /// Reads the state; a missing file is the boot state.
 pub fn read(path: &Path) -> Result<DriverState, StateError> {
-    match std::fs::read_to_string(resolved(path)) {
-        Ok(s) => {
-            serde_saphyr::from_str(&s).map_err(|e| StateError(format!("{}: {e}", path.display())))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(DriverState::default()),
-        Err(e) => Err(StateError(format!("{}: {e}", path.display()))),
+    let path = resolved(path);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(DriverState::default()),
+        Err(e) => return Err(StateError(format!("{}: {e}", path.display()))),
+    };
+    let mut cache = PARSED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((p, t, state)) = cache.as_ref()
+        && *p == path
+        && *t == text
+    {
+        return Ok(state.clone());
     }
+    let state: DriverState = serde_saphyr::from_str(&text)
+        .map_err(|e| StateError(format!("{}: {e}", path.display())))?;
+    *cache = Some((path, text, state.clone()));
+    Ok(state)
 }
 
 /// Writes `state` so that a crash leaves the old or the new file.
@@ -208,15 +226,11 @@ pub fn write(path: &Path, state: &DriverState) -> Result<(), StateError> {
     let err = |e: std::io::Error| StateError(format!("{}: {e}", path.display()));
     let text = serde_saphyr::to_string(state).map_err(|e| StateError(e.to_string()))?;
     let tmp = path.with_extension("yaml.tmp");
+    // No fsync: a killed process cannot tear a renamed file, and a power cut is
+    // a reboot, which ends every instance anyway (and removes this file).
     let mut f = std::fs::File::create(&tmp).map_err(err)?;
     f.write_all(text.as_bytes()).map_err(err)?;
-    f.sync_all().map_err(err)?;
     std::fs::rename(&tmp, &path).map_err(err)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(err)?;
-    }
     Ok(())
 }
 
