@@ -54,12 +54,6 @@ func (e *env) migInstances() []string {
 	return out
 }
 
-func partitionTemplate(ns, name, profile string) string {
-	return claimSpec{ns: ns, name: name, selector: fmt.Sprintf(
-		`device.attributes["gpu.topodra.dev"].type == "mig" && device.attributes["gpu.topodra.dev"].profile == %q`,
-		profile)}.yaml()
-}
-
 // TestDynamicMIG: a DGX H100 with every GPU in MIG mode and no instance, the plugin
 // with --dynamic-mig, and the real 1.37.2 scheduler. The pool publishes every GPU
 // whole and its 25 partitions; a burst of seven 1g.10gb claims carves one GPU only,
@@ -77,8 +71,8 @@ func TestDynamicMIG(t *testing.T) {
 
 	const ns = "dynamic-mig"
 	e.createNamespace(ns)
-	e.kubectlApply(partitionTemplate(ns, "small", "1g.10gb"))
-	e.kubectlApply(partitionTemplate(ns, "big", "7g.80gb"))
+	e.kubectlApply(migTemplate(ns, "small", "1g.10gb"))
+	e.kubectlApply(migTemplate(ns, "big", "7g.80gb"))
 	e.kubectlApply(claimSpec{ns: ns, name: "whole", selector: `device.attributes["gpu.topodra.dev"].type == "gpu"`}.yaml())
 
 	var small []string

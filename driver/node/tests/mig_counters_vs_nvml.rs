@@ -16,6 +16,8 @@ use std::path::PathBuf;
 
 use k8s_openapi::api::resource::v1::Device;
 use nvml_wrapper::Nvml;
+use proptest::prelude::Rng;
+use proptest::test_runner::{RngAlgorithm, TestRng};
 use topodra_fake_nvml::{cdylib_path, sim};
 use topodra_model::checkpoint::MigIntent;
 use topodra_model::slice::{DynamicMig, SliceOptions, build_slices, dynamic_devices};
@@ -29,20 +31,9 @@ fn count(q: &str) -> u64 {
         .unwrap_or_else(|_| panic!("counter value {q:?} is not a plain count"))
 }
 
-/// xorshift64*: a fixed sequence for every run, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        usize::try_from(self.next() % n as u64).unwrap()
-    }
+/// A fixed sequence for every run: proptest's deterministic generator.
+fn below(rng: &mut TestRng, n: usize) -> usize {
+    usize::try_from(rng.next_u64() % n as u64).unwrap()
 }
 
 #[test]
@@ -103,16 +94,16 @@ fn counters_admit_exactly_what_nvml_creates() {
         size: dynamic[i].placement.size,
     };
 
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
     let mut held: Vec<usize> = Vec::new();
     let (mut admitted, mut refused) = (0, 0);
     for step in 0..1200 {
-        if !held.is_empty() && rng.below(3) == 0 {
-            let i = held.swap_remove(rng.below(held.len()));
+        if !held.is_empty() && below(&mut rng, 3) == 0 {
+            let i = held.swap_remove(below(&mut rng, held.len()));
             assert!(carver.destroy(&intent(i)).unwrap(), "step {step}");
             continue;
         }
-        let i = rng.below(dynamic.len());
+        let i = below(&mut rng, dynamic.len());
         let mut used: BTreeMap<(String, String), u64> = BTreeMap::new();
         for h in held.iter().chain([&i]) {
             for (k, v) in uses(&dynamic[*h].name) {

@@ -139,6 +139,20 @@ fn gi_rel(g: &FakeGpu, gi: u32) -> std::path::PathBuf {
         .join(format!("gi{gi}"))
 }
 
+/// Writes `items` into the caller's array and their number into `count`.
+///
+/// # Safety
+/// `out` must have room for every item; `count` null or valid for a write.
+unsafe fn put_list<T: Copy>(out: *mut T, items: &[T], count: *mut c_uint) -> Ret<()> {
+    let n = c_uint::try_from(items.len()).map_err(|_| INVALID_ARGUMENT)?;
+    for (i, item) in items.iter().enumerate() {
+        // SAFETY: the caller's contract.
+        unsafe { out.add(i).write_unaligned(*item) };
+    }
+    // SAFETY: forwarded caller contract.
+    unsafe { put(count, n) }
+}
+
 // --- handles ---------------------------------------------------------------
 
 #[derive(Debug)]
@@ -429,14 +443,10 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstances(
             .filter(|gi| gi.profile_id == Some(row.id))
             .map(|gi| gi.id)
             .collect();
-        for (i, id) in ids.iter().enumerate() {
-            // SAFETY: per nvml.h the array holds the profile's instance count,
-            // which `fits` never lets the instances exceed.
-            unsafe { gpu_instances.add(i).write_unaligned(gi_handle(g, *id)) };
-        }
-        let n = c_uint::try_from(ids.len()).map_err(|_| INVALID_ARGUMENT)?;
-        // SAFETY: forwarded caller contract.
-        unsafe { put(count, n) }
+        let handles: Vec<_> = ids.iter().map(|id| gi_handle(g, *id)).collect();
+        // SAFETY: per nvml.h the array holds the profile's instance count, which
+        // `fits` never lets the instances exceed.
+        unsafe { put_list(gpu_instances, &handles, count) }
     })
 }
 
@@ -736,17 +746,9 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstances(
             .filter(|c| c.profile_id == profile_id)
             .map(|c| c.id)
             .collect();
-        for (i, id) in ids.iter().enumerate() {
-            // SAFETY: the caller's array holds the profile's instance count.
-            unsafe {
-                compute_instances
-                    .add(i)
-                    .write_unaligned(ci_handle(g, gi.id, *id))
-            };
-        }
-        let n = c_uint::try_from(ids.len()).map_err(|_| INVALID_ARGUMENT)?;
-        // SAFETY: forwarded caller contract.
-        unsafe { put(count, n) }
+        let handles: Vec<_> = ids.iter().map(|id| ci_handle(g, gi.id, *id)).collect();
+        // SAFETY: the caller's array holds the profile's instance count.
+        unsafe { put_list(compute_instances, &handles, count) }
     })
 }
 
