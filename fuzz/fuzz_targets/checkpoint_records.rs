@@ -39,6 +39,8 @@ fuzz_target!(|data: &[u8]| {
         state_dir: state,
         boot_id: "boot-1".into(),
         cdi_spec_dir: dir.path().join("cdi"),
+        dynamic_mig: false,
+        carver: None,
     };
     let files = NvidiaFiles::fixed(
         NvidiaFilesSource::Discovered { root: "/".into() },
