@@ -152,10 +152,6 @@ impl FakeGpu {
             link_version: profile.nvlink_version(g),
         })
     }
-
-    fn mig_enabled(&self) -> bool {
-        self.gpu.mig.is_some_and(|m| m.current)
-    }
 }
 
 #[derive(Debug)]
@@ -912,8 +908,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     pending: *mut c_uint,
 ) -> nvmlReturn_t {
     guard(|| {
-        let (_, g) = live_gpu(device)?;
-        let mig = g.gpu.mig.ok_or(NOT_SUPPORTED)?;
+        let (m, g) = live_gpu(device)?;
+        let mig = mig::instances::mig_mode(m, g)?.ok_or(NOT_SUPPORTED)?;
         if current.is_null() || pending.is_null() {
             return Err(INVALID_ARGUMENT);
         }

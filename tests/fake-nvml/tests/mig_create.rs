@@ -438,3 +438,76 @@ fn refused_without_mig() {
         Some(NOT_SUPPORTED)
     );
 }
+
+fn set_mig_mode(
+    nvml: &Nvml,
+    dev: sys::nvmlDevice_t,
+    on: bool,
+) -> Result<sys::nvmlReturn_t, sys::nvmlReturn_t> {
+    let mode = if on {
+        sys::NVML_DEVICE_MIG_ENABLE
+    } else {
+        sys::NVML_DEVICE_MIG_DISABLE
+    };
+    let mut status = SUCCESS;
+    // SAFETY: valid handle and pointer.
+    rc(unsafe { nvml.lib().nvmlDeviceSetMigMode(dev, mode, &mut status) })?;
+    Ok(status)
+}
+
+fn mig_mode(nvml: &Nvml, dev: sys::nvmlDevice_t) -> (u32, u32) {
+    let (mut current, mut pending) = (9, 9);
+    // SAFETY: valid handle and pointers.
+    let r = unsafe {
+        nvml.lib()
+            .nvmlDeviceGetMigMode(dev, &mut current, &mut pending)
+    };
+    assert_eq!(r, SUCCESS);
+    (current, pending)
+}
+
+/// MIG mode changes: at once on Hopper; pending a reset on Ampere (the MIG User
+/// Guide: "Setting MIG mode on the A100/A30 requires a GPU reset"), which this
+/// library never does; refused while instances exist; gone with a reboot.
+#[test]
+fn mig_mode_changes() {
+    let (dir, lib) = setup(&builtin_yaml("dgx-h100"));
+    let nvml = open(&lib).expect("init");
+    let dev = gpu(&nvml, 0);
+    assert_eq!(mig_mode(&nvml, dev), (0, 0));
+    assert_eq!(set_mig_mode(&nvml, dev, true), Ok(SUCCESS));
+    assert_eq!(mig_mode(&nvml, dev), (1, 1));
+    let gi = create_gi(&nvml, dev, P_1G, 3, 1).expect("MIG on: instances");
+    let busy = sys::nvmlReturn_enum_NVML_ERROR_IN_USE;
+    assert_eq!(set_mig_mode(&nvml, dev, false), Ok(busy));
+    assert_eq!(mig_mode(&nvml, dev), (1, 0), "still on, off pending");
+    destroy_gi(&nvml, gi).expect("gi");
+    assert_eq!(set_mig_mode(&nvml, dev, false), Ok(SUCCESS));
+    assert_eq!(mig_mode(&nvml, dev), (0, 0));
+    assert_eq!(create_gi(&nvml, dev, P_1G, 3, 1).err(), Some(NOT_SUPPORTED));
+    set_mig_mode(&nvml, dev, true).expect("on again");
+    std::fs::remove_file(dir.path().join(STATE_FILE_NAME)).expect("reboot");
+    assert_eq!(
+        mig_mode(&nvml, dev),
+        (0, 0),
+        "the profile's mode after a reboot"
+    );
+
+    let (_dir, lib) = setup(&builtin_yaml("dgx-a100"));
+    let nvml = open(&lib).expect("init");
+    let dev = gpu(&nvml, 0);
+    let reset = sys::nvmlReturn_enum_NVML_ERROR_RESET_REQUIRED;
+    assert_eq!(set_mig_mode(&nvml, dev, true), Ok(reset));
+    assert_eq!(mig_mode(&nvml, dev), (0, 1), "pending enable");
+    assert_eq!(create_gi(&nvml, dev, P_1G, 0, 1).err(), Some(NOT_SUPPORTED));
+    assert_eq!(
+        set_mig_mode(&nvml, dev, false),
+        Ok(SUCCESS),
+        "back to what it is"
+    );
+    assert_eq!(mig_mode(&nvml, dev), (0, 0));
+
+    let (_dir, lib) = setup(&builtin_yaml("l40s-pcie"));
+    let nvml = open(&lib).expect("init");
+    assert_eq!(set_mig_mode(&nvml, gpu(&nvml, 0), true), Err(NOT_SUPPORTED));
+}

@@ -29,8 +29,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
     count: *mut c_uint,
 ) -> nvmlReturn_t {
     guard(|| {
-        let (_, g) = live_gpu(device)?;
-        let n = if g.mig_enabled() {
+        let (m, g) = live_gpu(device)?;
+        let n = if instances::mig_enabled(m, g)? {
             g.gpu.max_mig_devices()
         } else {
             0
@@ -54,7 +54,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
 ) -> nvmlReturn_t {
     guard(|| {
         let (m, g) = live_gpu(device)?;
-        if !g.mig_enabled() {
+        if !instances::mig_enabled(m, g)? {
             return Err(NOT_SUPPORTED);
         }
         if index >= g.gpu.max_mig_devices() {
@@ -241,7 +241,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoV(
     info: *mut nvmlGpuInstanceProfileInfo_v2_t,
 ) -> nvmlReturn_t {
     guard(|| {
-        let (_, g) = live_gpu(device)?;
+        let (m, g) = live_gpu(device)?;
         // SAFETY: forwarded caller contract.
         let version = unsafe { read_version(info) }?;
         let v2 = struct_version::<nvmlGpuInstanceProfileInfo_v2_t>(2);
@@ -250,7 +250,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceProfileInfoV(
             return Err(INVALID_ARGUMENT);
         }
         let r = gi_profile(g, profile)?;
-        if !g.mig_enabled() {
+        if !instances::mig_enabled(m, g)? {
             return Err(NOT_SUPPORTED);
         }
         let mut name = [0; NVML_DEVICE_NAME_V2_BUFFER_SIZE as usize];

@@ -67,9 +67,33 @@ fn current(s: &DriverState, g: &FakeGpu) -> GpuState {
         .get(&g.gpu.uuid)
         .cloned()
         .unwrap_or_else(|| GpuState {
+            mig_mode: None,
             instances: state::boot_instances(&g.gpu, table(g)),
             uuids_made: 0,
         })
+}
+
+/// The GPU's MIG mode now: the profile's, or what `nvmlDeviceSetMigMode` made it.
+/// `None` for a GPU without MIG.
+pub(in crate::ffi) fn mig_mode(m: &Machine, g: &FakeGpu) -> Ret<Option<state::ModeState>> {
+    let Some(boot) = g.gpu.mig else {
+        return Ok(None);
+    };
+    let s = state::read(state_path(m)?).map_err(report)?;
+    Ok(Some(
+        s.gpus
+            .get(&g.gpu.uuid)
+            .and_then(|gs| gs.mig_mode)
+            .unwrap_or(state::ModeState {
+                current: boot.current,
+                pending: boot.pending,
+            }),
+    ))
+}
+
+/// Whether MIG mode is on now (`current`).
+pub(in crate::ffi) fn mig_enabled(m: &Machine, g: &FakeGpu) -> Ret<bool> {
+    Ok(mig_mode(m, g)?.is_some_and(|mode| mode.current))
 }
 
 /// What a change sees: the GPU's state, the faults, the capabilities mirror.
@@ -260,7 +284,7 @@ fn gi_row(
     profile_id: c_uint,
 ) -> Ret<(&'static Machine, &'static FakeGpu, &'static GiProfile)> {
     let (m, g) = super::super::live_gpu(device)?;
-    if !g.mig_enabled() {
+    if !mig_enabled(m, g)? {
         return Err(NOT_SUPPORTED);
     }
     let row = table(g)
@@ -459,7 +483,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(
 ) -> nvmlReturn_t {
     guard(|| {
         let (m, g) = super::super::live_gpu(device)?;
-        if !g.mig_enabled() {
+        if !mig_enabled(m, g)? {
             return Err(NOT_SUPPORTED);
         }
         if !instances(m, g)?.iter().any(|gi| gi.id == id) {
@@ -841,4 +865,58 @@ pub(in crate::ffi) fn mig_devices(m: &Machine, g: &FakeGpu) -> Ret<Vec<MigDevice
         .into_iter()
         .flat_map(|gi| gi.compute.into_iter().map(|c| c.device))
         .collect())
+}
+
+// --- MIG mode ----------------------------------------------------------------
+
+/// nvml.h: sets the mode, which "may unbind or reset the device to activate the
+/// requested mode"; `activationStatus` "would return the appropriate error code
+/// upon unsuccessful activation", e.g. IN_USE "if device unbind fails because the
+/// device isn't idle", RESET_REQUIRED where a reset is needed and not done.
+/// Returns INVALID_ARGUMENT "if device, mode or activationStatus are invalid" and
+/// NOT_SUPPORTED "if device doesn't support MIG mode".
+///
+/// Modelled: on Ampere the new mode stays pending (`activationStatus`
+/// RESET_REQUIRED): the MIG User Guide, "Deployment Considerations": "Setting MIG
+/// mode on the A100/A30 requires a GPU reset"; this library never resets. On later
+/// GPUs it takes effect at once. Leaving MIG mode while instances exist is
+/// refused as a busy device: IN_USE, the mode left as it was but pending. A
+/// reboot (removing the state file) brings back the profile's mode.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceSetMigMode(
+    device: nvmlDevice_t,
+    mode: c_uint,
+    activation_status: *mut nvmlReturn_t,
+) -> nvmlReturn_t {
+    guard(|| {
+        let (m, g) = super::super::live_gpu(device)?;
+        let on = match mode {
+            NVML_DEVICE_MIG_ENABLE => true,
+            NVML_DEVICE_MIG_DISABLE => false,
+            _ => return Err(INVALID_ARGUMENT),
+        };
+        if activation_status.is_null() {
+            return Err(INVALID_ARGUMENT);
+        }
+        let Some(now) = mig_mode(m, g)? else {
+            return Err(NOT_SUPPORTED);
+        };
+        let needs_reset = g.gpu.architecture == crate::profile::Architecture::Ampere;
+        let status = change(m, g, |c| {
+            let (current, status) = if !on && now.current && !c.gpu.instances.is_empty() {
+                (now.current, IN_USE)
+            } else if needs_reset && now.current != on {
+                (now.current, nvmlReturn_enum_NVML_ERROR_RESET_REQUIRED)
+            } else {
+                (on, nvmlReturn_enum_NVML_SUCCESS)
+            };
+            c.gpu.mig_mode = Some(state::ModeState {
+                current,
+                pending: on,
+            });
+            Ok(status)
+        })?;
+        // SAFETY: forwarded caller contract.
+        unsafe { put(activation_status, status) }
+    })
 }

@@ -86,11 +86,22 @@ pub struct Faults {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GpuState {
+    /// The MIG mode since `nvmlDeviceSetMigMode`; the profile's until then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_mode: Option<ModeState>,
     #[serde(default)]
     pub instances: Vec<GpuInstance>,
     /// Generated MIG UUIDs so far: makes each new one unique.
     #[serde(default)]
     pub uuids_made: u64,
+}
+
+/// MIG mode as `nvmlDeviceGetMigMode` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModeState {
+    pub current: bool,
+    pub pending: bool,
 }
 
 /// A GPU instance: a span of memory slices and some compute slices.
