@@ -266,7 +266,7 @@ func dropInEnv(t *testing.T, profile string) *env {
 // dropInTemplate is a ResourceClaimTemplate for count devices of the gpu.nvidia.com
 // class that pass a CEL selector; attributes are under the driver's own domain,
 // gpu.nvidia.com, in drop-in mode.
-func dropInTemplate(ns, name string, count int, selector string) string {
+func dropInTemplate(ns, name, class string, count int, selector string) string {
 	return fmt.Sprintf(`apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
 metadata:
@@ -283,7 +283,7 @@ spec:
             selectors:
               - cel:
                   expression: %q
-`, name, ns, dcgmDriverName, count, selector)
+`, name, ns, class, count, selector)
 }
 
 // v1String is a device's string attribute (bare name, the driver's domain) in v1.
@@ -307,8 +307,8 @@ func TestDCGMExporterMapping(t *testing.T) {
 	const ns = "dcgm"
 	e.createNamespace(ns)
 	dom := `device.attributes["` + dcgmDriverName + `"]`
-	e.kubectlApply(dropInTemplate(ns, "two-gpus", 2, dom+`.type == "gpu"`))
-	e.kubectlApply(dropInTemplate(ns, "one-3g", 1, dom+`.type == "mig" && `+dom+`.profile == "3g.20gb"`))
+	e.kubectlApply(dropInTemplate(ns, "two-gpus", dcgmDriverName, 2, dom+`.type == "gpu"`))
+	e.kubectlApply(dropInTemplate(ns, "one-3g", "mig.nvidia.com", 1, dom+`.profile == "3g.20gb"`))
 	e.createPod(ns, "train", "two-gpus")
 	e.createPod(ns, "infer", "one-3g")
 	train := e.waitPodRunning(ns, "train", 2*time.Minute)
@@ -437,8 +437,13 @@ func TestDCGMChartDropIn(t *testing.T) {
 		}
 		classes[c.Name] = strings.Join(exprs, " && ")
 	}
-	if sel, ok := classes[dcgmDriverName]; !ok || sel != `device.driver == "`+dcgmDriverName+`"` {
-		t.Errorf("DeviceClasses %v: want %s selecting device.driver == %q", classes, dcgmDriverName, dcgmDriverName)
+	// NVIDIA's two classes: whole GPUs, and MIG devices.
+	dom := `device.attributes["` + dcgmDriverName + `"]`
+	for name, typ := range map[string]string{dcgmDriverName: "gpu", "mig.nvidia.com": "mig"} {
+		want := `device.driver == "` + dcgmDriverName + `" && ` + dom + `.type == "` + typ + `"`
+		if sel, ok := classes[name]; !ok || sel != want {
+			t.Errorf("DeviceClasses %v: want %s selecting %s", classes, name, want)
+		}
 	}
 	ds := decode[*appsv1.DaemonSet](t, manifestDoc(t, rendered, "DaemonSet"))
 	dep := decode[*appsv1.Deployment](t, manifestDoc(t, rendered, "Deployment"))

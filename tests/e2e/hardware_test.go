@@ -42,9 +42,12 @@ func TestHGXSwitchPlaceholder(t *testing.T) {
 	checkInjected(t, e, pod, got[0])
 }
 
+// migClass is the chart's class of MIG devices.
+const migClass = "mig.topodra.dev"
+
 // migTemplate renders a ResourceClaimTemplate for one MIG device of a profile.
 func migTemplate(ns, name, profile string) string {
-	return claimSpec{ns: ns, name: name, selector: fmt.Sprintf(
+	return claimSpec{ns: ns, name: name, class: migClass, selector: fmt.Sprintf(
 		`device.attributes["gpu.topodra.dev"].type == "mig" && device.attributes["gpu.topodra.dev"].profile == %q`,
 		profile)}.yaml()
 }

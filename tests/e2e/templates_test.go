@@ -14,6 +14,9 @@ import (
 // DeviceClass: what most tests ask for, written once.
 type claimSpec struct {
 	ns, name string
+	// class is the DeviceClass of the request; gpu.topodra.dev (whole GPUs) when
+	// empty.
+	class string
 	// count GPUs; zero leaves the field out (one device).
 	count int
 	// selector is a CEL expression every device must meet; none when empty.
@@ -84,7 +87,11 @@ spec:
 
 // writeDevices writes what one request or subrequest asks for, each line indented.
 func (c claimSpec) writeDevices(b *strings.Builder, indent string) {
-	b.WriteString(indent + "deviceClassName: gpu.topodra.dev\n")
+	class := c.class
+	if class == "" {
+		class = driverName
+	}
+	fmt.Fprintf(b, "%sdeviceClassName: %s\n", indent, class)
 	if c.count > 0 {
 		fmt.Fprintf(b, "%scount: %d\n", indent, c.count)
 	}

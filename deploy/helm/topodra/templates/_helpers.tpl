@@ -93,6 +93,15 @@ after its first label (gpu.topodra.dev: gpu-aligned.topodra.dev).
 {{- end }}
 
 {{/*
+Name of the MIG DeviceClass: the driver name with "mig" for its first label
+(gpu.topodra.dev: mig.topodra.dev; gpu.nvidia.com: mig.nvidia.com, NVIDIA's own).
+*/}}
+{{- define "topodra.migClassName" -}}
+{{- $parts := splitn "." 2 .Values.driverName }}
+{{- printf "mig.%s" $parts._1 }}
+{{- end }}
+
+{{/*
 The CPU class of the aligned pair: cpu-aligned.<the driverName after its first label>.
 */}}
 {{- define "topodra.cpuAlignedClassName" -}}
