@@ -299,18 +299,9 @@ async fn a_crash_at_each_prepare_step_then_a_restart_leaks_nothing() {
 
 /// The simulated driver's MIG instances: (GPU UUID, start, size, compute instances).
 fn mig_instances(node: &NodeDirs) -> Vec<(String, u32, u32, usize)> {
-    let state = topodra_fake_nvml::ffi::mig::state::read(&node.sim.nvml_state).unwrap();
-    let mut out: Vec<_> = state
-        .gpus
-        .iter()
-        .flat_map(|(uuid, g)| {
-            g.instances
-                .iter()
-                .map(|gi| (uuid.clone(), gi.start, gi.size, gi.compute.len()))
-        })
-        .collect();
-    out.sort();
-    out
+    topodra_fake_nvml::ffi::mig::state::read(&node.sim.nvml_state)
+        .unwrap()
+        .spans()
 }
 
 /// Dynamic MIG: the process killed after each step of making a partition's

@@ -17,7 +17,6 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use nvml_wrapper::Nvml;
 use topodra_fake_nvml::ffi::mig::state;
-use topodra_fake_nvml::profile::MigMode;
 use topodra_fake_nvml::profile::mig::gi_access_minor;
 use topodra_fake_nvml::sim::{self, SimNode};
 use topodra_fake_nvml::{Profile, cdylib_path};
@@ -32,17 +31,9 @@ use topodra_node::prepare::{ClaimError, ClaimErrorKind, CrashPoint, Preparer, Pr
 const DRIVER: &str = "gpu.topodra.dev";
 const NODE: &str = "node-a";
 
-/// A DGX H100 with MIG on and no instances.
+/// A DGX H100 with every GPU in MIG mode and no instances.
 fn yaml() -> String {
-    let mut p = Profile::builtin("dgx-h100").unwrap();
-    for g in &mut p.gpus {
-        g.mig = Some(MigMode {
-            current: true,
-            pending: true,
-            max_devices: None,
-        });
-    }
-    p.to_yaml()
+    Profile::builtin("dgx-h100-mig").unwrap().to_yaml()
 }
 
 struct Node {
@@ -100,17 +91,7 @@ impl Node {
     /// (start, size, compute instances) of every instance on GPU `index`.
     fn instances(&self, index: usize) -> Vec<(u32, u32, usize)> {
         let uuid = self.inventory.gpus[index].uuid.clone().unwrap();
-        let s = state::read(&self.sim.nvml_state).unwrap();
-        let mut out: Vec<_> = match s.gpus.get(&uuid) {
-            Some(g) => g
-                .instances
-                .iter()
-                .map(|gi| (gi.start, gi.size, gi.compute.len()))
-                .collect(),
-            None => Vec::new(),
-        };
-        out.sort_unstable();
-        out
+        state::read(&self.sim.nvml_state).unwrap().spans_of(&uuid)
     }
 
     fn spec(&self, uid: &str) -> Option<Spec> {

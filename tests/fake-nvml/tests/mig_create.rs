@@ -12,9 +12,7 @@ use common::{SUCCESS, builtin_yaml, instance_ids, open, setup};
 use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper_sys::bindings as sys;
-use topodra_fake_nvml::Profile;
 use topodra_fake_nvml::ffi::mig::state::{self, DriverState, Faults, STATE_FILE_NAME};
-use topodra_fake_nvml::profile::MigMode;
 use topodra_fake_nvml::profile::mig::{ci_access_minor, gi_access_minor};
 
 const INVALID_ARGUMENT: sys::nvmlReturn_t = sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
@@ -33,17 +31,9 @@ const P_3G: u32 = 9;
 const P_4G: u32 = 5;
 const P_7G: u32 = 0;
 
-/// The dgx-h100 machine with MIG enabled and no instances on every GPU.
+/// The dgx-h100 machine with every GPU in MIG mode and no instances.
 fn h100_mig_yaml() -> String {
-    let mut p = Profile::builtin("dgx-h100").expect("builtin");
-    for g in &mut p.gpus {
-        g.mig = Some(MigMode {
-            current: true,
-            pending: true,
-            max_devices: None,
-        });
-    }
-    p.to_yaml()
+    builtin_yaml("dgx-h100-mig")
 }
 
 fn gpu(nvml: &Nvml, i: u32) -> sys::nvmlDevice_t {

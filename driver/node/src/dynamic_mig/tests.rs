@@ -4,21 +4,13 @@
 use nvml_wrapper::Nvml;
 use topodra_fake_nvml::Profile;
 use topodra_fake_nvml::ffi::mig::state::{self, STATE_FILE_NAME};
-use topodra_fake_nvml::profile::MigMode;
 
 use super::*;
 
 /// A DGX H100 with MIG on and no instances; returns the library's directory,
 /// where its state file lives.
 fn h100() -> (tempfile::TempDir, Carver, String) {
-    let mut p = Profile::builtin("dgx-h100").expect("builtin");
-    for g in &mut p.gpus {
-        g.mig = Some(MigMode {
-            current: true,
-            pending: true,
-            max_devices: None,
-        });
-    }
+    let p = Profile::builtin("dgx-h100-mig").expect("builtin");
     let uuid = p.gpus[0].uuid.clone();
     let dir = tempfile::tempdir().expect("tempdir");
     let lib = topodra_fake_nvml::install(dir.path(), &p.to_yaml());
@@ -41,15 +33,7 @@ fn intent(parent: &str, profile_id: u32, start: u32, size: u32) -> MigIntent {
 fn instances(dir: &tempfile::TempDir, parent: &str) -> Vec<(u32, u32, usize)> {
     state::read(&dir.path().join(STATE_FILE_NAME))
         .expect("state")
-        .gpus
-        .get(parent)
-        .map(|g| {
-            g.instances
-                .iter()
-                .map(|gi| (gi.start, gi.size, gi.compute.len()))
-                .collect()
-        })
-        .unwrap_or_default()
+        .spans_of(parent)
 }
 
 #[test]

@@ -56,19 +56,19 @@ impl Preparer {
             })
             .collect();
 
-        // The instances this claim's record named before this prepare: only those
-        // may be found already made and used (see `Carver::create_gpu_instance`).
-        let recorded: Vec<MigIntent> = self.state.read(|cp| {
-            cp.get(&claim_ref.uid)
-                .map(|r| r.devices.iter().filter_map(|d| d.mig.clone()).collect())
-                .unwrap_or_default()
-        });
-        let done = self.state.read(|cp| {
-            cp.get(&claim_ref.uid)
-                .filter(|done| {
-                    done.state == ClaimState::PrepareCompleted && same_devices(done, &names)
-                })
-                .map(|done| done.devices != prepared)
+        // From the claim's record, if any: whether it is prepared already (and its
+        // answer stale), and the instances it named before this prepare, the only
+        // ones that may be found already made and used (`Carver::create_gpu_instance`).
+        let (done, recorded): (Option<bool>, Vec<MigIntent>) = self.state.read(|cp| {
+            let Some(r) = cp.get(&claim_ref.uid) else {
+                return (None, Vec::new());
+            };
+            let done = (r.state == ClaimState::PrepareCompleted && same_devices(r, &names))
+                .then(|| r.devices != prepared);
+            (
+                done,
+                r.devices.iter().filter_map(|d| d.mig.clone()).collect(),
+            )
         });
         if let Some(stale) = done
             && self.writer.path_for(&claim_ref.uid).exists()
@@ -116,7 +116,7 @@ impl Preparer {
         let spec = match early_spec {
             Some(spec) => spec,
             None => {
-                let mut ours = recorded.clone();
+                let mut ours = recorded;
                 let made = self
                     .make_instances(claim_ref, &prepared, &mut ours)
                     .and_then(|made| self.build_spec(claim_ref, &plan, &made, &files));

@@ -63,6 +63,34 @@ pub struct DriverState {
     pub faults: Faults,
 }
 
+impl DriverState {
+    /// Every instance the file records, as (GPU UUID, start, size, compute
+    /// instances), sorted: what tests check after the fact. A GPU the file does
+    /// not mention yet (its profile's instances) is not listed.
+    pub fn spans(&self) -> Vec<(String, u32, u32, usize)> {
+        let mut out: Vec<_> = self
+            .gpus
+            .iter()
+            .flat_map(|(uuid, g)| {
+                g.instances
+                    .iter()
+                    .map(|gi| (uuid.clone(), gi.start, gi.size, gi.compute.len()))
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// [`DriverState::spans`] of one GPU, without its UUID.
+    pub fn spans_of(&self, gpu: &str) -> Vec<(u32, u32, usize)> {
+        self.spans()
+            .into_iter()
+            .filter(|s| s.0 == gpu)
+            .map(|(_, start, size, compute)| (start, size, compute))
+            .collect()
+    }
+}
+
 /// Faults a test injects; each counter is consumed by the calls it fails.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
