@@ -24,7 +24,7 @@ pub struct StartupReport {
     pub rolled_back: Vec<String>,
     /// Claims to roll back whose MIG instance could not be removed (or no NVML
     /// was there to remove it): the record stays, holding the instance's slices,
-    /// for an unprepare or the next start. With why.
+    /// as one to prepare again, for an unprepare or a retried prepare. With why.
     pub rollback_pending: Vec<String>,
     /// The MIG instances of the claims rolled back, removed now: discovery, which
     /// ran before, may have found them, and must not take them for someone else's.
@@ -111,7 +111,14 @@ pub(super) fn recover(
         // A MIG instance is found by the placement its record names: whatever
         // steps the crashed prepare got through, nothing else of it is left.
         if let Err(why) = remove_instances(&record, carver) {
-            tracing::error!(claim = %record.uid, error = %why, "rolling back a prepare: its MIG instance stays, and its record with it");
+            // The record keeps the instance's slices, but leaves the started state:
+            // no start keeps a prepare half-way. As one to prepare again, an
+            // unprepare (the kubelet's, or the stale-claim check's) removes the
+            // instance, and a retried prepare uses it, as its record made it.
+            tracing::error!(claim = %record.uid, error = %why, "rolling back a prepare: its MIG instance stays, and its record with it, to be prepared again or unprepared");
+            if let Some(kept) = checkpoint.claims.get_mut(&record.uid) {
+                kept.state = ClaimState::NeedsReprepare;
+            }
             report
                 .rollback_pending
                 .push(format!("{}: {why}", record.uid));

@@ -1196,3 +1196,35 @@ mod arbitrary_state {
         }
     }
 }
+
+/// A started record whose MIG instance cannot be removed (here: no NVML to remove
+/// it with) is not rolled back and not kept half-way either: it keeps its devices
+/// as a claim to prepare again, and the start says why.
+#[test]
+fn a_rollback_that_cannot_remove_its_instance_keeps_the_claim_to_prepare_again() {
+    let node = Node::new(2);
+    node.start()
+        .prepare(&claim_ref("u1"), &claim("u1", &[0]))
+        .unwrap();
+    save_checkpoint_with(&node, |cp| {
+        let mut r = cp.get("u1").cloned().unwrap();
+        r.state = ClaimState::PrepareStarted;
+        r.devices[0].mig = Some(topodra_model::checkpoint::MigIntent {
+            parent_uuid: "GPU-00000000".into(),
+            profile_id: 19,
+            start: 6,
+            size: 1,
+        });
+        cp.insert(r);
+    });
+    std::fs::remove_file(node.cdi_dir().join("k8s.gpu.topodra.dev-claim_u1.json")).unwrap();
+    let (p, report) = node.start_with_boot("boot-1");
+    assert!(report.rolled_back.is_empty(), "{report:?}");
+    assert_eq!(report.rollback_pending.len(), 1, "{report:?}");
+    assert!(report.rollback_pending[0].starts_with("u1: "), "{report:?}");
+    let kept = p.checkpoint();
+    assert_eq!(kept.get("u1").unwrap().state, ClaimState::NeedsReprepare);
+    // Its GPU stays held.
+    let err = p.prepare(&claim_ref("u2"), &claim("u2", &[0])).unwrap_err();
+    assert!(matches!(err, ClaimError::DeviceInUse(_)), "{err}");
+}
