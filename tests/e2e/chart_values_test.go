@@ -77,6 +77,10 @@ func TestChartRefusesValuesThatCannotWork(t *testing.T) {
 		{"CPU class on a name the plugin does not publish", []string{"--set", "cpuDriver.alignedClass.enabled=true"}, "add it to kubeletPlugin.numaNodeAliases"},
 		{"CPU class without the GPU class", []string{"--set", "cpuDriver.alignedClass.enabled=true", "--set", "kubeletPlugin.numaNodeAliases={dra.net/numaNode}",
 			"--set", "alignedClass.enabled=false"}, "needs alignedClass.enabled"},
+		{"MIG resource not a profile", []string{"--set", "deviceClass.migExtendedResources={mig-1g.10gb}"}, "/deviceClass/migExtendedResources/0"},
+		{"no schema: MIG resource not a profile", []string{"--skip-schema-validation", "--set", "deviceClass.migExtendedResources={1g.10GB}"}, "is not a MIG profile name"},
+		{"aligned MIG class named as the MIG class", []string{"--set", "alignedClass.migName=mig.topodra.dev"}, "alignedClass.migName must differ"},
+		{"aligned MIG class not a DNS name", []string{"--set", "alignedClass.migName=MIG_aligned"}, "set alignedClass.migName"},
 	} {
 		out, err := helmTemplateOut(t, c.args...)
 		if err == nil {
@@ -99,6 +103,7 @@ func TestChartRefusesValuesThatCannotWork(t *testing.T) {
 		{"--set", "kubeletPlugin.numaNodeAliases={dra.net/numaNode}", "--set", "cpuDriver.alignedClass.enabled=true"},
 		{"--set", "cpuDriver.alignedClass.enabled=true", "--set", "cpuDriver.alignedClass.numaAttribute=resource.kubernetes.io/numaNode"},
 		{"--set", "cpuDriver.name="},
+		{"--set", "deviceClass.migExtendedResources={1g.10gb,1g.10gb+me,7g.80gb}"},
 	} {
 		if out, err := helmTemplateOut(t, args...); err != nil {
 			t.Errorf("%v: refused: %v\n%s", args, err, out)

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -152,4 +153,63 @@ func TestDynamicMIG(t *testing.T) {
 		}
 		return nil
 	})
+
+	// A pod written for the device plugin's mixed MIG strategy: the chart value
+	// deviceClass.migExtendedResources maps nvidia.com/mig-1g.10gb to a class of
+	// 1g.10gb devices, and the scheduler's claim gets a partition.
+	rendered := helmTemplate(t, t.TempDir(), "--set", "deviceClass.migExtendedResources={1g.10gb}")
+	e.kubectlApply(manifestDoc(t, rendered, "DeviceClass"))
+	e.createExtendedPod(ns, "by-resource", "nvidia.com/mig-1g.10gb", 1)
+	byResource := e.waitPodRunning(ns, "by-resource", 2*time.Minute)
+	claim, devs := e.extendedClaim(byResource)
+	if len(devs) != 1 || !strings.Contains(devs[0], "-mig-1g-10gb-") {
+		t.Errorf("nvidia.com/mig-1g.10gb: 1 got %v, want one 1g.10gb partition", devs)
+	}
+	if r := claim.Spec.Devices.Requests; len(r) != 1 || r[0].Exactly == nil || r[0].Exactly.DeviceClassName != "mig-1g.10gb.topodra.dev" {
+		t.Errorf("the scheduler's claim asks for %+v, want the class mig-1g.10gb.topodra.dev", r)
+	}
+	t.Logf("nvidia.com/mig-1g.10gb: 1 got %v", devs)
+
+	// The aligned classes: a whole GPU and a partition asked for without a
+	// constraint get the aligned-by-default policy's numaNode constraint over both.
+	aligned := fmt.Sprintf(`apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: gpu-and-partition
+  namespace: %s
+spec:
+  spec:
+    devices:
+      requests:
+        - name: gpu
+          exactly:
+            deviceClassName: gpu-aligned.topodra.dev
+        - name: part
+          exactly:
+            deviceClassName: mig-aligned.topodra.dev
+            selectors:
+              - cel:
+                  expression: device.attributes["gpu.topodra.dev"].profile == "1g.10gb"
+`, ns)
+	e.kubectlApply(aligned)
+	tmpl, err := e.admin.ResourceV1().ResourceClaimTemplates(ns).Get(ctx, "gpu-and-partition", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := constraintsString(tmpl.Spec.Spec.Devices.Constraints); got != constraintsString([]resourceapi.DeviceConstraint{numaConstraint("gpu", "part")}) {
+		t.Fatalf("template gpu-and-partition: constraints %s, want the policy's numaNode over gpu and part", got)
+	}
+	e.createPod(ns, "aligned-0", "gpu-and-partition")
+	alignedPod := e.waitPodRunning(ns, "aligned-0", 2*time.Minute)
+	_, alignedDevs := e.allocation(alignedPod)
+	var kinds, numas []string
+	for _, d := range alignedDevs {
+		kinds = append(kinds, strings.Join(attrValues(devices[d], "type"), ""))
+		numas = append(numas, strings.Join(attrValues(devices[d], "resource.kubernetes.io/numaNode"), ""))
+	}
+	slices.Sort(kinds)
+	if !slices.Equal(kinds, []string{"gpu", "mig"}) || len(numas) != 2 || numas[0] != numas[1] {
+		t.Errorf("aligned GPU and partition: %v (types %v, NUMA nodes %v), want a GPU and a partition on one NUMA node", alignedDevs, kinds, numas)
+	}
+	t.Logf("aligned GPU and partition: %v on NUMA node %v", alignedDevs, numas)
 }

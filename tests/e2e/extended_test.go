@@ -185,6 +185,12 @@ func (c classes) Get(name string) (*resourceapi.DeviceClass, error) {
 // createGPUPod creates a pod asking for n GPUs as the extended resource nvidia.com/gpu.
 func (e *env) createGPUPod(ns, name string, n int) {
 	e.t.Helper()
+	e.createExtendedPod(ns, name, gpuResource, n)
+}
+
+// createExtendedPod creates a pod asking for n of an extended resource in its limits.
+func (e *env) createExtendedPod(ns, name string, res v1.ResourceName, n int) {
+	e.t.Helper()
 	q := *resource.NewQuantity(int64(n), resource.DecimalSI)
 	_, err := e.admin.CoreV1().Pods(ns).Create(context.Background(), &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
@@ -193,7 +199,7 @@ func (e *env) createGPUPod(ns, name string, n int) {
 			TerminationGracePeriodSeconds: ptrTo[int64](5),
 			Containers: []v1.Container{{
 				Name: "main", Image: "ubuntu:24.04", Command: []string{"sleep", "3600"},
-				Resources: v1.ResourceRequirements{Limits: v1.ResourceList{gpuResource: q}},
+				Resources: v1.ResourceRequirements{Limits: v1.ResourceList{res: q}},
 			}},
 		},
 	}, metav1.CreateOptions{})

@@ -23,6 +23,7 @@ import (
 // as deploy/manifests is rendered), and API names the tests look for.
 const (
 	alignedClass       = "gpu-aligned.topodra.dev"
+	migAlignedClass    = "mig-aligned.topodra.dev"
 	configPolicy       = "topodra-opaque-config"
 	numaNodeAttribute  = "resource.kubernetes.io/numaNode"
 	extendedClaimAnnot = "resource.kubernetes.io/extended-resource-claim"
@@ -376,6 +377,10 @@ func TestAlignedByDefault(t *testing.T) {
 			{"aligned requests among others", alignedClaimSpec(nil, [2]string{"a", alignedClass}, [2]string{"b", driverName}, [2]string{"c", alignedClass}, [2]string{"nic", "nic.example.com"}), nil,
 				[]resourceapi.DeviceConstraint{numaConstraint("a", "c")}},
 			{"a constraint of its own", alignedClaimSpec(own, [2]string{"a", alignedClass}, [2]string{"b", alignedClass}), nil, own},
+			{"aligned GPU and MIG requests", alignedClaimSpec(nil, [2]string{"gpu", alignedClass}, [2]string{"part", migAlignedClass}, [2]string{"other", migClass}), nil,
+				[]resourceapi.DeviceConstraint{numaConstraint("gpu", "part")}},
+			{"aligned MIG requests only", alignedClaimSpec(nil, [2]string{"parts", migAlignedClass}), nil,
+				[]resourceapi.DeviceConstraint{numaConstraint("parts")}},
 			{"the default class only", alignedClaimSpec(nil, [2]string{"gpus", driverName}), nil, nil},
 			{"a scheduler-made extended resource claim", alignedClaimSpec(nil, [2]string{"container-0-request-0", alignedClass}),
 				map[string]string{extendedClaimAnnot: "true"}, nil},

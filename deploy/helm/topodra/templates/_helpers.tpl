@@ -97,8 +97,36 @@ Name of the MIG DeviceClass: the driver name with "mig" for its first label
 (gpu.topodra.dev: mig.topodra.dev; gpu.nvidia.com: mig.nvidia.com, NVIDIA's own).
 */}}
 {{- define "topodra.migClassName" -}}
+{{- printf "mig.%s" (include "topodra.classDomain" .) }}
+{{- end }}
+
+{{/*
+The driverName after its first label (topodra.dev for gpu.topodra.dev): the domain
+the MIG classes are named under.
+*/}}
+{{- define "topodra.classDomain" -}}
 {{- $parts := splitn "." 2 .Values.driverName }}
-{{- printf "mig.%s" $parts._1 }}
+{{- $parts._1 }}
+{{- end }}
+
+{{/*
+A MIG profile as the device plugin's mixed strategy spells it in a resource name:
+"+" (media extensions, 1g.10gb+me) becomes ".", as in nvidia.com/mig-1g.10gb.me.
+*/}}
+{{- define "topodra.migResourceSuffix" -}}
+{{- replace "+" "." . }}
+{{- end }}
+
+{{/*
+The aligned MIG class: mig-aligned.<the driverName after its first label>, or
+alignedClass.migName.
+*/}}
+{{- define "topodra.migAlignedClassName" -}}
+{{- if .Values.alignedClass.migName }}
+{{- .Values.alignedClass.migName }}
+{{- else }}
+{{- printf "mig-aligned.%s" (include "topodra.classDomain" .) }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -228,6 +256,11 @@ Checks of values that would otherwise fail at run time on every node.
 {{- if not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$" .Values.driverName) }}
 {{- fail (printf "driverName must be a DNS subdomain with at least one dot (like gpu.topodra.dev), not %q" .Values.driverName) }}
 {{- end }}
+{{- range .Values.deviceClass.migExtendedResources }}
+{{- if not (regexMatch "^[0-9]+g\\.[0-9]+gb(\\+[a-z]+)*$" (toString .)) }}
+{{- fail (printf "deviceClass.migExtendedResources: %q is not a MIG profile name as nvidia-smi mig -lgip prints it (1g.10gb, 3g.40gb, 1g.10gb+me)" (toString .)) }}
+{{- end }}
+{{- end }}
 {{- if .Values.alignedClass.enabled }}
 {{- $aligned := include "topodra.alignedClassName" . }}
 {{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)+$" $aligned) }}
@@ -235,6 +268,13 @@ Checks of values that would otherwise fail at run time on every node.
 {{- end }}
 {{- if eq $aligned .Values.driverName }}
 {{- fail "alignedClass.name must differ from driverName, the default class" }}
+{{- end }}
+{{- $migAligned := include "topodra.migAlignedClassName" . }}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)+$" $migAligned) }}
+{{- fail (printf "the aligned MIG DeviceClass name must be a DNS subdomain of labels of at most 63 characters, not %q (set alignedClass.migName)" $migAligned) }}
+{{- end }}
+{{- if has $migAligned (list $aligned .Values.driverName (include "topodra.migClassName" .)) }}
+{{- fail "alignedClass.migName must differ from the other classes' names" }}
 {{- end }}
 {{- if semverCompare "<1.36.0-0" .Capabilities.KubeVersion.Version }}
 {{- fail "alignedClass.enabled needs Kubernetes 1.36 or later (MutatingAdmissionPolicy v1); set it to false on older clusters" }}
