@@ -1,16 +1,20 @@
 //! Which DeviceClasses hand out our GPUs.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::DeviceClass;
+use topodra_model::capacity::ClassKind;
 
 /// The classes whose claims are ours: a claim request names a class, and the model
 /// judges only requests for our GPUs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OurClasses {
-    names: BTreeSet<String>,
-    /// Extended resources (`nvidia.com/gpu`) that a class of ours serves through DRA.
-    extended: BTreeSet<String>,
+    /// Each class and what its selectors say it hands out (whole GPUs, MIG devices
+    /// of a profile); [`ClassKind::Any`] where they say neither.
+    names: BTreeMap<String, ClassKind>,
+    /// Extended resources (`nvidia.com/gpu`, `nvidia.com/mig-1g.10gb`) that a class of
+    /// ours serves through DRA, with that class's kind.
+    extended: BTreeMap<String, ClassKind>,
 }
 
 impl OurClasses {
@@ -23,39 +27,60 @@ impl OurClasses {
         extra: &[String],
     ) -> Self {
         let mut ours = Self {
-            names: extra.iter().cloned().collect(),
-            extended: BTreeSet::new(),
+            names: extra.iter().map(|n| (n.clone(), ClassKind::Any)).collect(),
+            extended: BTreeMap::new(),
         };
         for class in classes {
             let Some(name) = class.metadata.name.as_deref() else {
                 continue;
             };
-            if !(ours.names.contains(name) || selects_driver(class, driver)) {
+            if !(ours.names.contains_key(name) || selects_driver(class, driver)) {
                 continue;
             }
-            ours.names.insert(name.to_owned());
+            let (kind, _) = ClassKind::of_selectors(expressions(class), driver);
             if let Some(r) = class
                 .spec
                 .as_ref()
                 .and_then(|s| s.extended_resource_name.as_deref())
             {
-                ours.extended.insert(r.to_owned());
+                ours.extended.insert(r.to_owned(), kind.clone());
             }
+            ours.names.insert(name.to_owned(), kind);
         }
         ours
     }
 
     pub fn contains(&self, class: &str) -> bool {
-        self.names.contains(class)
+        self.names.contains_key(class)
+    }
+
+    /// What a class of ours hands out; `None` for a class that is not ours.
+    pub fn kind(&self, class: &str) -> Option<ClassKind> {
+        self.names.get(class).cloned()
     }
 
     pub fn serves_extended(&self, resource: &str) -> bool {
-        self.extended.contains(resource)
+        self.extended.contains_key(resource)
+    }
+
+    /// The kind of the class that serves an extended resource.
+    pub fn extended_kind(&self, resource: &str) -> Option<&ClassKind> {
+        self.extended.get(resource)
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.names.iter().map(String::as_str)
+        self.names.keys().map(String::as_str)
     }
+}
+
+/// The CEL expressions of a class's selectors.
+fn expressions(class: &DeviceClass) -> impl Iterator<Item = &str> {
+    class
+        .spec
+        .iter()
+        .flat_map(|s| s.selectors.iter().flatten())
+        .filter_map(|s| s.cel.as_ref())
+        .map(|c| c.expression.as_str())
 }
 
 /// `device.driver == "gpu.topodra.dev"` in any of the class's selectors, with either
@@ -65,12 +90,8 @@ fn selects_driver(class: &DeviceClass, driver: &str) -> bool {
         format!("device.driver==\"{driver}\""),
         format!("device.driver=='{driver}'"),
     ];
-    class
-        .spec
-        .iter()
-        .flat_map(|s| s.selectors.iter().flatten())
-        .filter_map(|s| s.cel.as_ref())
-        .map(|c| c.expression.split_whitespace().collect::<String>())
+    expressions(class)
+        .map(|e| e.split_whitespace().collect::<String>())
         .any(|e| wanted.iter().any(|w| e.contains(w.as_str())))
 }
 
@@ -126,5 +147,51 @@ mod tests {
         );
         assert!(ours.serves_extended("nvidia.com/gpu"));
         assert!(!ours.serves_extended("example.com/nic"));
+        assert_eq!(ours.kind("gpu-aligned.topodra.dev"), Some(ClassKind::Gpus));
+        assert_eq!(ours.kind("by-hand"), Some(ClassKind::Any));
+        assert_eq!(ours.kind("nic"), None);
+    }
+
+    /// The chart's classes, as it renders them.
+    #[test]
+    fn the_charts_classes_say_what_they_hand_out() {
+        let d = r#"device.driver == "gpu.topodra.dev""#;
+        let t = |v: &str| format!(r#"device.attributes["gpu.topodra.dev"].type == "{v}""#);
+        let p = r#"device.attributes["gpu.topodra.dev"].profile == "1g.10gb""#;
+        let with = |name: &str, sel: &[&str], ext: Option<&str>| {
+            let mut c = class(name, d, ext);
+            if let Some(spec) = c.spec.as_mut() {
+                spec.selectors = Some(
+                    sel.iter()
+                        .map(|e| DeviceSelector {
+                            cel: Some(CELDeviceSelector {
+                                expression: (*e).to_owned(),
+                            }),
+                        })
+                        .collect(),
+                );
+            }
+            c
+        };
+        let classes = [
+            with("gpu.topodra.dev", &[d, &t("gpu")], None),
+            with("mig.topodra.dev", &[d, &t("mig")], None),
+            with(
+                "mig-1g.10gb.topodra.dev",
+                &[d, &t("mig"), p],
+                Some("nvidia.com/mig-1g.10gb"),
+            ),
+        ];
+        let ours = OurClasses::from_classes(&classes, "gpu.topodra.dev", &[]);
+        assert_eq!(ours.kind("gpu.topodra.dev"), Some(ClassKind::Gpus));
+        assert_eq!(
+            ours.kind("mig.topodra.dev"),
+            Some(ClassKind::Mig { profile: None })
+        );
+        let one = ClassKind::Mig {
+            profile: Some("1g.10gb".to_owned()),
+        };
+        assert_eq!(ours.kind("mig-1g.10gb.topodra.dev"), Some(one.clone()));
+        assert_eq!(ours.extended_kind("nvidia.com/mig-1g.10gb"), Some(&one));
     }
 }

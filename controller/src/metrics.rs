@@ -95,7 +95,7 @@ impl Metrics {
         let registry = m.registry.registry_mut();
         registry.register(
             "gpus",
-            "Whole GPUs of the cluster by state (total, allocated, unhealthy, free)",
+            "Whole GPUs of the cluster by state (total, allocated, unhealthy, carved, free; carved: partitions of it allocated, dynamic MIG)",
             m.gpus.clone(),
         );
         registry.register(
@@ -201,6 +201,7 @@ impl Metrics {
             ("total", t.total),
             ("allocated", t.allocated),
             ("unhealthy", t.unhealthy),
+            ("carved", t.blocked),
             ("free", t.free),
         ] {
             self.gpus

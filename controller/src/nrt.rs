@@ -44,6 +44,15 @@ impl NrtOptions {
     }
 }
 
+/// The names MIG profiles take beside a GPU resource `<domain>/gpu`: the device
+/// plugin's mixed strategy, `<domain>/mig-<profile>` with `+` written `.`
+/// (`nvidia.com/mig-1g.10gb.me`). None for a resource named otherwise.
+fn mig_prefix(gpu_resource: &str) -> Option<String> {
+    gpu_resource
+        .strip_suffix("/gpu")
+        .map(|domain| format!("{domain}/mig-"))
+}
+
 /// The fields we own in a node's object, as sent by server-side apply. Zones are the
 /// node's NUMA nodes that have GPUs or CPUs of the CPU driver, named `node-<id>` as
 /// the kubelet and the NFD updater name them (consumers parse the id from it). The
@@ -51,7 +60,10 @@ impl NrtOptions {
 /// tainted, available the free ones. `cpu`, where the CPU driver publishes CPUs
 /// there (`cpus`, by NUMA node): capacity and allocatable its CPUs (it leaves the
 /// reserved ones out), available those no claim holds, as the NFD updater reported
-/// the kubelet's exclusive CPUs.
+/// the kubelet's exclusive CPUs. Each MIG profile the zone's GPUs offer, under the
+/// device plugin's name for it ([`mig_prefix`]): available the devices of the
+/// profile the zone can still hand out together, capacity and allocatable those plus
+/// the ones allocated (with dynamic MIG this moves as GPUs are carved).
 /// `None` when the node's GPUs carry no NUMA node: no zone can be said.
 ///
 /// The capacity model only groups by NUMA node ids a kernel can have; a summary made
@@ -88,6 +100,21 @@ pub fn desired(
                     "allocatable": c.total.saturating_sub(c.unhealthy).to_string(),
                     "available": c.free.to_string(),
                 }));
+            }
+            if let Some(prefix) = mig_prefix(&opts.resource_name) {
+                for g in summary
+                    .profiles
+                    .iter()
+                    .filter(|g| g.numa_node.as_deref().and_then(numa_id) == Some(id))
+                {
+                    let held = g.available.saturating_add(g.allocated).to_string();
+                    resources.push(json!({
+                        "name": format!("{prefix}{}", g.profile.replace('+', ".")),
+                        "capacity": held,
+                        "allocatable": held,
+                        "available": g.available.to_string(),
+                    }));
+                }
             }
             if let Some(c) = cpus.get(&id) {
                 resources.push(json!({
@@ -210,6 +237,43 @@ mod tests {
             v["attributes"][0],
             json!({"name": "topologyManagerPolicy", "value": "single-numa-node"})
         );
+    }
+
+    /// With dynamic MIG each zone also counts each profile under the device plugin's
+    /// name: what it can still hand out, and that plus what is allocated.
+    #[test]
+    fn zones_count_mig_profiles_under_the_device_plugins_names() {
+        let c = crate::kubectl::fixtures::carved_dgx();
+        let v = desired(
+            c.node("dgx-h100-m").unwrap(),
+            &BTreeMap::new(),
+            "uid-1",
+            &nrt_options(),
+        )
+        .unwrap();
+        let find = |zone: usize, name: &str| {
+            v["zones"][zone]["resources"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["name"] == name)
+                .cloned()
+                .unwrap_or_else(|| panic!("zone {zone} has no {name}: {v}"))
+        };
+        // NUMA 0: gpu-0 allocated whole, three GPUs uncarved.
+        assert_eq!(
+            find(0, "nvidia.com/gpu"),
+            json!({"name": "nvidia.com/gpu", "capacity": "4", "allocatable": "4", "available": "3"})
+        );
+        assert_eq!(find(0, "nvidia.com/mig-7g.80gb")["available"], "3");
+        // NUMA 1: three GPUs carved by one 1g.10gb each; only gpu-4 takes a 7g.
+        assert_eq!(find(1, "nvidia.com/gpu")["available"], "1");
+        assert_eq!(
+            find(1, "nvidia.com/mig-1g.10gb"),
+            json!({"name": "nvidia.com/mig-1g.10gb", "capacity": "28", "allocatable": "28", "available": "25"})
+        );
+        assert_eq!(find(1, "nvidia.com/mig-7g.80gb")["available"], "1");
+        assert_eq!(find(1, "nvidia.com/mig-1g.10gb.me")["available"], "4");
     }
 
     #[test]

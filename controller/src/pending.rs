@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use topodra_model::capacity::{Cluster, CpuDemand, CpuPools, Demand, Explanation, explain_mixed};
+use topodra_model::capacity::{
+    ClassKind, Cluster, CpuDemand, CpuPools, Demand, Explanation, MigWant, explain_mixed,
+};
 
 use crate::classes::OurClasses;
 
@@ -131,8 +133,8 @@ pub fn demands(
         let Some(spec) = c.spec.as_ref() else {
             continue;
         };
-        let ours = |class: &str| classes.contains(class);
-        if let Some(mut d) = Demand::of_claim_with_aliases(spec, driver, &aliases, ours) {
+        let ours = |class: &str| classes.kind(class);
+        if let Some(mut d) = Demand::of_claim_classified(spec, driver, &aliases, ours) {
             d.cpus = CpuDemand::of_claim(spec, &d, cpus.pools, cpus.numa_names, |class| {
                 cpus.classes.contains(class)
             });
@@ -145,13 +147,32 @@ pub fn demands(
         .is_some_and(|s| s.extended_resource_claim_status.is_some());
     if !extended_claimed {
         for (resource, count) in extended_requests(pod, classes) {
-            let demand = Demand {
+            let mut demand = Demand {
                 count,
                 level: None,
                 requests: Vec::new(),
                 unjudged: Vec::new(),
                 cpus: None,
+                mig: Vec::new(),
             };
+            match classes.extended_kind(&resource) {
+                Some(ClassKind::Mig {
+                    profile: Some(profile),
+                }) => {
+                    demand.count = 0;
+                    demand.mig.push(MigWant {
+                        profile: profile.clone(),
+                        count,
+                    });
+                }
+                Some(ClassKind::Mig { profile: None }) => {
+                    demand.count = 0;
+                    demand
+                        .unjudged
+                        .push(format!("{resource} asks for MIG devices of any profile"));
+                }
+                _ => {}
+            }
             out.push((Source::ExtendedResource(resource), demand));
         }
     }

@@ -152,6 +152,26 @@ pub(crate) fn two_dgx() -> Cluster {
     c
 }
 
+/// A DGX H100 with dynamic MIG (`dgx-h100-m`): gpu-0 allocated whole, and gpu-5,
+/// gpu-6 and gpu-7 (NUMA 1) each carved by one 1g.10gb at placement 6.
+pub(crate) fn carved_dgx() -> Cluster {
+    let mut c = Cluster::new(DRIVER);
+    let mut opts = SliceOptions::new("dgx-h100-m");
+    opts.dynamic_mig = topodra_model::slice::DynamicMig::All;
+    for s in build_slices(&topodra_model::slice::fixtures::dgx_h100_mig(), &opts).unwrap() {
+        c.apply_slice(&s);
+    }
+    c.apply_claim(&allocated_claim("whole", "dgx-h100-m", &["gpu-0"]));
+    for g in 5..8 {
+        c.apply_claim(&allocated_claim(
+            &format!("small-{g}"),
+            "dgx-h100-m",
+            &[&format!("gpu-{g}-mig-1g-10gb-6")],
+        ));
+    }
+    c
+}
+
 /// Compares output with `testdata/<name>`; `TOPODRA_BLESS=1` rewrites the file instead.
 pub(crate) fn golden(name: &str, actual: &str) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -14,7 +14,7 @@ mod table;
 mod terminal;
 
 #[cfg(test)]
-mod fixtures;
+pub(crate) mod fixtures;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -136,11 +136,18 @@ enum Command {
         device_classes: Vec<String>,
     },
 
-    /// Where a claim for COUNT GPUs, aligned at a level or anywhere on a node, fits now.
+    /// Where a claim for COUNT GPUs (or MIG devices of a profile), aligned at a level
+    /// or anywhere on a node, fits now.
     Fit {
-        /// How many GPUs.
+        /// How many GPUs (MIG devices with --profile).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
         count: u32,
+
+        /// MIG devices of this profile (`1g.10gb`, `7g.80gb`) instead of whole GPUs:
+        /// static ones, or with dynamic MIG partitions whose placements are free.
+        /// Aligns on numaNode only.
+        #[arg(long, value_name = "PROFILE")]
+        profile: Option<String>,
 
         /// Keep them on one numaNode, socket, pcieRoot, pcieSwitch or nvlinkDomain
         /// (default: anywhere on the node).
@@ -249,11 +256,18 @@ async fn run(cli: Cli) -> Result<String> {
         }
         Command::Fit {
             count,
+            profile,
             align,
             output,
         } => {
+            if let Some(l) = align.filter(|l| profile.is_some() && *l != Level::NumaNode) {
+                anyhow::bail!("--profile aligns on numaNode only, not {l}");
+            }
             let (cluster, _) = conn.cluster(&cli.driver, None, None).await?;
-            let f = fit::fit(&cluster, count, align);
+            let f = match &profile {
+                Some(p) => fit::fit_mig(&cluster, p, count, align).map_err(anyhow::Error::msg)?,
+                None => fit::fit(&cluster, count, align),
+            };
             Ok(match output {
                 Some(JsonFormat::Json) => fit::json(&f),
                 None => fit::text(&f),
@@ -322,6 +336,7 @@ mod tests {
             cli.command,
             Command::Fit {
                 count: 4,
+                profile: None,
                 align: Some(Level::NumaNode),
                 output: None
             }

@@ -29,9 +29,16 @@ fn stranding_sizes() -> impl Iterator<Item = u32> {
 /// the largest sets at the other levels, stranding and MIG devices.
 pub(crate) fn table(cluster: &Cluster, align: Level, wide: bool) -> String {
     let others: Vec<Level> = Level::ALL.into_iter().filter(|l| *l != align).collect();
-    let mut head: Vec<String> = ["NODE", "NUMA", "TOTAL", "ALLOCATED", "UNHEALTHY", "FREE"]
+    // Only with dynamic MIG: whole GPUs neither allocated nor free, because
+    // partitions of them are.
+    let carved = cluster.totals().blocked > 0;
+    let mut head: Vec<String> = ["NODE", "NUMA", "TOTAL", "ALLOCATED", "UNHEALTHY"]
         .map(String::from)
         .to_vec();
+    if carved {
+        head.push("CARVED".to_owned());
+    }
+    head.push("FREE".to_owned());
     head.push(format!("LARGEST {}", header(align)));
     if wide {
         head.extend(others.iter().map(|l| format!("LARGEST {}", header(*l))));
@@ -40,7 +47,14 @@ pub(crate) fn table(cluster: &Cluster, align: Level, wide: bool) -> String {
         head.push("MIG FREE/TOTAL".to_owned());
     }
     let mut t = Table::new(head);
-    let counts = |c: &Counts| [c.total, c.allocated, c.unhealthy, c.free].map(|n| n.to_string());
+    let counts = |c: &Counts| -> Vec<String> {
+        let mut v = vec![c.total, c.allocated, c.unhealthy];
+        if carved {
+            v.push(c.blocked);
+        }
+        v.push(c.free);
+        v.into_iter().map(|n| n.to_string()).collect()
+    };
     for s in cluster.nodes() {
         let mut row = vec![s.node.clone(), "all".to_owned()];
         row.extend(counts(&s.gpus));
@@ -71,7 +85,50 @@ pub(crate) fn table(cluster: &Cluster, align: Level, wide: bool) -> String {
         row.push(mig(&mig_totals(cluster)));
     }
     t.row(row);
-    t.render()
+    let mut out = t.render();
+    if wide {
+        out.push_str(&profiles(cluster));
+    }
+    out
+}
+
+/// `-o wide`'s second table: per MIG profile and NUMA node, the devices of the
+/// profile that can still be had together, those allocated, and the GPUs that offer
+/// it with how many are carved into other partitions. Empty without MIG devices.
+fn profiles(cluster: &Cluster) -> String {
+    let mut rows: Vec<(&str, &str, &topodra_model::capacity::ProfileGroup)> = cluster
+        .nodes()
+        .flat_map(|s| {
+            s.profiles
+                .iter()
+                .map(move |g| (g.profile.as_str(), s.node.as_str(), g))
+        })
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    rows.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    let mut t = Table::new([
+        "MIG PROFILE",
+        "NODE",
+        "NUMA",
+        "AVAILABLE",
+        "ALLOCATED",
+        "GPUS",
+        "CARVED",
+    ]);
+    for (profile, node, g) in rows {
+        t.row(vec![
+            profile.to_owned(),
+            node.to_owned(),
+            g.numa_node.clone().unwrap_or_else(|| "-".to_owned()),
+            g.available.to_string(),
+            g.allocated.to_string(),
+            g.gpus.to_string(),
+            g.carved.to_string(),
+        ]);
+    }
+    format!("\n{}", t.render())
 }
 
 /// The free GPUs of the node's largest group at `level`; `-` when no GPU of the node
@@ -236,7 +293,32 @@ dgx-h100-c   all    7       0           0           7      4              4     
 dgx-h100-c   0      4       0           0           4      -              -                -                   -                     -                -                -
 dgx-h100-c   1      3       0           0           3      -              -                -                   -                     -                -                -
 TOTAL        all    23      7           1           15     4              4                1                   -                     7                1/11/15          7/7
+
+MIG PROFILE   NODE         NUMA   AVAILABLE   ALLOCATED   GPUS   CARVED
+1g.10gb       dgx-h100-c   1      7           0           1      0
 "
+        );
+    }
+
+    /// With dynamic MIG: a CARVED column for whole GPUs that partitions hold, and
+    /// each profile by NUMA node.
+    #[test]
+    fn carved_gpus_have_a_column_and_profiles_a_table() {
+        let c = crate::kubectl::fixtures::carved_dgx();
+        assert_eq!(
+            table(&c, Level::NumaNode, false),
+            "\
+NODE         NUMA   TOTAL   ALLOCATED   UNHEALTHY   CARVED   FREE   LARGEST NUMA
+dgx-h100-m   all    8       1           0           3        4      3
+dgx-h100-m   0      4       1           0           0        3      -
+dgx-h100-m   1      4       0           0           3        1      -
+TOTAL        all    8       1           0           3        4      3
+"
+        );
+        let t = table(&c, Level::NumaNode, true);
+        assert!(
+            t.contains("7g.80gb       dgx-h100-m   1      1           0           4      3\n"),
+            "{t}"
         );
     }
 

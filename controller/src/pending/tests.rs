@@ -168,3 +168,52 @@ fn long_messages_are_cut_to_what_the_api_server_takes() {
     assert!(m.len() <= MAX_MESSAGE);
     assert!(m.ends_with("..."));
 }
+
+/// A pod written for the device plugin's mixed MIG strategy waits for a 7g.80gb on a
+/// DGX H100 whose every GPU is carved by one 1g.10gb: the Event names the carving.
+#[test]
+fn a_mig_profile_by_extended_resource_is_explained_by_fragmentation() {
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+    use topodra_model::slice::{DynamicMig, SliceOptions, build_slices, fixtures};
+
+    let mut cluster = Cluster::new("gpu.topodra.dev");
+    let mut opts = SliceOptions::new("node-a");
+    opts.dynamic_mig = DynamicMig::All;
+    for s in build_slices(&fixtures::dgx_h100_mig(), &opts).unwrap() {
+        cluster.apply_slice(&s);
+    }
+    for g in 0..8 {
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": format!("small-{g}"), "namespace": "default"},
+            "spec": {},
+            "status": {"allocation": {"devices": {"results": [{
+                "driver": "gpu.topodra.dev", "pool": "node-a",
+                "device": format!("gpu-{g}-mig-1g-10gb-6"), "request": "gpus"}]}}}
+        }))
+        .unwrap();
+        cluster.apply_claim(&claim);
+    }
+    let classes: Vec<k8s_openapi::api::resource::v1::DeviceClass> =
+        vec![serde_json::from_value(json!({
+            "metadata": {"name": "mig-7g.80gb.topodra.dev"},
+            "spec": {"selectors": [
+                {"cel": {"expression": "device.driver == \"gpu.topodra.dev\""}},
+                {"cel": {"expression": "device.attributes[\"gpu.topodra.dev\"].type == \"mig\""}},
+                {"cel": {"expression": "device.attributes[\"gpu.topodra.dev\"].profile == \"7g.80gb\""}}],
+                     "extendedResourceName": "nvidia.com/mig-7g.80gb"}
+        })).unwrap()];
+    let ours = OurClasses::from_classes(&classes, "gpu.topodra.dev", &[]);
+    let p = pod(json!({
+        "metadata": {"name": "big", "namespace": "default"},
+        "spec": {"containers": [{"name": "main",
+            "resources": {"limits": {"nvidia.com/mig-7g.80gb": "1"}}}]},
+        "status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}
+    }));
+    let v = verdict(&cluster, &CpuSide::none(), &p, |_| None, &ours).unwrap();
+    assert_eq!(
+        v.message,
+        "nvidia.com/mig-7g.80gb: needs 1 MIG device 7g.80gb; no node can hand them out now; \
+         of the 8 GPUs that offer 7g.80gb, 8 are carved into other partitions \
+         (node-a NUMA 0: 4 of 4 carved; node-a NUMA 1: 4 of 4 carved)"
+    );
+}

@@ -4,13 +4,14 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::api::resource::v1::{DeviceTaintRule, ResourceClaim, ResourceSlice};
 
-use super::device::{self, DeviceRecord, SliceDevices};
+use super::device::{self, Counters, DeviceRecord, SliceDevices};
 use super::problems::{Finding, PoolProblem};
 use super::summary::{Counts, NodeSummary, State};
 use super::values::InvalidValue;
 use super::{Level, SET_SIZES};
 
 mod pools;
+pub(super) use pools::PartitionFacts;
 
 /// A claim by namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -42,6 +43,8 @@ struct SliceFacts {
     invalid: Vec<(String, InvalidValue)>,
     /// The node's NUMA node ids, as the slice announces them.
     numa_nodes: Option<BTreeSet<u32>>,
+    /// The slice's shared counters (partitionable devices).
+    counters: Counters,
 }
 
 /// The devices of a complete pool: one node's GPUs as the scheduler sees them.
@@ -49,6 +52,8 @@ struct SliceFacts {
 struct PoolView {
     node: String,
     devices: BTreeMap<String, DeviceRecord>,
+    /// The pool's shared counters, from all its slices.
+    counters: Counters,
     /// The node's NUMA node ids its slices announce; `None` when none does.
     numa_nodes: Option<BTreeSet<u32>>,
 }
@@ -151,6 +156,7 @@ impl Cluster {
                 .as_ref()
                 .and_then(|a| a.get(crate::slice::NUMA_NODES_ANNOTATION))
                 .and_then(|v| super::values::numa_node_set(v)),
+            counters: device::counter_sets(spec.shared_counters.as_deref().unwrap_or_default()),
         };
         let mut pools = BTreeSet::from([facts.pool.clone()]);
         if let Some(old) = self.slices.get(&name) {

@@ -2,11 +2,16 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceTaint};
+use k8s_openapi::api::resource::v1::{CounterSet, Device, DeviceAttribute, DeviceTaint};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::Level;
 use super::values::{self, InvalidValue};
-use crate::slice::attributes::{TYPE, TYPE_GPU, TYPE_MIG};
+use crate::slice::attributes::{PARENT_UUID, PROFILE, TYPE, TYPE_GPU, TYPE_MIG, UUID};
+
+/// Counter values by counter set, then counter: what a pool's shared counters hold,
+/// or what one device consumes from them (KEP-4815 partitionable devices).
+pub(crate) type Counters = BTreeMap<String, BTreeMap<String, u128>>;
 
 /// Whole GPUs are what the figures count; MIG devices are counted apart, since one
 /// is a slice of a GPU and never part of an aligned set of GPUs.
@@ -27,6 +32,14 @@ pub(crate) struct DeviceRecord {
     pub(crate) groups: [Option<String>; 5],
     /// A taint that keeps new claims off (NoSchedule or NoExecute) in the slice.
     pub(crate) tainted: bool,
+    /// The MIG profile of a MIG device (`1g.10gb`).
+    pub(crate) profile: Option<String>,
+    /// The GPU's UUID (a GPU) or its parent's (a MIG device): which whole GPU a MIG
+    /// device is part of.
+    pub(crate) gpu_uuid: Option<String>,
+    /// The shared counters the device consumes; empty for a device that consumes
+    /// none. A counter value that is not a whole number is left out.
+    pub(crate) consumes: Counters,
 }
 
 impl DeviceRecord {
@@ -52,6 +65,21 @@ impl DeviceRecord {
                 None
             })
         });
+        let text = |name: &str| get(name).and_then(|a| a.string.clone());
+        let gpu_uuid = match kind {
+            DeviceKind::Mig => text(PARENT_UUID),
+            _ => text(UUID),
+        };
+        let mut consumes = Counters::new();
+        for c in dev.consumes_counters.iter().flatten() {
+            let set = consumes.entry(c.counter_set.clone()).or_default();
+            for (name, counter) in &c.counters {
+                if let Some(v) = counter_value(&counter.value) {
+                    let e = set.entry(name.clone()).or_default();
+                    *e = e.saturating_add(v);
+                }
+            }
+        }
         let record = Self {
             name: dev.name.clone(),
             kind,
@@ -60,13 +88,80 @@ impl DeviceRecord {
                 .taints
                 .as_deref()
                 .is_some_and(|t| t.iter().any(keeps_off)),
+            profile: (kind == DeviceKind::Mig).then(|| text(PROFILE)).flatten(),
+            gpu_uuid,
+            consumes,
         };
         (record, invalid)
+    }
+
+    /// Whether what the device consumes fits in `left`. A counter set or counter the
+    /// pool does not have is not there to take from: the scheduler refuses such a
+    /// device, and so does this.
+    pub(crate) fn fits(&self, left: &Counters) -> bool {
+        self.consumes.iter().all(|(set, counters)| {
+            counters.iter().all(|(name, v)| {
+                left.get(set)
+                    .and_then(|s| s.get(name))
+                    .is_some_and(|have| have >= v)
+            })
+        })
     }
 
     pub(crate) fn group(&self, level: Level) -> Option<&str> {
         self.groups[level_index(level)].as_deref()
     }
+}
+
+/// Takes what `consumes` uses out of `left`, down to zero.
+pub(crate) fn take(left: &mut Counters, consumes: &Counters) {
+    for (set, counters) in consumes {
+        if let Some(have) = left.get_mut(set) {
+            for (name, v) in counters {
+                if let Some(h) = have.get_mut(name) {
+                    *h = h.saturating_sub(*v);
+                }
+            }
+        }
+    }
+}
+
+/// The counter sets of a slice, by name. Values that are not whole non-negative
+/// numbers are left out, so a device consuming them fits nowhere.
+pub(crate) fn counter_sets(sets: &[CounterSet]) -> Counters {
+    sets.iter()
+        .map(|s| {
+            let counters = s
+                .counters
+                .iter()
+                .filter_map(|(n, c)| Some((n.clone(), counter_value(&c.value)?)))
+                .collect();
+            (s.name.clone(), counters)
+        })
+        .collect()
+}
+
+/// A counter's value as a whole number: plain digits, or with a binary or decimal
+/// suffix (`80Gi`, `2k`), as our plugin and other drivers write them.
+fn counter_value(q: &Quantity) -> Option<u128> {
+    let s = q.0.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, suffix) = s.split_at(split);
+    let n: u128 = digits.parse().ok()?;
+    let factor: u128 = match suffix {
+        "" => 1,
+        "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "Pi" => 1 << 50,
+        _ => return None,
+    };
+    n.checked_mul(factor)
 }
 
 pub(super) fn level_index(level: Level) -> usize {

@@ -18,11 +18,16 @@ pub struct Candidate {
 }
 
 impl Candidate {
-    fn describe(&self) -> String {
+    pub(super) fn describe(&self) -> String {
         match &self.group {
             Some(g) => format!("{}, {g}", self.node),
             None => self.node.clone(),
         }
+    }
+
+    /// "node-a NUMA 1 can hand out 2".
+    pub(super) fn describe_free_mig(&self) -> String {
+        format!("{} can hand out {}", self.describe(), self.free)
     }
 
     /// "node-a NUMA 1 has 4 GPUs and 12 CPUs free".
@@ -60,6 +65,9 @@ pub struct Explanation {
 const NAMED: usize = 3;
 
 pub fn explain(cluster: &Cluster, demand: &Demand) -> Explanation {
+    if demand.count == 0 && !demand.mig.is_empty() {
+        return super::mig::explain_mig(cluster, demand);
+    }
     let level = demand.level;
     let candidate = |s: &NodeSummary| match level {
         Some(l) => s.largest_aligned(l).map(|g| Candidate {
@@ -151,8 +159,12 @@ pub(super) fn push_caveats(message: &mut String, cluster: &Cluster, demand: &Dem
             plural(unhealthy as usize)
         ));
     }
-    if !demand.unjudged.is_empty() {
-        message.push_str(&format!(" (not checked: {})", demand.unjudged.join(", ")));
+    let mut unjudged = demand.unjudged.clone();
+    if demand.count > 0 && !demand.mig.is_empty() {
+        unjudged.push(format!("{} beside the GPUs", demand.describe_mig()));
+    }
+    if !unjudged.is_empty() {
+        message.push_str(&format!(" (not checked: {})", unjudged.join(", ")));
     }
 }
 

@@ -169,7 +169,9 @@ const NEAREST: usize = 2;
 
 /// The model's answer for a demand with CPUs coupled to its GPUs on one NUMA node.
 pub fn explain_mixed(cluster: &Cluster, pools: &CpuPools, demand: &Demand) -> Explanation {
-    let Some(cpus) = &demand.cpus else {
+    // CPUs beside MIG devices only are not judged: the CPU figures are per NUMA
+    // node of whole GPUs.
+    let Some(cpus) = demand.cpus.as_ref().filter(|_| demand.count > 0) else {
         return super::explain(cluster, demand);
     };
     let all = candidates(cluster, pools, demand.count, cpus);

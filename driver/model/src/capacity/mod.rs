@@ -22,6 +22,7 @@ mod demand;
 mod device;
 mod explain;
 mod level;
+mod mig;
 mod mixed;
 mod problems;
 mod summary;
@@ -29,12 +30,12 @@ mod values;
 
 pub use cluster::{ClaimKey, Cluster};
 pub use cpus::{CpuCounts, CpuPools};
-pub use demand::Demand;
+pub use demand::{ClassKind, Demand, MigWant};
 pub use explain::{Candidate, Explanation, explain};
 pub use level::{Level, LevelError};
 pub use mixed::{CpuDemand, explain_mixed};
 pub use problems::{Finding, PoolProblem};
-pub use summary::{Counts, Group, NodeSummary};
+pub use summary::{Counts, Group, NodeSummary, ProfileGroup};
 pub use values::{InvalidValue, MAX_KEY_LEN, MAX_NUMA_NODE, MAX_SOCKET};
 
 /// The aligned set sizes that metrics, fragmentation figures and `kubectl topodra`

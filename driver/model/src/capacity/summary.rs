@@ -7,9 +7,10 @@ use serde::Serialize;
 use super::Level;
 use super::device::{DeviceKind, DeviceRecord};
 
-/// GPUs by state. Every GPU is in exactly one of allocated, unhealthy and free, so
-/// `total = allocated + unhealthy + free`; an allocated GPU that is also tainted counts
-/// as allocated (it is in use; the taint shows on the device itself).
+/// GPUs by state. Every GPU is in exactly one of allocated, unhealthy, blocked and
+/// free, so `total = allocated + unhealthy + blocked + free`; an allocated GPU that is
+/// also tainted counts as allocated (it is in use; the taint shows on the device
+/// itself).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Counts {
     pub total: u32,
@@ -17,7 +18,17 @@ pub struct Counts {
     /// Tainted (NoSchedule or NoExecute, by the plugin's health checks or a
     /// DeviceTaintRule) and not allocated: no new claim gets it.
     pub unhealthy: u32,
+    /// Not allocated itself, but the shared counters it consumes are in use by
+    /// allocated devices it overlaps: a whole GPU with partitions allocated (carved),
+    /// a partition overlapping an allocated one or inside an allocated GPU. Only
+    /// with dynamic MIG; left out of JSON when zero.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub blocked: u32,
     pub free: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Counts {
@@ -29,6 +40,7 @@ impl Counts {
         let n = match state {
             State::Allocated => &mut self.allocated,
             State::Unhealthy => &mut self.unhealthy,
+            State::Blocked => &mut self.blocked,
             State::Free => &mut self.free,
         };
         *n = n.saturating_add(1);
@@ -38,6 +50,7 @@ impl Counts {
         self.total = self.total.saturating_add(other.total);
         self.allocated = self.allocated.saturating_add(other.allocated);
         self.unhealthy = self.unhealthy.saturating_add(other.unhealthy);
+        self.blocked = self.blocked.saturating_add(other.blocked);
         self.free = self.free.saturating_add(other.free);
     }
 }
@@ -46,7 +59,29 @@ impl Counts {
 pub(super) enum State {
     Allocated,
     Unhealthy,
+    Blocked,
     Free,
+}
+
+/// One MIG profile on one NUMA node of a node: how many devices of it the node can
+/// still hand out, and what the GPUs that offer it are doing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProfileGroup {
+    pub profile: String,
+    /// The NUMA node; `None` when the devices carry none.
+    pub numa_node: Option<String>,
+    /// Devices of the profile that can be allocated now, together: free static MIG
+    /// devices, and per GPU as many free placements as fit side by side.
+    pub available: u32,
+    /// Devices of the profile allocated.
+    pub allocated: u32,
+    /// GPUs that offer the profile.
+    pub gpus: u32,
+    /// Of those, GPUs with partitions allocated (their whole device blocked).
+    pub carved: u32,
+    /// Of those, GPUs allocated whole.
+    pub whole_allocated: u32,
 }
 
 /// The GPUs of one node that share a value of one attribute.
@@ -75,6 +110,13 @@ pub struct NodeSummary {
     /// ids of other drivers count for the node.
     #[serde(skip)]
     pub numa_nodes: Option<BTreeSet<u32>>,
+    /// MIG profiles by NUMA node (profile, then NUMA node in key order); empty on a
+    /// node without MIG devices.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub profiles: Vec<ProfileGroup>,
+    /// Each whole GPU's state by UUID, for the per-profile figures.
+    #[serde(skip)]
+    gpu_states: BTreeMap<String, State>,
 }
 
 impl NodeSummary {
@@ -84,10 +126,16 @@ impl NodeSummary {
     ) -> Self {
         let mut gpus = Counts::default();
         let mut mig_devices = Counts::default();
+        let mut gpu_states = BTreeMap::new();
         let mut levels: BTreeMap<Level, BTreeMap<GroupKey, Counts>> = BTreeMap::new();
         for (dev, state) in devices {
             match dev.kind {
-                DeviceKind::Gpu => gpus.add(state),
+                DeviceKind::Gpu => {
+                    gpus.add(state);
+                    if let Some(u) = &dev.gpu_uuid {
+                        gpu_states.insert(u.clone(), state);
+                    }
+                }
                 DeviceKind::Mig => {
                     mig_devices.add(state);
                     continue;
@@ -124,7 +172,63 @@ impl NodeSummary {
             mig_devices,
             levels,
             numa_nodes: None,
+            profiles: Vec::new(),
+            gpu_states,
         }
+    }
+
+    /// Adds the per-profile figures from every MIG device of the node.
+    pub(super) fn with_partitions(
+        mut self,
+        facts: impl IntoIterator<Item = super::cluster::PartitionFacts>,
+    ) -> Self {
+        #[derive(Default)]
+        struct Acc {
+            available: u32,
+            allocated: u32,
+            gpus: BTreeSet<String>,
+        }
+        let mut acc: BTreeMap<(String, Option<GroupKey>), Acc> = BTreeMap::new();
+        for f in facts {
+            let a = acc
+                .entry((f.profile, f.numa.as_deref().map(GroupKey::new)))
+                .or_default();
+            if f.available {
+                a.available = a.available.saturating_add(1);
+            }
+            if f.allocated {
+                a.allocated = a.allocated.saturating_add(1);
+            }
+            a.gpus.extend(f.gpu_uuid);
+        }
+        self.profiles = acc
+            .into_iter()
+            .map(|((profile, numa), a)| {
+                let state = |want: State| {
+                    let n = a
+                        .gpus
+                        .iter()
+                        .filter(|u| self.gpu_states.get(*u) == Some(&want))
+                        .count();
+                    u32::try_from(n).unwrap_or(u32::MAX)
+                };
+                ProfileGroup {
+                    profile,
+                    numa_node: numa.map(|k| k.text),
+                    available: a.available,
+                    allocated: a.allocated,
+                    gpus: u32::try_from(a.gpus.len()).unwrap_or(u32::MAX),
+                    carved: state(State::Blocked),
+                    whole_allocated: state(State::Allocated),
+                }
+            })
+            .collect();
+        self
+    }
+
+    /// The figures of one MIG profile, by NUMA node.
+    pub fn profile(&self, profile: &str) -> impl Iterator<Item = &ProfileGroup> {
+        self.profiles.iter().filter(move |g| g.profile == profile)
     }
 
     pub(super) fn with_numa_nodes(mut self, numa_nodes: Option<BTreeSet<u32>>) -> Self {
@@ -187,7 +291,7 @@ impl NodeSummary {
 
 /// Sorts "2" before "10" and numbers before other text.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct GroupKey {
+pub(super) struct GroupKey {
     textual: bool,
     number: Option<i64>,
     text: String,

@@ -103,6 +103,7 @@ fn a_dgx_h100_has_two_numa_nodes_of_four() {
             total: 8,
             allocated: 0,
             unhealthy: 0,
+            blocked: 0,
             free: 8
         }
     );
@@ -543,4 +544,5 @@ proptest! {
 }
 
 mod malformed;
+mod mig;
 mod mixed;

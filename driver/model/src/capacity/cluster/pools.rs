@@ -74,11 +74,13 @@ impl Cluster {
             let node = current[0].node.clone();
             let devices = current.iter().flat_map(|f| f.devices.clone()).collect();
             let numa_nodes = union(current.iter().map(|f| f.numa_nodes.as_ref()));
+            let counters = current.iter().flat_map(|f| f.counters.clone()).collect();
             let old = self.pools.insert(
                 pool.clone(),
                 PoolView {
                     node: node.clone(),
                     devices,
+                    counters,
                     numa_nodes,
                 },
             );
@@ -110,19 +112,25 @@ impl Cluster {
 
     /// Recomputes one node's summary from all its pools; true when it changed.
     pub(super) fn summarize(&mut self, node: &str) -> bool {
-        let devices = self
-            .pools
-            .iter()
-            .filter(|(_, v)| v.node == node)
-            .flat_map(|(pool, v)| v.devices.values().map(move |d| (pool, d)))
-            .map(|(pool, d)| (d, self.state(pool, d)));
+        let mut devices = Vec::new();
+        let mut left_per_pool = Vec::new();
+        for (pool, v) in self.pools.iter().filter(|(_, v)| v.node == node) {
+            let left = self.counters_left(pool, v);
+            for d in v.devices.values() {
+                devices.push((d, self.state(pool, d, &left)));
+            }
+            left_per_pool.push((pool.as_str(), v, left));
+        }
+        let partitions = self.partitions(&left_per_pool);
         let numa_nodes = union(
             self.pools
                 .values()
                 .filter(|v| v.node == node)
                 .map(|v| v.numa_nodes.as_ref()),
         );
-        let summary = NodeSummary::build(node, devices).with_numa_nodes(numa_nodes);
+        let summary = NodeSummary::build(node, devices)
+            .with_numa_nodes(numa_nodes)
+            .with_partitions(partitions);
         if self.summaries.get(node) == Some(&summary) {
             return false;
         }
@@ -130,23 +138,91 @@ impl Cluster {
         true
     }
 
-    pub(super) fn state(&self, pool: &str, dev: &DeviceRecord) -> State {
-        if self
-            .allocated
-            .contains_key(&(pool.to_owned(), dev.name.clone()))
-        {
+    /// A device's state, `left` being its pool's counters that allocated devices
+    /// have not consumed.
+    pub(super) fn state(&self, pool: &str, dev: &DeviceRecord, left: &Counters) -> State {
+        if self.is_allocated(pool, dev) {
             State::Allocated
-        } else if dev.tainted
-            || self
-                .rules
-                .values()
-                .any(|r| r.matches(&self.driver, pool, &dev.name))
-        {
+        } else if self.is_tainted(pool, dev) {
             State::Unhealthy
+        } else if !dev.fits(left) {
+            State::Blocked
         } else {
             State::Free
         }
     }
+
+    fn is_allocated(&self, pool: &str, dev: &DeviceRecord) -> bool {
+        self.allocated
+            .contains_key(&(pool.to_owned(), dev.name.clone()))
+    }
+
+    fn is_tainted(&self, pool: &str, dev: &DeviceRecord) -> bool {
+        dev.tainted
+            || self
+                .rules
+                .values()
+                .any(|r| r.matches(&self.driver, pool, &dev.name))
+    }
+
+    /// The pool's shared counters less what its allocated devices consume.
+    fn counters_left(&self, pool: &str, view: &PoolView) -> Counters {
+        let mut left = view.counters.clone();
+        for d in view.devices.values() {
+            if !d.consumes.is_empty() && self.is_allocated(pool, d) {
+                device::take(&mut left, &d.consumes);
+            }
+        }
+        left
+    }
+
+    /// Per MIG profile and NUMA node, how many more MIG devices of the profile the
+    /// node could hand out now: each free static MIG device counts one, and on each
+    /// GPU with partitions as many of the profile's free placements as fit together
+    /// in what is left of its counters (first fit by name: the placements of one
+    /// profile are of one size and aligned to it, so two overlap only where they
+    /// are the same span, and any order takes as many).
+    fn partitions(&self, pools: &[(&str, &PoolView, Counters)]) -> Vec<PartitionFacts> {
+        let mut out = Vec::new();
+        for (pool, view, left) in pools {
+            // One profile at a time, each starting from what the allocations left.
+            let mut by_profile: BTreeMap<&str, Vec<&DeviceRecord>> = BTreeMap::new();
+            for d in view.devices.values() {
+                if let Some(p) = d.profile.as_deref() {
+                    by_profile.entry(p).or_default().push(d);
+                }
+            }
+            for (profile, devs) in by_profile {
+                let mut room = left.clone();
+                for d in devs {
+                    let usable =
+                        !self.is_allocated(pool, d) && !self.is_tainted(pool, d) && d.fits(&room);
+                    if usable {
+                        device::take(&mut room, &d.consumes);
+                    }
+                    out.push(PartitionFacts {
+                        profile: profile.to_owned(),
+                        numa: d.group(super::Level::NumaNode).map(str::to_owned),
+                        gpu_uuid: d.gpu_uuid.clone(),
+                        available: usable,
+                        allocated: self.is_allocated(pool, d),
+                    });
+                }
+            }
+        }
+        out
+    }
+}
+
+/// One MIG device or partition, for the per-profile figures: its profile, NUMA
+/// node, parent GPU, and whether it is one of those the node could still hand out.
+#[derive(Clone, Debug)]
+pub(crate) struct PartitionFacts {
+    pub(crate) profile: String,
+    pub(crate) numa: Option<String>,
+    pub(crate) gpu_uuid: Option<String>,
+    pub(crate) available: bool,
+    pub(crate) allocated: bool,
 }
 
 /// Why the slices of a complete pool generation cannot be taken as one node's GPUs.
