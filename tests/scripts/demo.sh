@@ -28,12 +28,17 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
 
-demo_profiles=(dgx-h100 dgx-a100 l40s-pcie snc4-xeon gb200)
+demo_profiles=(dgx-h100 dgx-a100 l40s-pcie snc4-xeon gb200 dgx-h100-mig)
 # scenario PROFILE sets pods, gpus (per pod), attr (the claim's matchAttribute),
-# plugin_args and what (the sentence that says why this machine gives N-1 sets).
+# plugin_args and what (the sentence that says why this machine gives N-1 sets); a
+# dynamic MIG scenario sets mig instead, one PROFILE:COUNT per pod.
 scenario() {
-    plugin_args=()
+    plugin_args=() mig=()
     case $1 in
+    dgx-h100-mig)
+        mig=(7g.80gb:4 1g.10gb:4 3g.40gb:2 7g.80gb:4) plugin_args=(--dynamic-mig)
+        pods=${#mig[@]} attr=profile
+        what="MIG partitions the scheduler picks and the plugin makes at prepare: four 7g.80gb take four GPUs, four 1g.10gb carve one more, two 3g.40gb one or two more, so fewer than four GPUs are left uncarved for the last four 7g.80gb" ;;
     dgx-h100)
         pods=3 gpus=4 attr=resource.kubernetes.io/numaNode
         what="4 GPUs on one NUMA node: the DGX H100 has one NUMA node per socket, 4 GPUs on each" ;;
@@ -183,14 +188,35 @@ echo "   running; its log: controller.log"
 
 step "kubectl get resourceslices"
 kubectl get resourceslices
-step "kubectl describe resourceslice (first two devices)"
-kubectl describe resourceslice | awk '/^    Attributes:/{n++} n<=2' | sed -n '1,80p'
+if [[ ${#mig[@]} -eq 0 ]]; then
+    step "kubectl describe resourceslice (first two devices)"
+    kubectl describe resourceslice | awk '/^    Attributes:/{n++} n<=2' | sed -n '1,80p'
+else
+    # With dynamic MIG the pool has one slice of counter sets (a slice holds devices
+    # or counters, never both) and slices of devices that consume them.
+    counters=$(kubectl get resourceslices -o jsonpath='{range .items[?(@.spec.sharedCounters)]}{.metadata.name}{"\n"}{end}' | head -1)
+    [[ -n $counters ]] || fail "no slice of counter sets: is --dynamic-mig on?"
+    step "kubectl describe resourceslice $counters (the first GPU's counter set)"
+    # Whole files first: an awk that stops early would end kubectl with SIGPIPE.
+    kubectl describe resourceslice "$counters" >"$dir/counters.txt"
+    awk '/^  Shared Counters:/{s=1} {print} s && /^    Name:/{exit}' "$dir/counters.txt"
+    step "kubectl describe resourceslice (one partition: its attributes and what it consumes)"
+    kubectl describe resourceslice >"$dir/describe.txt"
+    # A device's fields are described in name order, its Name last.
+    awk '
+        /^    Attributes:/ { if (keep) exit; block = "" }
+        { block = block $0 "\n" }
+        /^    Name: +gpu-7-mig-1g-10gb-6$/ { keep = 1 }
+        END { if (keep) printf "%s", block }' "$dir/describe.txt"
+fi
 
 last=demo-$pods
-step "$pods pods, each with its own claim for $gpus GPUs sharing $attr"
-echo "   $what: room for $((pods - 1)) such sets, so $last waits."
-# One template, as deploy/examples/ writes them; each pod gets its own claim from it.
-cat >"$dir/demo-claim.yaml" <<YAML
+phase_of() { kubectl get pod "$1" -o jsonpath='{.status.phase}'; }
+if [[ ${#mig[@]} -eq 0 ]]; then
+    step "$pods pods, each with its own claim for $gpus GPUs sharing $attr"
+    echo "   $what: room for $((pods - 1)) such sets, so $last waits."
+    # One template, as deploy/examples/ writes them; each pod gets its own claim from it.
+    cat >"$dir/demo-claim.yaml" <<YAML
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
 metadata:
@@ -208,9 +234,37 @@ spec:
         - requests: ["gpus"]
           matchAttribute: $attr
 YAML
-sed 's/^/      /' "$dir/demo-claim.yaml"
-kubectl apply -f "$dir/demo-claim.yaml" >/dev/null
-phase_of() { kubectl get pod "$1" -o jsonpath='{.status.phase}'; }
+    sed 's/^/      /' "$dir/demo-claim.yaml"
+    kubectl apply -f "$dir/demo-claim.yaml" >/dev/null
+    template_of() { echo demo-gpus; }
+else
+    step "$pods pods asking for MIG partitions of mig.topodra.dev: ${mig[*]}"
+    echo "   $what: $last waits."
+    : >"$dir/demo-claim.yaml"
+    for i in $(seq "$pods"); do
+        cat >>"$dir/demo-claim.yaml" <<YAML
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: demo-$i
+spec:
+  spec:
+    devices:
+      requests:
+        - name: gpus
+          exactly:
+            deviceClassName: mig.topodra.dev
+            count: ${mig[$((i - 1))]#*:}
+            selectors:
+              - cel:
+                  expression: device.attributes["gpu.topodra.dev"].profile == "${mig[$((i - 1))]%%:*}"
+YAML
+    done
+    sed -n '/name: demo-1$/,/^---/p' "$dir/demo-claim.yaml" | sed '$d' | sed 's/^/      /'
+    kubectl apply -f "$dir/demo-claim.yaml" >/dev/null
+    template_of() { echo "demo-$1"; }
+fi
 for i in $(seq "$pods"); do
     kubectl apply -f - >/dev/null <<YAML
 apiVersion: v1
@@ -221,7 +275,7 @@ spec:
   restartPolicy: Never
   resourceClaims:
     - name: gpus
-      resourceClaimTemplateName: demo-gpus
+      resourceClaimTemplateName: $(template_of "$i")
   containers:
     - name: main
       image: ubuntu:24.04
@@ -248,15 +302,19 @@ kubectl get pods -o wide
 [[ $(phase_of "$last") == Pending ]] ||
     fail "$last is $(phase_of "$last"), not Pending: the machine had room for more than $((pods - 1)) sets"
 
-step "each claim's allocation, and $attr of every GPU"
+step "each claim's allocation, and $attr of every device"
 kubectl get resourceslices -o json >"$dir/slices.json"
 kubectl get resourceclaims -o json >"$dir/claims.json"
-# Prints the table, and exits non-zero unless every allocation has the GPUs asked for
-# and a value of the attribute that all of them share (for a list, one value common
-# to every device's list, as the scheduler matches lists).
-python3 - "$dir/slices.json" "$dir/claims.json" "$attr" "$gpus" <<'PY' || fail "an allocation does not share $attr"
+# Prints the table, and exits non-zero unless every allocation has the devices asked
+# for and a value of the attribute that all of them share (for a list, one value
+# common to every device's list, as the scheduler matches lists). With MIG the
+# attribute is the profile, so each claim's partitions are of the profile it asked.
+want=${gpus:-}
+[[ ${#mig[@]} -eq 0 ]] || want=$(printf '%s\n' "${mig[@]}" | sed 's/.*://' | paste -sd,)
+python3 - "$dir/slices.json" "$dir/claims.json" "$attr" "$want" <<'PY' || fail "an allocation does not share $attr"
 import json, sys
-attr, want = sys.argv[3], int(sys.argv[4])
+attr = sys.argv[3]
+counts = [int(n) for n in sys.argv[4].split(",")]
 values = {}
 for s in json.load(open(sys.argv[1]))["items"]:
     # A slice may name its driver's own attributes without the domain.
@@ -279,6 +337,7 @@ for c in json.load(open(sys.argv[2]))["items"]:
     shared = set.intersection(*(set(values.get(r["device"], [])) for r in results))
     devices = ", ".join(f"{r['device']} ({','.join(map(str, values.get(r['device'], [])))})" for r in results)
     print(f"  {name:<24} pod {pod:<7} {devices}; shared: {','.join(map(str, sorted(shared))) or 'NONE'}")
+    want = counts[0] if len(counts) == 1 else counts[int(name.split("-")[1]) - 1]
     if not shared or len(results) != want:
         ok = False
 sys.exit(0 if ok else 1)
@@ -296,6 +355,7 @@ done
 why=$(kubectl get events --field-selector "involvedObject.name=$last,reason=WaitingForGPUs" \
     -o jsonpath='{range .items[*]}{.message}{"\n"}{end}' | tail -1)
 [[ -n $why ]] || fail "the controller did not say within 30 s why $last waits (controller.log)"
+[[ ${#mig[@]} -eq 0 || $why == *carved* ]] || fail "the controller's reason does not name the carved GPUs: $why"
 echo "   kubectl get events --field-selector reason=WaitingForGPUs:"
 echo "      $why"
 echo
@@ -343,4 +403,4 @@ kubectl get pods -o wide
 echo "   demo-1 had: $freed"
 echo "   $last got:  $(devices_of "$last")"
 echo "   CDI specs on the node: $(ls "$nodedir/cdi" | tr '\n' ' ')"
-step "done: $((pods - 1)) pods ran on aligned sets, $last waited with its reason and ran once GPUs were freed; cleaning up"
+step "done: $((pods - 1)) pods ran on aligned sets${mig[0]:+ of MIG partitions}, $last waited with its reason and ran once GPUs were freed; cleaning up"
