@@ -1138,8 +1138,10 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
                         device: s.machine.handle(pos),
                         eventType: nvmlEventTypeXidCriticalError as c_ulonglong,
                         eventData: ev.xid,
-                        // nvml.h: 0xFFFFFFFF when not attributable to a MIG instance.
-                        gpuInstanceId: u32::MAX,
+                        // nvml.h: 0xFFFFFFFF when not attributable to a MIG
+                        // instance. A GPU instance's error is not a compute
+                        // instance's: the compute id stays unset.
+                        gpuInstanceId: ev.gpu_instance.unwrap_or(u32::MAX),
                         computeInstanceId: u32::MAX,
                     };
                     // SAFETY: forwarded caller contract.

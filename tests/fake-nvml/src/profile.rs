@@ -399,6 +399,11 @@ pub struct XidEvent {
     pub xid: u64,
     /// Delay from event registration.
     pub after_ms: u64,
+    /// The GPU instance the error is attributable to, reported in
+    /// `nvmlEventData_t.gpuInstanceId` (nvml.h: set when MIG is enabled and the
+    /// error is attributable to a GPU instance, 0xFFFFFFFF otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_instance: Option<u32>,
 }
 
 /// PCI address. Ordering is numeric, which is also PCI enumeration order.

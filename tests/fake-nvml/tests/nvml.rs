@@ -327,6 +327,7 @@ fn xid_event_round_trip() {
         gpu_index: 1,
         xid: 79,
         after_ms: 150,
+        gpu_instance: None,
     });
     let (_dir, lib) = setup(&p.to_yaml());
     let nvml = open(&lib).expect("init");

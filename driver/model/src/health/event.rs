@@ -30,6 +30,25 @@ impl EventDevice {
 pub struct XidEvent {
     pub device: EventDevice,
     pub xid: u64,
+    /// The MIG instance the error is attributable to, when NVML says so
+    /// (`nvmlEventData_t.gpuInstanceId` other than 0xFFFFFFFF); `None` for an error
+    /// of the whole GPU.
+    pub instance: Option<InstanceScope>,
+}
+
+/// Which MIG instance of its GPU an error belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InstanceScope {
+    pub gpu_instance: u32,
+    /// Where the instance sits and its GPU-instance profile, when NVML still
+    /// answered for it (`nvmlGpuInstanceGetInfo`): what names a dynamic partition.
+    pub placement: Option<ScopePlacement>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScopePlacement {
+    pub profile_id: u32,
+    pub start: u32,
 }
 
 /// The answer to "does NVML still reach this GPU?".

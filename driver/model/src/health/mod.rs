@@ -12,7 +12,7 @@ mod policy;
 mod taints;
 mod xid;
 
-pub use event::{EventDevice, Probe, XidEvent};
+pub use event::{EventDevice, InstanceScope, Probe, ScopePlacement, XidEvent};
 pub use model::{Cause, DeviceRef, HealthState, Status, Verdict};
 pub use policy::{HealthPolicy, Tracker};
 pub use taints::{TaintEffect, UNHEALTHY_TAINT_KEY, device_taints};

@@ -71,6 +71,9 @@ pub struct DeviceRef {
     pub uuid: Option<String>,
     pub bus_id: PciAddress,
     pub index: Option<u32>,
+    /// A MIG device's GPU instance id: an error NVML attributes to that instance is
+    /// this device's alone.
+    pub gpu_instance: Option<u32>,
 }
 
 impl DeviceRef {
@@ -80,18 +83,31 @@ impl DeviceRef {
             uuid: gpu.uuid.clone(),
             bus_id: gpu.pci_bus_id,
             index: gpu.index,
+            gpu_instance: None,
         }
     }
 
-    /// One per allocatable device of the inventory.
+    /// One per allocatable device of the inventory, and each GPU in MIG mode itself:
+    /// the name dynamic partitions take their GPU's taints from.
     pub fn all(inventory: &Inventory) -> Vec<Self> {
-        inventory
+        let mut out: Vec<Self> = inventory
             .allocatable()
             .iter()
             .map(|d| Self {
                 name: d.name(),
+                gpu_instance: d.mig.as_ref().map(|m| m.gpu_instance),
                 ..Self::from_gpu(&d.gpu)
             })
-            .collect()
+            .collect();
+        for gpu in &inventory.gpus {
+            let in_mig_mode = gpu.mig_mode.is_some_and(|m| m.current);
+            if (in_mig_mode || !gpu.mig_devices.is_empty())
+                && !out.iter().any(|d| d.name == gpu.device_name())
+            {
+                out.push(Self::from_gpu(gpu));
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
     }
 }

@@ -99,11 +99,55 @@ impl Track {
     }
 }
 
+impl Track {
+    /// Unknown: nothing checked yet.
+    fn new(now: SystemTime) -> Self {
+        Track {
+            lost: false,
+            fatal: None,
+            confirmed: false,
+            unavailable: None,
+            probe_error: None,
+            health: Verdict {
+                status: Status::Unknown,
+                since: now,
+                reason: "not checked yet".to_owned(),
+                cause: None,
+            },
+        }
+    }
+
+    fn apply_probe(&mut self, probe: &Probe, quiet: std::time::Duration, now: SystemTime) {
+        match probe {
+            Probe::Ok => {
+                self.lost = false;
+                self.confirmed = true;
+                self.probe_error = None;
+                if let Some((xid, at)) = self.fatal {
+                    match now.duration_since(at) {
+                        Ok(quiet_for) if quiet_for >= quiet => self.fatal = None,
+                        Ok(_) => {}
+                        // The wall clock went back: restart the quiet period from
+                        // now rather than wait for the clock to catch up.
+                        Err(_) => self.fatal = Some((xid, now)),
+                    }
+                }
+            }
+            Probe::Lost => self.lost = true,
+            Probe::Error(e) => self.probe_error = Some(e.clone()),
+        }
+    }
+}
+
 /// Per-device health state machine.
 #[derive(Debug, Clone)]
 pub struct Tracker {
     policy: HealthPolicy,
     devices: BTreeMap<String, Track>,
+    /// Devices tracked because an error named them alone (dynamic MIG partitions,
+    /// which the monitor does not watch), by their GPU's device name: they recover
+    /// when their GPU's probes do.
+    partitions: BTreeMap<String, String>,
 }
 
 impl Tracker {
@@ -115,24 +159,13 @@ impl Tracker {
     ) -> Self {
         let devices = devices
             .into_iter()
-            .map(|name| {
-                let track = Track {
-                    lost: false,
-                    fatal: None,
-                    confirmed: false,
-                    unavailable: None,
-                    probe_error: None,
-                    health: Verdict {
-                        status: Status::Unknown,
-                        since: now,
-                        reason: "not checked yet".to_owned(),
-                        cause: None,
-                    },
-                };
-                (name, track)
-            })
+            .map(|name| (name, Track::new(now)))
             .collect();
-        Self { policy, devices }
+        Self {
+            policy,
+            devices,
+            partitions: BTreeMap::new(),
+        }
     }
 
     pub fn policy(&self) -> &HealthPolicy {
@@ -162,27 +195,44 @@ impl Tracker {
         self.update(device, now, |t| t.fatal = Some((xid, now)))
     }
 
-    /// Applies a probe result; returns whether the device's health changed.
+    /// Applies an XID that NVML attributes to one MIG instance which the monitor
+    /// does not watch (a dynamic partition, named by where it sits): only that
+    /// device becomes unhealthy, not its GPU nor the GPU's other partitions. It
+    /// recovers as a GPU does, after the quiet period, with its GPU's next
+    /// successful probe. Ignored XIDs change nothing.
+    pub fn on_partition_xid(&mut self, device: &str, gpu: &str, xid: u64, now: SystemTime) -> bool {
+        if !self.policy.is_fatal(xid) {
+            return false;
+        }
+        if !self.devices.contains_key(device) {
+            // Healthy until now: it was not named before, and its GPU answered.
+            let mut track = Track::new(now);
+            track.confirmed = true;
+            track.health.status = Status::Healthy;
+            track.health.reason = String::new();
+            self.devices.insert(device.to_owned(), track);
+            self.partitions.insert(device.to_owned(), gpu.to_owned());
+        }
+        self.update(device, now, |t| t.fatal = Some((xid, now)))
+    }
+
+    /// Applies a probe result; returns whether the device's health changed. A
+    /// successful probe of a GPU also lets the partitions an XID named recover.
     pub fn on_probe(&mut self, device: &str, probe: &Probe, now: SystemTime) -> bool {
         let quiet = self.policy.quiet_period;
-        self.update(device, now, |t| match probe {
-            Probe::Ok => {
-                t.lost = false;
-                t.confirmed = true;
-                t.probe_error = None;
-                if let Some((xid, at)) = t.fatal {
-                    match now.duration_since(at) {
-                        Ok(quiet_for) if quiet_for >= quiet => t.fatal = None,
-                        Ok(_) => {}
-                        // The wall clock went back: restart the quiet period from
-                        // now rather than wait for the clock to catch up.
-                        Err(_) => t.fatal = Some((xid, now)),
-                    }
-                }
+        let mut changed = self.update(device, now, |t| t.apply_probe(probe, quiet, now));
+        if *probe == Probe::Ok {
+            let children: Vec<String> = self
+                .partitions
+                .iter()
+                .filter(|(_, gpu)| *gpu == device)
+                .map(|(p, _)| p.clone())
+                .collect();
+            for child in children {
+                changed |= self.update(&child, now, |t| t.apply_probe(probe, quiet, now));
             }
-            Probe::Lost => t.lost = true,
-            Probe::Error(e) => t.probe_error = Some(e.clone()),
-        })
+        }
+        changed
     }
 
     /// NVML could not be opened; returns whether anything changed.

@@ -36,7 +36,7 @@ pub use aliases::{
     MAX_NUMA_NODE_ALIASES, NumaNodeAlias, NumaNodeAliasError, check_numa_node_aliases,
 };
 pub(crate) use attributes::{allocatable_attributes, allocatable_capacity};
-pub use partitions::{DynamicDevice, DynamicMig, dynamic_devices};
+pub use partitions::{DynamicDevice, DynamicMig, dynamic_devices, partition_device_name};
 pub(crate) use validate::validate_pool;
 
 use crate::IdList;

@@ -503,6 +503,20 @@ pub(crate) fn partition_name(gpu: &Gpu, p: &Partition) -> String {
     )
 }
 
+/// The device name of the partition of `gpu` whose GPU-instance profile id is
+/// `profile_id`, at memory slice `start`: how the health monitor names the device
+/// of an instance NVML reported an error for. `None` for a profile the GPU does
+/// not have.
+pub fn partition_device_name(gpu: &Gpu, profile_id: u32, start: u32) -> Option<String> {
+    let profile = gpu.mig_profiles.iter().find(|p| p.id == profile_id)?;
+    Some(format!(
+        "{}-mig-{}-{}",
+        gpu.device_name(),
+        profile_label(&profile.name)?,
+        start
+    ))
+}
+
 /// The device of one partition: its GPU's `shared` attributes
 /// ([`attributes::partition_shared_attributes`]), the profile, what it consumes.
 pub(crate) fn partition_device(

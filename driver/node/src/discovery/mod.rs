@@ -21,6 +21,7 @@ pub use assemble::assemble;
 pub use assemble::mig_warning;
 pub use error::DiscoveryError;
 pub use hwloc::HwlocSource;
+pub(crate) use nvml::gpu_instance_info;
 pub use nvml::{DEFAULT_NVML_LIB, NvmlSource};
 pub use nvml_record::NvmlRecord;
 pub use topodra_model::topology::NvlinkRemote;

@@ -17,6 +17,7 @@ use topodra_model::topology::NvlinkRemote;
 
 mod fabric;
 mod mig;
+pub(crate) use mig::gpu_instance_info;
 
 /// The runtime name of the NVML library. nvml-wrapper defaults to the unversioned
 /// `libnvidia-ml.so`, which only the development package installs; driver-only nodes

@@ -7,10 +7,13 @@ use std::time::Duration;
 use crate::discovery::NvmlSource;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enums::event::XidError;
-use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
 use nvml_wrapper::struct_wrappers::event::EventData;
 use nvml_wrapper::{Device, EventSet, Nvml};
-use topodra_model::health::{DeviceRef, EventDevice, Probe, UNKNOWN_XID, XidEvent};
+use nvml_wrapper_sys::bindings::nvmlEventData_t;
+use topodra_model::health::{
+    DeviceRef, EventDevice, InstanceScope, Probe, ScopePlacement, UNKNOWN_XID, XidEvent,
+};
 use tracing::{info, warn};
 
 use super::source::{EventSource, EventSourceOpener, SourceError};
@@ -148,8 +151,43 @@ impl<'n> NvmlEvents<'n> {
             .map(|w| w.id.clone())
             .or_else(|| data.device.uuid().ok().map(EventDevice::Uuid))
             .unwrap_or(EventDevice::Unknown);
-        Some(XidEvent { device, xid })
+        Some(XidEvent {
+            device,
+            xid,
+            instance: None,
+        })
     }
+
+    /// The MIG instance an event belongs to: nvml.h sets `gpuInstanceId` when the
+    /// error is attributable to a GPU instance, and 0xFFFFFFFF otherwise. Where the
+    /// instance sits is asked at once, while it exists; a GPU that no longer
+    /// answers leaves the placement unknown.
+    fn scope(&self, device: &Device<'n>, gpu_instance: u32) -> Option<InstanceScope> {
+        if gpu_instance == u32::MAX {
+            return None;
+        }
+        let placement = crate::discovery::gpu_instance_info(self.nvml, device, gpu_instance)
+            .ok()
+            .map(|info| ScopePlacement {
+                profile_id: info.profileId,
+                start: info.placement.start,
+            });
+        Some(InstanceScope {
+            gpu_instance,
+            placement,
+        })
+    }
+}
+
+/// `nvmlEventSetWait_v2`, keeping what nvml-wrapper 0.13's `EventSet::wait` drops:
+/// its `EventData` has no `gpuInstanceId` or `computeInstanceId`.
+fn wait_raw(nvml: &Nvml, set: &EventSet<'_>, ms: u32) -> Result<nvmlEventData_t, NvmlError> {
+    let f = nvml_sym(nvml.lib().nvmlEventSetWait_v2.as_ref())?;
+    // SAFETY: plain integers and a pointer NVML fills; all-zero is a valid value.
+    let mut data: nvmlEventData_t = unsafe { std::mem::zeroed() };
+    // SAFETY: an event set of this NVML instance and a valid out pointer.
+    nvml_try(unsafe { f(set.handle(), &mut data, ms) })?;
+    Ok(data)
 }
 
 fn build_set<'n>(
@@ -186,8 +224,16 @@ impl EventSource for NvmlEvents<'_> {
             return Ok(None);
         };
         let ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
-        match set.wait(ms) {
-            Ok(data) => Ok(self.to_event(&data)),
+        match wait_raw(self.nvml, set, ms) {
+            Ok(raw) => {
+                // SAFETY: NVML filled `raw` for this NVML instance just now.
+                let data = unsafe { EventData::new(raw, self.nvml) };
+                let mut event = self.to_event(&data);
+                if let Some(ev) = event.as_mut() {
+                    ev.instance = self.scope(&data.device, raw.gpuInstanceId);
+                }
+                Ok(event)
+            }
             Err(NvmlError::Timeout) => Ok(None),
             Err(e) => Err(SourceError::Wait(e.to_string())),
         }

@@ -14,11 +14,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-use topodra_model::Inventory;
+use topodra_model::{Gpu, Inventory};
 use tracing::{debug, error, info, warn};
 
 use topodra_model::health::{
-    DeviceRef, EventDevice, HealthPolicy, HealthState, Probe, Status, Tracker, XidEvent,
+    DeviceRef, EventDevice, HealthPolicy, HealthState, InstanceScope, Probe, Status, Tracker,
+    XidEvent,
 };
 
 use super::source::{EventSource, EventSourceOpener};
@@ -106,6 +107,7 @@ impl HealthMonitor {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> (JoinHandle<()>, watch::Receiver<HealthState>) {
         let devices = DeviceRef::all(inventory);
+        let gpus = inventory.gpus.clone();
         let mut tracker = Tracker::new(
             config.policy.clone(),
             devices.iter().map(|d| d.name.clone()),
@@ -145,7 +147,7 @@ impl HealthMonitor {
                                 let fatal = tracker.policy().is_fatal(ev.xid);
                                 observer(Observed::Xid { xid: ev.xid, fatal });
                             }
-                            if apply(&mut tracker, &devices, msg) {
+                            if apply(&mut tracker, &devices, &gpus, msg) {
                                 state_tx.send_replace(tracker.state());
                             }
                         }
@@ -173,7 +175,7 @@ impl HealthMonitor {
 }
 
 /// Applies one message; returns whether the published state must change.
-fn apply(tracker: &mut Tracker, devices: &[DeviceRef], msg: Msg) -> bool {
+fn apply(tracker: &mut Tracker, devices: &[DeviceRef], gpus: &[Gpu], msg: Msg) -> bool {
     let now = SystemTime::now();
     match msg {
         Msg::Opened => tracker.on_available(now),
@@ -186,27 +188,77 @@ fn apply(tracker: &mut Tracker, devices: &[DeviceRef], msg: Msg) -> bool {
             changed
         }
         Msg::Xid(ev) => {
-            // Every device of that GPU: the GPU itself, or all its MIG devices.
-            let hit: Vec<&DeviceRef> = devices.iter().filter(|d| ev.device.matches(d)).collect();
-            if hit.is_empty() {
+            let of_gpu: Vec<&DeviceRef> = devices.iter().filter(|d| ev.device.matches(d)).collect();
+            if of_gpu.is_empty() {
                 warn!(xid = ev.xid, device = ?ev.device, "XID for a GPU not in the inventory");
                 return false;
             }
-            let mut changed = false;
-            for device in hit {
-                if tracker.policy().is_fatal(ev.xid) {
-                    warn!(device = %device.name, xid = ev.xid, "critical XID");
-                } else {
-                    info!(device = %device.name, xid = ev.xid, "XID ignored by policy");
+            if let Some(scope) = ev.instance {
+                // NVML attributes the error to one MIG instance: that device alone,
+                // a MIG device the monitor watches or a dynamic partition.
+                let mine: Vec<&DeviceRef> = of_gpu
+                    .iter()
+                    .copied()
+                    .filter(|d| d.gpu_instance == Some(scope.gpu_instance))
+                    .collect();
+                if !mine.is_empty() {
+                    return mark(tracker, &mine, ev.xid, now);
                 }
-                if tracker.on_xid(&device.name, ev.xid, now) {
-                    log_transition(tracker, &device.name);
-                    changed = true;
+                if let Some(name) = partition_of(gpus, &of_gpu, scope) {
+                    let gpu = of_gpu
+                        .iter()
+                        .find(|d| d.gpu_instance.is_none())
+                        .map_or("", |d| d.name.as_str());
+                    log_xid(tracker, &name, ev.xid);
+                    let changed = tracker.on_partition_xid(&name, gpu, ev.xid, now);
+                    if changed {
+                        log_transition(tracker, &name);
+                    }
+                    return changed;
                 }
+                warn!(
+                    xid = ev.xid,
+                    gpu_instance = scope.gpu_instance,
+                    "XID of a MIG instance the plugin cannot name; counting it against the whole GPU"
+                );
             }
+            // Every device of that GPU: the GPU itself, or all its MIG devices.
+            let hit = of_gpu;
+            let mut changed = false;
+            changed |= mark(tracker, &hit, ev.xid, now);
             changed
         }
     }
+}
+
+/// Applies an XID to each of `hit`; returns whether any health changed.
+fn mark(tracker: &mut Tracker, hit: &[&DeviceRef], xid: u64, now: SystemTime) -> bool {
+    let mut changed = false;
+    for device in hit {
+        log_xid(tracker, &device.name, xid);
+        if tracker.on_xid(&device.name, xid, now) {
+            log_transition(tracker, &device.name);
+            changed = true;
+        }
+    }
+    changed
+}
+
+fn log_xid(tracker: &Tracker, device: &str, xid: u64) {
+    if tracker.policy().is_fatal(xid) {
+        warn!(device = %device, xid, "critical XID");
+    } else {
+        info!(device = %device, xid, "XID ignored by policy");
+    }
+}
+
+/// The dynamic partition an instance-scoped error belongs to: on the GPU the event
+/// names, the profile and start NVML gave for the instance.
+fn partition_of(gpus: &[Gpu], of_gpu: &[&DeviceRef], scope: InstanceScope) -> Option<String> {
+    let at = scope.placement?;
+    let parent = of_gpu.iter().find(|d| d.gpu_instance.is_none())?;
+    let gpu = gpus.iter().find(|g| g.pci_bus_id == parent.bus_id)?;
+    topodra_model::slice::partition_device_name(gpu, at.profile_id, at.start)
 }
 
 fn log_transition(tracker: &Tracker, name: &str) {

@@ -261,3 +261,70 @@ async fn a_gpu_lost_after_start_is_unhealthy_until_nvml_sees_it_again() {
     assert_eq!(status(&s, "gpu-1"), Status::Healthy);
     m.stop().await;
 }
+
+/// An XID that NVML attributes to one GPU instance (`gpuInstanceId` in the event,
+/// read past nvml-wrapper, which drops it) marks that MIG device alone: on the
+/// simulated DGX A100 GPU 0 holds seven 1g.5gb instances (GPU instances 7 to 13);
+/// an XID 94 (a contained ECC error) of instance 8 leaves the other six and the GPU
+/// healthy.
+#[tokio::test]
+async fn an_xid_of_one_mig_instance_marks_that_device_alone() {
+    let mut profile = Profile::builtin("dgx-a100-mig").unwrap();
+    profile
+        .xid_events
+        .push(topodra_fake_nvml::profile::XidEvent {
+            gpu_index: 0,
+            xid: 94,
+            after_ms: 100,
+            gpu_instance: Some(8),
+        });
+    let yaml = profile.to_yaml();
+    let mut inv = inventory(&yaml);
+    inv.gpus[0].mig_mode = Some(topodra_model::inventory::MigMode {
+        current: true,
+        pending: true,
+    });
+    inv.gpus[0].mig_devices = profile.gpus[0]
+        .mig_devices
+        .iter()
+        .map(|m| topodra_model::MigDevice {
+            uuid: m.uuid.clone(),
+            gpu_instance: m.gpu_instance_id,
+            compute_instance: m.compute_instance_id,
+            profile: Some(m.profile.clone()),
+            memory_bytes: None,
+            multiprocessors: None,
+            placement: None,
+            profile_id: None,
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let lib = install(dir.path(), &yaml);
+    let (stop, stop_rx) = oneshot::channel::<()>();
+    let (task, rx) = HealthMonitor::spawn(&inv, NvmlOpener::new(Some(lib)), config(), async {
+        let _ = stop_rx.await;
+    });
+    let mut m = Running {
+        _dir: dir,
+        rx,
+        stop,
+        task,
+    };
+    let s = m
+        .until("gpu-0-mig-8-0 unhealthy", |s| {
+            s.devices
+                .get("gpu-0-mig-8-0")
+                .is_some_and(|h| h.status == Status::Unhealthy)
+        })
+        .await;
+    assert_eq!(s.devices["gpu-0-mig-8-0"].cause, Some(Cause::Xid(94)));
+    for other in ["gpu-0", "gpu-0-mig-7-0", "gpu-0-mig-13-0", "gpu-1"] {
+        assert_ne!(
+            status(&s, other),
+            Status::Unhealthy,
+            "{other}: {:?}",
+            s.devices[other]
+        );
+    }
+    m.stop().await;
+}

@@ -137,7 +137,7 @@ fn describe(nvml: &Nvml, gpu: &Device<'_>, h: &Device<'_>, a: &mut Answers) -> O
 }
 
 /// `nvmlDeviceGetGpuInstanceById` then `nvmlGpuInstanceGetInfo`.
-fn gpu_instance_info(
+pub(crate) fn gpu_instance_info(
     nvml: &Nvml,
     gpu: &Device<'_>,
     id: u32,

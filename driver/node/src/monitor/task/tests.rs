@@ -112,7 +112,8 @@ async fn an_xid_of_a_mig_gpu_marks_each_of_its_mig_devices() {
         let _ = stop_rx.await;
     });
     let names: Vec<String> = rx.borrow().devices.keys().cloned().collect();
-    assert_eq!(names, ["gpu-0-mig-1-0", "gpu-0-mig-2-0", "gpu-1"]);
+    // The GPU itself too: dynamic partitions take its taints.
+    assert_eq!(names, ["gpu-0", "gpu-0-mig-1-0", "gpu-0-mig-2-0", "gpu-1"]);
     until(&mut rx, |s| {
         s.devices.values().all(|h| h.status == Status::Healthy)
     })
@@ -121,9 +122,11 @@ async fn an_xid_of_a_mig_gpu_marks_each_of_its_mig_devices() {
     src.events.lock().unwrap().push_back(XidEvent {
         device: EventDevice::Uuid("GPU-0".into()),
         xid: 79,
+        instance: None,
     });
     until(&mut rx, |s| {
-        status(s, "gpu-0-mig-1-0") == Status::Unhealthy
+        status(s, "gpu-0") == Status::Unhealthy
+            && status(s, "gpu-0-mig-1-0") == Status::Unhealthy
             && status(s, "gpu-0-mig-2-0") == Status::Unhealthy
     })
     .await;
@@ -163,10 +166,12 @@ async fn xids_probes_and_shutdown() {
         XidEvent {
             device: EventDevice::Uuid("GPU-1".into()),
             xid: 13,
+            instance: None,
         },
         XidEvent {
             device: EventDevice::BusId(PciAddress::new(0, 0x19, 0, 0)),
             xid: 94,
+            instance: None,
         },
     ]);
     until(&mut rx, |s| status(s, "gpu-1") == Status::Unhealthy).await;
@@ -221,6 +226,81 @@ async fn unavailable_nvml_is_unknown_and_does_not_crash() {
     // Several reopen attempts later the task is still alive.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!task.is_finished());
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+/// With dynamic MIG, an XID NVML attributes to one GPU instance whose placement it
+/// gave names the partition there: that partition becomes unhealthy, its GPU and
+/// the other GPUs stay healthy. After the quiet period, the GPU's next successful
+/// probe lets it recover.
+#[tokio::test]
+async fn an_xid_of_one_instance_marks_its_partition_alone() {
+    use topodra_model::health::{InstanceScope, ScopePlacement};
+    let mut inv = inventory(2);
+    inv.gpus[0].mig_mode = Some(topodra_model::inventory::MigMode {
+        current: true,
+        pending: true,
+    });
+    inv.gpus[0].mig_profiles = topodra_model::slice::fixtures::h100_mig_profiles();
+    let one_g = inv.gpus[0]
+        .mig_profiles
+        .iter()
+        .find(|p| p.name == "1g.10gb")
+        .unwrap()
+        .id;
+    let src = Scripted::default();
+    let config = MonitorConfig {
+        policy: HealthPolicy {
+            quiet_period: Duration::from_millis(300),
+            ..HealthPolicy::default()
+        },
+        ..fast()
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (task, mut rx) = HealthMonitor::spawn(&inv, src.clone(), config, async {
+        let _ = stop_rx.await;
+    });
+    until(&mut rx, |s| {
+        s.devices.values().all(|h| h.status == Status::Healthy)
+    })
+    .await;
+    src.events.lock().unwrap().push_back(XidEvent {
+        device: EventDevice::Uuid("GPU-0".into()),
+        xid: 94,
+        instance: Some(InstanceScope {
+            gpu_instance: 13,
+            placement: Some(ScopePlacement {
+                profile_id: one_g,
+                start: 6,
+            }),
+        }),
+    });
+    until(&mut rx, |s| {
+        s.devices
+            .get("gpu-0-mig-1g-10gb-6")
+            .is_some_and(|h| h.status == Status::Unhealthy)
+    })
+    .await;
+    assert_eq!(status(&rx.borrow(), "gpu-0"), Status::Healthy);
+    assert_eq!(status(&rx.borrow(), "gpu-1"), Status::Healthy);
+    // An instance NVML could not place counts against the whole GPU.
+    src.events.lock().unwrap().push_back(XidEvent {
+        device: EventDevice::Uuid("GPU-1".into()),
+        xid: 94,
+        instance: Some(InstanceScope {
+            gpu_instance: 3,
+            placement: None,
+        }),
+    });
+    until(&mut rx, |s| status(s, "gpu-1") == Status::Unhealthy).await;
+    until(&mut rx, |s| {
+        status(s, "gpu-0-mig-1g-10gb-6") == Status::Healthy
+    })
+    .await;
     stop_tx.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(10), task)
         .await
