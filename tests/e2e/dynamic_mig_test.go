@@ -213,3 +213,84 @@ spec:
 	}
 	t.Logf("aligned GPU and partition: %v on NUMA node %v", alignedDevs, numas)
 }
+
+// TestDynamicMIGChartUpgrade: the chart with kubeletPlugin.dynamicMig on a simulated
+// DGX H100 in MIG mode, the plugin run from the image. With a partition prepared,
+// `helm upgrade` rolls the DaemonSet (maxSurge 1): the new pod takes the node state
+// over and publishes every partition again, counting the old pod's instance as its
+// own, not someone else's; when the pod goes, it removes the instance the old pod
+// made. A partition it prepares itself goes the same way, and no instance is left.
+func TestDynamicMIGChartUpgrade(t *testing.T) {
+	t.Parallel()
+	rootfs := imageRootfs(t)
+	e := newEnv(t, envOptions{profile: "dgx-h100-mig", fromChart: true})
+	sim := filepath.Join(e.dir, "sim")
+	var caps string
+	for _, a := range e.args {
+		if v, ok := strings.CutPrefix(a, "--nvidia-capabilities-dir="); ok {
+			caps = v
+		}
+	}
+	if caps == "" {
+		t.Fatalf("topodra-sim-node printed no --nvidia-capabilities-dir: %v", e.args)
+	}
+	d := newChartDeployment(t, e, rootfs, map[string]any{
+		"dynamicMig": true,
+		// The fake NVML keeps its instances in a state file beside it (so /sim is
+		// writable here), and makes each instance's capability files in the
+		// directory its state names, a path of this machine: mounted at that path.
+		"extraVolumes": []any{
+			map[string]any{"name": "sim", "hostPath": map[string]any{"path": sim, "type": "Directory"}},
+			map[string]any{"name": "caps", "hostPath": map[string]any{"path": caps, "type": "Directory"}},
+		},
+		"extraVolumeMounts": []any{
+			map[string]any{"name": "sim", "mountPath": "/sim"},
+			map[string]any{"name": "caps", "mountPath": caps},
+		},
+	})
+	chart := filepath.Join(repoRoot(t), "deploy", "helm", "topodra")
+	d.run("install", "topodra", chart, "--values", d.values, "--wait=false", "--create-namespace")
+	first := d.startPod("plugin-first")
+	d.waitServing(first, fmt.Sprintf("%012d", d.runs), 2*time.Minute)
+	e.plugin = first
+	const all = 8 + 8*25
+	e.waitDevices(all, 2*time.Minute)
+
+	const ns = "mig-upgrade"
+	e.createNamespace(ns)
+	e.kubectlApply(migTemplate(ns, "small", "1g.10gb"))
+	e.createPod(ns, "a", "small")
+	e.waitPodRunning(ns, "a", 2*time.Minute)
+	if got := e.migInstances(); len(got) != 1 {
+		t.Fatalf("instances after the first prepare: %v, want one", got)
+	}
+
+	// A changed value, so the DaemonSet's pod template changes and it rolls.
+	d.run("upgrade", "topodra", chart, "--values", d.values, "--set", "kubeletPlugin.logLevel=debug", "--wait=false")
+	second := d.roll(first, "plugin-second")
+	// The slices the new pod publishes: the old pod's instance is an allocated
+	// partition of its own, so nothing is taken out of the counter sets.
+	e.waitDevices(all, time.Minute)
+	e.createPod(ns, "b", "small")
+	e.waitPodRunning(ns, "b", 2*time.Minute)
+	if got := e.migInstances(); len(got) != 2 {
+		t.Fatalf("instances after a prepare on each side of the upgrade: %v, want two", got)
+	}
+
+	ctx := context.Background()
+	for _, pod := range []string{"a", "b"} {
+		if err := e.admin.CoreV1().Pods(ns).Delete(ctx, pod, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		e.waitPodGone(ns, pod, time.Minute)
+	}
+	eventually(t, time.Minute, func() error {
+		if left := e.migInstances(); len(left) != 0 {
+			return fmt.Errorf("instances left after both pods went: %v", left)
+		}
+		return nil
+	})
+	if !logHas(second, "took over the node state") {
+		t.Errorf("%s did not take the node state over", second.what)
+	}
+}

@@ -486,33 +486,6 @@ func TestChartUpgradeAndRollbackKeepClaims(t *testing.T) {
 			return nil
 		})
 	}
-	// roll replaces the running pod with one of the DaemonSet as it is now, the way
-	// maxSurge 1 does: the new one starts first, the old one is deleted once the new
-	// one serves.
-	roll := func(from *proc, name string) *proc {
-		ds := d.daemonSet()
-		ru := ds.Spec.UpdateStrategy.RollingUpdate
-		if ds.Spec.UpdateStrategy.Type != appsv1.RollingUpdateDaemonSetStrategyType || ru == nil ||
-			intstr.ValueOrDefault(ru.MaxSurge, intstr.FromInt32(0)).IntValue() != 1 ||
-			intstr.ValueOrDefault(ru.MaxUnavailable, intstr.FromInt32(1)).IntValue() != 0 {
-			t.Fatalf("DaemonSet update strategy %+v: the handover needs maxSurge 1, maxUnavailable 0", ds.Spec.UpdateStrategy)
-		}
-		next := d.startPod(name)
-		d.waitServing(next, fmt.Sprintf("%012d", d.runs), 2*time.Minute)
-		select {
-		case <-from.done:
-			t.Fatalf("%s exited before the new pod was serving; log:\n%s", from.what, tailFile(from.log, 30))
-		default:
-		}
-		// The new pod asked for the state and got it; the old one was still
-		// running (the handover, not a crash, made room).
-		if !logHas(next, "took over the node state") {
-			t.Fatalf("%s registered without taking the node state over from %s; log:\n%s", next.what, from.what, tailFile(next.log, 30))
-		}
-		from.stop(t)
-		e.plugin = next
-		return next
-	}
 	// unpreparedBy checks that by, a later pod than the one that prepared it,
 	// unprepared the claim: it read the claim from the checkpoint it took over.
 	unpreparedBy := func(by *proc, uid string) {
@@ -529,7 +502,7 @@ func TestChartUpgradeAndRollbackKeepClaims(t *testing.T) {
 	d.run("upgrade", "topodra", current, "--values", d.values, "--wait=false")
 	upgraded := d.daemonSet()
 	t.Logf("upgraded: DaemonSet %s, generation %d", upgraded.Labels["helm.sh/chart"], upgraded.Generation)
-	cur := roll(old, "plugin-upgraded")
+	cur := d.roll(old, "plugin-upgraded")
 	specB := prepare("b") // by this version's pod
 	uidB := claimUID("b")
 	unprepare("a", specA)
@@ -539,7 +512,7 @@ func TestChartUpgradeAndRollbackKeepClaims(t *testing.T) {
 	if v := d.daemonSet().Labels["helm.sh/chart"]; v != "topodra-"+prevVersion {
 		t.Fatalf("rolled back DaemonSet is chart %q, want topodra-%s", v, prevVersion)
 	}
-	back := roll(cur, "plugin-rolled-back")
+	back := d.roll(cur, "plugin-rolled-back")
 	specC := prepare("c")
 	unprepare("b", specB)
 	unpreparedBy(back, uidB)
@@ -561,6 +534,36 @@ func TestChartUpgradeAndRollbackKeepClaims(t *testing.T) {
 	if regexp.MustCompile(`"claims":\{\s*\}`).FindString(string(checkpoint)) == "" {
 		t.Errorf("checkpoint still records claims after every pod was deleted:\n%s", checkpoint)
 	}
+}
+
+// roll replaces the running pod with one of the DaemonSet as it is now, the way
+// maxSurge 1 does: the new one starts first, the old one is deleted once the new one
+// serves and has taken the node state over.
+func (d *chartDeployment) roll(from *proc, name string) *proc {
+	e, t := d.e, d.e.t
+	t.Helper()
+	ds := d.daemonSet()
+	ru := ds.Spec.UpdateStrategy.RollingUpdate
+	if ds.Spec.UpdateStrategy.Type != appsv1.RollingUpdateDaemonSetStrategyType || ru == nil ||
+		intstr.ValueOrDefault(ru.MaxSurge, intstr.FromInt32(0)).IntValue() != 1 ||
+		intstr.ValueOrDefault(ru.MaxUnavailable, intstr.FromInt32(1)).IntValue() != 0 {
+		t.Fatalf("DaemonSet update strategy %+v: the handover needs maxSurge 1, maxUnavailable 0", ds.Spec.UpdateStrategy)
+	}
+	next := d.startPod(name)
+	d.waitServing(next, fmt.Sprintf("%012d", d.runs), 2*time.Minute)
+	select {
+	case <-from.done:
+		t.Fatalf("%s exited before the new pod was serving; log:\n%s", from.what, tailFile(from.log, 30))
+	default:
+	}
+	// The new pod asked for the state and got it; the old one was still running
+	// (the handover, not a crash, made room).
+	if !logHas(next, "took over the node state") {
+		t.Fatalf("%s registered without taking the node state over from %s; log:\n%s", next.what, from.what, tailFile(next.log, 30))
+	}
+	from.stop(t)
+	e.plugin = next
+	return next
 }
 
 // logHas reports whether p's log contains s.
