@@ -14,6 +14,7 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/cpuset"
 	"sigs.k8s.io/yaml"
 )
 
@@ -292,5 +293,120 @@ func TestDynamicMIGChartUpgrade(t *testing.T) {
 	})
 	if !logHas(second, "took over the node state") {
 		t.Errorf("%s did not take the node state over", second.what)
+	}
+}
+
+// TestDynamicMIGPartitionAndCPUs: a MIG partition and CPUs of the real CPU driver
+// (kubernetes-sigs dra-driver-cpu v0.2.0) on one NUMA node of a simulated DGX H100 in
+// MIG mode, through one matchAttribute on the alias both drivers publish. The CPUs
+// of NUMA node 1, where the device order would put the partition, are taken first,
+// so the claim's partition must come from a GPU of NUMA node 0: the instance is made
+// there, and the container gets the partition and a cpuset of that node.
+func TestDynamicMIGPartitionAndCPUs(t *testing.T) {
+	t.Parallel()
+	dracpu := needCPUDriver(t)
+	e := newEnv(t, envOptions{profile: "dgx-h100-mig", cpuDriver: true,
+		pluginArgs: []string{"--dynamic-mig", "--numa-node-aliases=" + numaAlias}})
+	e.startCPUDriver(dracpu)
+	e.waitRegistered(2 * time.Minute)
+	regCtx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	_, err := e.h.WaitRegistered(regCtx, cpuDriverName)
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	devices := e.waitDevices(8+8*25, 2*time.Minute)
+	cpus := e.cpuDevices(2, time.Minute)
+	cpuNUMA := map[string]int64{}
+	for name, d := range cpus {
+		if n, ok := d.Attributes[numaAlias]; ok && n.IntValue != nil {
+			cpuNUMA[name] = *n.IntValue
+		}
+	}
+
+	const ns = "mig-cpus"
+	e.createNamespace(ns)
+	// Every CPU of NUMA node 1.
+	e.kubectlApply(`apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: numa1-cpus
+  namespace: ` + ns + `
+spec:
+  spec:
+    devices:
+      requests:
+        - name: gpus
+          exactly:
+            deviceClassName: ` + cpuDriverName + `
+            selectors:
+              - cel:
+                  expression: device.attributes["dra.net"].numaNode == 1
+            capacity:
+              requests:
+                ` + cpuDriverName + `/cpu: "112"
+`)
+	e.kubectlApply(`apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: partition-and-cpus
+  namespace: ` + ns + `
+spec:
+  spec:
+    devices:
+      requests:
+        - name: part
+          exactly:
+            deviceClassName: ` + migClass + `
+            selectors:
+              - cel:
+                  expression: device.attributes["gpu.topodra.dev"].profile == "3g.40gb"
+        - name: cpus
+          exactly:
+            deviceClassName: ` + cpuDriverName + `
+            capacity:
+              requests:
+                ` + cpuDriverName + `/cpu: "16"
+      constraints:
+        - requests: [part, cpus]
+          matchAttribute: ` + numaAlias + `
+`)
+	e.createPod(ns, "cpu-hog", "numa1-cpus")
+	e.waitPodRunning(ns, "cpu-hog", 2*time.Minute)
+	e.createPod(ns, "aligned", "partition-and-cpus")
+	pod := e.waitPodRunning(ns, "aligned", 2*time.Minute)
+	claim := claimOf(t, e, pod)
+	var part string
+	var numas []int64
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		switch r.Driver {
+		case driverName:
+			part = r.Device
+			numas = append(numas, numaOf(t, devices[r.Device]))
+		case cpuDriverName:
+			numas = append(numas, cpuNUMA[r.Device])
+		}
+	}
+	t.Logf("partition %s and CPUs on NUMA nodes %v", part, numas)
+	if !strings.Contains(part, "-mig-3g-40gb-") || len(numas) != 2 || numas[0] != 0 || numas[1] != 0 {
+		t.Fatalf("claim %s got %s on NUMA nodes %v; want a 3g.40gb partition and CPUs of NUMA node 0", claim.Name, part, numas)
+	}
+	instances := e.migInstances()
+	if len(instances) != 1 || !strings.Contains(instances[0], " 3g.40gb@") {
+		t.Errorf("instances %v, want the claim's one 3g.40gb", instances)
+	}
+	rec, err := readRecord(e, pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := cpuset.Parse(rec.Containers[0].CPUSetCPUs)
+	if err != nil {
+		t.Fatalf("cpuset %q: %v", rec.Containers[0].CPUSetCPUs, err)
+	}
+	if node0 := nodeCPUList(t, e, 0); got.Size() != 16 || !got.IsSubsetOf(node0) {
+		t.Errorf("cpuset %s, want 16 CPUs of NUMA node 0 (%s)", got, node0)
+	}
+	if !slices.Contains(rec.Containers[0].Env, "TOPODRA_NUMA_NODES=0") {
+		t.Errorf("env %v lacks TOPODRA_NUMA_NODES=0", rec.Containers[0].Env)
 	}
 }
