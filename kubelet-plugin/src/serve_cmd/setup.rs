@@ -222,6 +222,7 @@ pub(super) fn start_health(
         {
             let mut config = MonitorConfig::default();
             config.policy = policy;
+            config.mig_gpus = args.dynamic_mig;
             config
         },
         Arc::new(move |seen| metrics.observe_health(seen)),

@@ -87,10 +87,9 @@ impl DeviceRef {
         }
     }
 
-    /// One per allocatable device of the inventory, and each GPU in MIG mode itself:
-    /// the name dynamic partitions take their GPU's taints from.
+    /// One per allocatable device of the inventory.
     pub fn all(inventory: &Inventory) -> Vec<Self> {
-        let mut out: Vec<Self> = inventory
+        inventory
             .allocatable()
             .iter()
             .map(|d| Self {
@@ -98,7 +97,14 @@ impl DeviceRef {
                 gpu_instance: d.mig.as_ref().map(|m| m.gpu_instance),
                 ..Self::from_gpu(&d.gpu)
             })
-            .collect();
+            .collect()
+    }
+
+    /// [`Self::all`], and each GPU in MIG mode itself: with dynamic MIG its
+    /// partitions take their taints from its name, and a GPU in MIG mode without
+    /// instances has no allocatable device to watch it by.
+    pub fn with_mig_gpus(inventory: &Inventory) -> Vec<Self> {
+        let mut out = Self::all(inventory);
         for gpu in &inventory.gpus {
             let in_mig_mode = gpu.mig_mode.is_some_and(|m| m.current);
             if (in_mig_mode || !gpu.mig_devices.is_empty())

@@ -37,6 +37,9 @@ pub struct MonitorConfig {
     pub reopen_interval: Duration,
     /// Consecutive failed event waits after which NVML is closed and reopened.
     pub max_wait_errors: u32,
+    /// Dynamic MIG: watch each GPU in MIG mode itself too, whose name its
+    /// partitions take their taints from ([`DeviceRef::with_mig_gpus`]).
+    pub mig_gpus: bool,
 }
 
 impl Default for MonitorConfig {
@@ -47,6 +50,7 @@ impl Default for MonitorConfig {
             wait_slice: Duration::from_secs(1),
             reopen_interval: Duration::from_secs(60),
             max_wait_errors: 60,
+            mig_gpus: false,
         }
     }
 }
@@ -106,7 +110,11 @@ impl HealthMonitor {
         observer: Observer,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> (JoinHandle<()>, watch::Receiver<HealthState>) {
-        let devices = DeviceRef::all(inventory);
+        let devices = if config.mig_gpus {
+            DeviceRef::with_mig_gpus(inventory)
+        } else {
+            DeviceRef::all(inventory)
+        };
         let gpus = inventory.gpus.clone();
         let mut tracker = Tracker::new(
             config.policy.clone(),

@@ -112,8 +112,7 @@ async fn an_xid_of_a_mig_gpu_marks_each_of_its_mig_devices() {
         let _ = stop_rx.await;
     });
     let names: Vec<String> = rx.borrow().devices.keys().cloned().collect();
-    // The GPU itself too: dynamic partitions take its taints.
-    assert_eq!(names, ["gpu-0", "gpu-0-mig-1-0", "gpu-0-mig-2-0", "gpu-1"]);
+    assert_eq!(names, ["gpu-0-mig-1-0", "gpu-0-mig-2-0", "gpu-1"]);
     until(&mut rx, |s| {
         s.devices.values().all(|h| h.status == Status::Healthy)
     })
@@ -125,8 +124,7 @@ async fn an_xid_of_a_mig_gpu_marks_each_of_its_mig_devices() {
         instance: None,
     });
     until(&mut rx, |s| {
-        status(s, "gpu-0") == Status::Unhealthy
-            && status(s, "gpu-0-mig-1-0") == Status::Unhealthy
+        status(s, "gpu-0-mig-1-0") == Status::Unhealthy
             && status(s, "gpu-0-mig-2-0") == Status::Unhealthy
     })
     .await;
@@ -258,6 +256,7 @@ async fn an_xid_of_one_instance_marks_its_partition_alone() {
             quiet_period: Duration::from_millis(300),
             ..HealthPolicy::default()
         },
+        mig_gpus: true,
         ..fast()
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -306,4 +305,45 @@ async fn an_xid_of_one_instance_marks_its_partition_alone() {
         .await
         .unwrap()
         .unwrap();
+}
+
+/// With dynamic MIG a GPU in MIG mode without instances has no allocatable device,
+/// yet an XID of it must make it unhealthy: its partitions take their taints from
+/// its name. Without dynamic MIG the monitor watches the published devices only.
+#[tokio::test]
+async fn with_dynamic_mig_a_gpu_in_mig_mode_is_watched_itself() {
+    let mut inv = inventory(2);
+    inv.gpus[0].mig_mode = Some(topodra_model::inventory::MigMode {
+        current: true,
+        pending: true,
+    });
+    let src = Scripted::default();
+    let config = MonitorConfig {
+        mig_gpus: true,
+        ..fast()
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (task, mut rx) = HealthMonitor::spawn(&inv, src.clone(), config, async {
+        let _ = stop_rx.await;
+    });
+    let names: Vec<String> = rx.borrow().devices.keys().cloned().collect();
+    assert_eq!(names, ["gpu-0", "gpu-1"]);
+    until(&mut rx, |s| {
+        s.devices.values().all(|h| h.status == Status::Healthy)
+    })
+    .await;
+    src.events.lock().unwrap().push_back(XidEvent {
+        device: EventDevice::Uuid("GPU-0".into()),
+        xid: 79,
+        instance: None,
+    });
+    until(&mut rx, |s| status(s, "gpu-0") == Status::Unhealthy).await;
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap();
+    let (_task, rx) = HealthMonitor::spawn(&inv, Scripted::default(), fast(), async {});
+    let names: Vec<String> = rx.borrow().devices.keys().cloned().collect();
+    assert_eq!(names, ["gpu-1"]);
 }
