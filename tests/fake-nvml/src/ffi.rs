@@ -901,6 +901,28 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     })
 }
 
+/// nvml.h: the virtualization mode of the GPU (bare metal, pass-through to a VM,
+/// vGPU). NVIDIA's DRA driver asks it before offering dynamic MIG.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetVirtualizationMode(
+    device: nvmlDevice_t,
+    mode: *mut nvmlGpuVirtualizationMode_t,
+) -> nvmlReturn_t {
+    guard(|| {
+        let (_, g) = live_gpu(device)?;
+        let v = match g.gpu.virtualization {
+            crate::profile::Virtualization::None => {
+                nvmlGpuVirtualizationMode_NVML_GPU_VIRTUALIZATION_MODE_NONE
+            }
+            crate::profile::Virtualization::Passthrough => {
+                nvmlGpuVirtualizationMode_NVML_GPU_VIRTUALIZATION_MODE_PASSTHROUGH
+            }
+        };
+        // SAFETY: forwarded caller contract.
+        unsafe { put(mode, v) }
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     device: nvmlDevice_t,

@@ -304,6 +304,11 @@ pub struct Gpu {
     /// platforms; absent means NOT_SUPPORTED, as on PCIe-attached GPUs.
     #[serde(default)]
     pub numa_node_id: Option<u32>,
+    /// `nvmlDeviceGetVirtualizationMode` (nvml.h `nvmlGpuVirtualizationMode_t`):
+    /// `none` on bare metal, the default; `passthrough` for a GPU handed whole to
+    /// a VM, as the lent test machines are.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub virtualization: Virtualization,
     /// Fell off the bus before NVML was initialised: handle lookups answer
     /// GPU_IS_LOST (see the README for what each call answers).
     #[serde(default)]
@@ -386,6 +391,17 @@ pub struct NvLinkFabric {
     pub links_per_gpu: u32,
     #[serde(default, skip_serializing_if = "is_default")]
     pub switch_remote_pci: SwitchRemotePci,
+}
+
+/// How the GPU is virtualized, as NVML reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Virtualization {
+    /// Bare metal (`NVML_GPU_VIRTUALIZATION_MODE_NONE`).
+    #[default]
+    None,
+    /// `NVML_GPU_VIRTUALIZATION_MODE_PASSTHROUGH`.
+    Passthrough,
 }
 
 fn is_default<T: Default + PartialEq>(v: &T) -> bool {

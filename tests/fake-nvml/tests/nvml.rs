@@ -432,3 +432,17 @@ fn point_to_point_peers_are_gpus() {
         Ok(sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_GPU)
     );
 }
+
+/// `nvmlDeviceGetVirtualizationMode` answers the profile's mode, bare metal unless
+/// the GPU says otherwise.
+#[test]
+fn virtualization_mode_follows_the_profile() {
+    use nvml_wrapper::enum_wrappers::device::GpuVirtualizationMode;
+    let mut p = Profile::builtin("dgx-h100").expect("builtin");
+    p.gpus[1].virtualization = topodra_fake_nvml::profile::Virtualization::Passthrough;
+    let (_dir, lib) = setup(&p.to_yaml());
+    let nvml = open(&lib).expect("init");
+    let mode = |i| nvml.device_by_index(i).and_then(|d| d.virtualization_mode());
+    assert!(matches!(mode(0), Ok(GpuVirtualizationMode::Bare)));
+    assert!(matches!(mode(1), Ok(GpuVirtualizationMode::PassThrough)));
+}
