@@ -8,6 +8,9 @@
 // Every driver runs in the same process run, against the same API server, with the
 // same claims (1, 4 and 8 devices), so the ratios between them are what to read.
 // See docs/benchmarks.md "Node path against other drivers".
+//
+// With -mig-slices it measures instead what topodra and NVIDIA's plugin publish with
+// and without dynamic MIG, and prepares nothing (migslices.go).
 package main
 
 import (
@@ -135,6 +138,12 @@ func main() {
 		cdiHook    = flag.String("nvidia-cdi-hook", "", "nvidia-cdi-hook for NVIDIA's plugin to write into its CDI specs (tests/tools/build.sh nvidia-ctk)")
 		only       = flag.String("drivers", "topodra,example,example-unthrottled,nvidia,nvidia-unthrottled", "drivers to run, in order")
 		workDir    = flag.String("work-dir", "", "where the cluster and node directories go (default: a new temp dir, removed on success)")
+		migSlices  = flag.Bool("mig-slices", false, "instead: the slices topodra and NVIDIA's plugin publish, each with and without its dynamic MIG, on -mig-slices-profiles; no prepares")
+		migOut     = flag.String("mig-slices-out", "../../docs/benchmarks/mig-slices.json", "-mig-slices: JSON report (the default is the repository's docs/benchmarks/mig-slices.json from tests/nodebench)")
+		migSpecs   = flag.String("mig-slices-specs", "", "-mig-slices: also write the published slice specs, by run, to this file")
+		migProfs   = flag.String("mig-slices-profiles", "dgx-h100-mig,dgx-h100", "-mig-slices: simulated node profiles, in order")
+		migGPUs    = flag.Int("mig-slices-gpus", 8, "-mig-slices: GPUs of those profiles, the divisor of bytes per GPU")
+		migSettle  = flag.Duration("mig-slices-settle", 3*time.Second, "-mig-slices: how long a complete pool must stay unchanged to be the plugin's")
 	)
 	klog.InitFlags(nil)
 	_ = flag.Set("v", "0")
@@ -143,6 +152,15 @@ func main() {
 	_ = flag.Set("stderrthreshold", "FATAL")
 	flag.Parse()
 	bins := binaries{topodra: *topodraBin, sim: *simBin, profile: *profile, example: *exampleBin, exampleVer: *exampleVer, nvidia: *nvidiaBin, cdiHook: *cdiHook}
+	if *migSlices {
+		o := migSlicesOptions{out: *migOut, specsOut: *migSpecs, profiles: strings.Fields(strings.ReplaceAll(*migProfs, ",", " ")),
+			gpus: *migGPUs, settle: *migSettle, workDir: *workDir}
+		if err := runMigSlices(bins, o); err != nil {
+			fmt.Fprintln(os.Stderr, "nodebench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(*out, *iters, *warmup, *conc, *rounds, bins, *only, *workDir); err != nil {
 		fmt.Fprintln(os.Stderr, "nodebench:", err)
 		os.Exit(1)
@@ -162,29 +180,17 @@ type binaries struct {
 
 func run(out string, iters, warmup, conc, rounds int, bins binaries, only, workDir string) error {
 	began := time.Now()
-	// On SIGINT/SIGTERM the calls fail, run returns and its defers stop the
-	// plugins and the control plane.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signalContext()
 	defer stop()
-	keep := workDir != ""
-	if workDir == "" {
-		var err error
-		if workDir, err = os.MkdirTemp("", "nodebench-"); err != nil {
-			return err
-		}
-	}
-	if err := os.MkdirAll(workDir, 0o755); err != nil {
+	workDir, keep, err := makeWorkDir(workDir, "nodebench-")
+	if err != nil {
 		return err
 	}
-	// The harness's kubelet code logs each registration and prepare at info:
-	// keep that out of the measurement's terminal, in a file.
-	klogFile, err := os.Create(filepath.Join(workDir, "harness.log"))
+	klogFile, err := logKlogTo(workDir)
 	if err != nil {
 		return err
 	}
 	defer klogFile.Close()
-	klog.SetOutput(klogFile)
-	klog.LogToStderr(false)
 
 	var drivers []driver
 	for _, k := range strings.Split(only, ",") {
@@ -281,6 +287,37 @@ func run(out string, iters, warmup, conc, rounds int, bins binaries, only, workD
 	return nil
 }
 
+// signalContext is cancelled on SIGINT/SIGTERM: the calls fail, the run returns
+// and its defers stop the plugins and the control plane.
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+// makeWorkDir is dir, made, or a new temporary directory when dir is empty; keep
+// says whether to leave it after a successful run (it was asked for).
+func makeWorkDir(dir, pattern string) (string, bool, error) {
+	keep := dir != ""
+	if dir == "" {
+		var err error
+		if dir, err = os.MkdirTemp("", pattern); err != nil {
+			return "", false, err
+		}
+	}
+	return dir, keep, os.MkdirAll(dir, 0o755)
+}
+
+// logKlogTo sends klog to dir/harness.log: the harness's kubelet code logs each
+// registration and prepare at info, which stays out of the measurement's terminal.
+func logKlogTo(dir string) (*os.File, error) {
+	f, err := os.Create(filepath.Join(dir, "harness.log"))
+	if err != nil {
+		return nil, err
+	}
+	klog.SetOutput(f)
+	klog.LogToStderr(false)
+	return f, nil
+}
+
 func topodraDriver(bin, simBin, profile string) driver {
 	return driver{
 		Key: "topodra", DriverName: "gpu.topodra.dev", Binary: bin, Version: version(bin, "--version"),
@@ -336,7 +373,7 @@ func exampleDriver(bin, ver, key string) driver {
 // <driver-root>/dev/nvidia* when the root has a dev/). "nvidia" keeps its kube
 // client's defaults (5 QPS, burst 10; its Helm chart sets neither flag);
 // "nvidia-unthrottled" lifts them, as for the example driver. Feature gates stay
-// at their defaults.
+// at their defaults (-mig-slices adds DynamicMIG in runs of its own).
 func nvidiaDriver(bin, simBin, profile, cdiHook, key string) driver {
 	return driver{
 		Key: key, DriverName: "gpu.nvidia.com", Binary: bin, Version: version(bin, "--version"),
@@ -416,8 +453,23 @@ func freeAddr() (string, error) {
 	return l.Addr().String(), nil
 }
 
-func benchDriver(ctx context.Context, c *cluster.Cluster, admin kubernetes.Interface, d driver, dir string, iters, warmup, conc, rounds int) (*driverResult, error) {
-	node := "nodebench-" + d.Key
+// plugin is a driver's kubelet plugin running on a simulated node of its own, with
+// the kubelet's plugin-manager code (tests/e2e/harness) as its peer.
+type plugin struct {
+	h   *harness.Harness
+	cmd *exec.Cmd
+	// exited gets the process's exit once, for the one waiting on it; done is
+	// closed then, for stop, which must not hang when exited was already read.
+	exited  chan error
+	done    chan struct{}
+	logFile *os.File
+	logPath string
+	started time.Time
+}
+
+// startPlugin starts the kubelet side for node, then d's plugin with its log in
+// dir/plugin.log. stop ends both.
+func startPlugin(ctx context.Context, c *cluster.Cluster, d driver, dir, node string) (*plugin, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -437,43 +489,72 @@ func benchDriver(ctx context.Context, c *cluster.Cluster, admin kubernetes.Inter
 	if err := h.Start(ctx); err != nil {
 		return nil, err
 	}
-	defer h.Stop()
-	if err := os.MkdirAll(filepath.Join(dir, "plugins"), 0o755); err != nil {
+	p := &plugin{h: h, logPath: filepath.Join(dir, "plugin.log")}
+	if err := p.start(c, d, dir, node); err != nil {
+		h.Stop()
+		if p.logFile != nil {
+			p.logFile.Close()
+		}
 		return nil, err
 	}
+	return p, nil
+}
 
+func (p *plugin) start(c *cluster.Cluster, d driver, dir, node string) error {
+	if err := os.MkdirAll(filepath.Join(dir, "plugins"), 0o755); err != nil {
+		return err
+	}
 	args, env, err := d.args(dir, node, c.Kubeconfig)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	logPath := filepath.Join(dir, "plugin.log")
-	logFile, err := os.Create(logPath)
+	if p.logFile, err = os.Create(p.logPath); err != nil {
+		return err
+	}
+	p.cmd = exec.Command(d.Binary, args...)
+	p.cmd.Env = append(os.Environ(), env...)
+	p.cmd.Stdout, p.cmd.Stderr = p.logFile, p.logFile
+	p.started = time.Now()
+	if err := p.cmd.Start(); err != nil {
+		return err
+	}
+	p.exited, p.done = make(chan error, 1), make(chan struct{})
+	go func() {
+		err := p.cmd.Wait()
+		close(p.done)
+		p.exited <- err
+	}()
+	return nil
+}
+
+// stop ends the plugin (SIGTERM, then SIGKILL after 20 s) and the kubelet side.
+func (p *plugin) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(20 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+	p.logFile.Close()
+	p.h.Stop()
+}
+
+// fail adds the end of the plugin's log to err: what the plugin said is most of
+// what there is to know about a failure.
+func (p *plugin) fail(err error) error {
+	return fmt.Errorf("%w (plugin log %s:\n%s)", err, p.logPath, tail(p.logPath, 20))
+}
+
+func benchDriver(ctx context.Context, c *cluster.Cluster, admin kubernetes.Interface, d driver, dir string, iters, warmup, conc, rounds int) (*driverResult, error) {
+	node := "nodebench-" + d.Key
+	p, err := startPlugin(ctx, c, d, dir, node)
 	if err != nil {
 		return nil, err
 	}
-	defer logFile.Close()
-	cmd := exec.Command(d.Binary, args...)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	t0 := time.Now()
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(20 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	}()
-	pid := cmd.Process.Pid
-	fail := func(err error) (*driverResult, error) {
-		return nil, fmt.Errorf("%w (plugin log %s:\n%s)", err, logPath, tail(logPath, 20))
-	}
+	defer p.stop()
+	h, t0, exited, pid := p.h, p.started, p.exited, p.cmd.Process.Pid
+	fail := func(err error) (*driverResult, error) { return nil, p.fail(err) }
 
 	res := &driverResult{Driver: d}
 	regCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
@@ -638,21 +719,8 @@ func waitSlices(ctx context.Context, admin kubernetes.Interface, node, driverNam
 	for {
 		list, err := admin.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: sel})
 		now := time.Now()
-		if err == nil && len(list.Items) > 0 {
-			var gen int64
-			for _, s := range list.Items {
-				gen = max(gen, s.Spec.Pool.Generation)
-			}
-			var current []resourceapi.ResourceSlice
-			want, pool := int64(0), ""
-			for _, s := range list.Items {
-				if s.Spec.Pool.Generation != gen {
-					continue
-				}
-				current = append(current, s)
-				want, pool = s.Spec.Pool.ResourceSliceCount, s.Spec.Pool.Name
-			}
-			if int64(len(current)) == want && len(deviceNames(current)) > 0 {
+		if err == nil {
+			if pool, current, ok := completePool(list.Items); ok && len(deviceNames(current)) > 0 {
 				return pool, current, now, nil
 			}
 		}
@@ -664,6 +732,28 @@ func waitSlices(ctx context.Context, admin kubernetes.Interface, node, driverNam
 		case <-tick.C:
 		}
 	}
+}
+
+// completePool is the newest generation of the pool the slices (of one node and
+// driver) make, when all its resourceSliceCount slices are among them.
+func completePool(items []resourceapi.ResourceSlice) (string, []resourceapi.ResourceSlice, bool) {
+	if len(items) == 0 {
+		return "", nil, false
+	}
+	var gen int64
+	for _, s := range items {
+		gen = max(gen, s.Spec.Pool.Generation)
+	}
+	var current []resourceapi.ResourceSlice
+	want, pool := int64(0), ""
+	for _, s := range items {
+		if s.Spec.Pool.Generation != gen {
+			continue
+		}
+		current = append(current, s)
+		want, pool = s.Spec.Pool.ResourceSliceCount, s.Spec.Pool.Name
+	}
+	return pool, current, int64(len(current)) == want
 }
 
 // deviceNames are the slices' devices in natural order.
@@ -680,16 +770,25 @@ func deviceNames(slices []resourceapi.ResourceSlice) []string {
 
 // specBytesPerDevice is the JSON size of the slices' specs per device.
 func specBytesPerDevice(slices []resourceapi.ResourceSlice) float64 {
-	var bytes, devices int
+	var devices int
 	for _, s := range slices {
-		b, _ := json.Marshal(s.Spec)
-		bytes += len(b)
 		devices += len(s.Spec.Devices)
 	}
 	if devices == 0 {
 		return 0
 	}
-	return float64(bytes) / float64(devices)
+	return float64(specBytes(slices)) / float64(devices)
+}
+
+// specBytes is the JSON size of the slices' specs: what a driver publishes, less
+// the object metadata the API server adds.
+func specBytes(slices []resourceapi.ResourceSlice) int {
+	var n int
+	for _, s := range slices {
+		b, _ := json.Marshal(s.Spec)
+		n += len(b)
+	}
+	return n
 }
 
 // natLess orders gpu-2 before gpu-10, so "the first n devices" is the same set
