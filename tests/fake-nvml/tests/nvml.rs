@@ -442,7 +442,10 @@ fn virtualization_mode_follows_the_profile() {
     p.gpus[1].virtualization = topodra_fake_nvml::profile::Virtualization::Passthrough;
     let (_dir, lib) = setup(&p.to_yaml());
     let nvml = open(&lib).expect("init");
-    let mode = |i| nvml.device_by_index(i).and_then(|d| d.virtualization_mode());
+    let mode = |i| {
+        nvml.device_by_index(i)
+            .and_then(|d| d.virtualization_mode())
+    };
     assert!(matches!(mode(0), Ok(GpuVirtualizationMode::Bare)));
     assert!(matches!(mode(1), Ok(GpuVirtualizationMode::PassThrough)));
 }
