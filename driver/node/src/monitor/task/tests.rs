@@ -67,6 +67,22 @@ impl EventSourceOpener for Scripted {
     }
 }
 
+fn in_mig_mode(gpu: &mut Gpu) {
+    gpu.mig_mode = Some(topodra_model::inventory::MigMode {
+        current: true,
+        pending: true,
+    });
+}
+
+/// Ends the monitor and waits for its task.
+async fn stop(stop_tx: tokio::sync::oneshot::Sender<()>, task: JoinHandle<()>) {
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
 fn fast() -> MonitorConfig {
     MonitorConfig {
         probe_interval: Duration::from_millis(20),
@@ -90,10 +106,7 @@ fn status(s: &HealthState, dev: &str) -> Status {
 #[tokio::test]
 async fn an_xid_of_a_mig_gpu_marks_each_of_its_mig_devices() {
     let mut inv = inventory(2);
-    inv.gpus[0].mig_mode = Some(topodra_model::inventory::MigMode {
-        current: true,
-        pending: true,
-    });
+    in_mig_mode(&mut inv.gpus[0]);
     inv.gpus[0].mig_devices = (1..=2)
         .map(|gi| topodra_model::MigDevice {
             uuid: format!("MIG-{gi}"),
@@ -129,11 +142,7 @@ async fn an_xid_of_a_mig_gpu_marks_each_of_its_mig_devices() {
     })
     .await;
     assert_eq!(status(&rx.borrow(), "gpu-1"), Status::Healthy);
-    stop_tx.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .unwrap()
-        .unwrap();
+    stop(stop_tx, task).await;
 }
 
 #[tokio::test]
@@ -200,11 +209,7 @@ async fn xids_probes_and_shutdown() {
     until(&mut rx, |s| status(s, "gpu-2") == Status::Healthy).await;
     assert_eq!(status(&rx.borrow(), "gpu-0"), Status::Healthy);
 
-    stop_tx.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .unwrap()
-        .unwrap();
+    stop(stop_tx, task).await;
     // The sender is gone with the task, which ends the health streams.
     assert!(rx.changed().await.is_err());
 }
@@ -224,11 +229,7 @@ async fn unavailable_nvml_is_unknown_and_does_not_crash() {
     // Several reopen attempts later the task is still alive.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!task.is_finished());
-    stop_tx.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .unwrap()
-        .unwrap();
+    stop(stop_tx, task).await;
 }
 
 /// With dynamic MIG, an XID NVML attributes to one GPU instance whose placement it
@@ -239,10 +240,7 @@ async fn unavailable_nvml_is_unknown_and_does_not_crash() {
 async fn an_xid_of_one_instance_marks_its_partition_alone() {
     use topodra_model::health::{InstanceScope, ScopePlacement};
     let mut inv = inventory(2);
-    inv.gpus[0].mig_mode = Some(topodra_model::inventory::MigMode {
-        current: true,
-        pending: true,
-    });
+    in_mig_mode(&mut inv.gpus[0]);
     inv.gpus[0].mig_profiles = topodra_model::slice::fixtures::h100_mig_profiles();
     let one_g = inv.gpus[0]
         .mig_profiles
@@ -300,11 +298,7 @@ async fn an_xid_of_one_instance_marks_its_partition_alone() {
         status(s, "gpu-0-mig-1g-10gb-6") == Status::Healthy
     })
     .await;
-    stop_tx.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .unwrap()
-        .unwrap();
+    stop(stop_tx, task).await;
 }
 
 /// With dynamic MIG a GPU in MIG mode without instances has no allocatable device,
@@ -313,10 +307,7 @@ async fn an_xid_of_one_instance_marks_its_partition_alone() {
 #[tokio::test]
 async fn with_dynamic_mig_a_gpu_in_mig_mode_is_watched_itself() {
     let mut inv = inventory(2);
-    inv.gpus[0].mig_mode = Some(topodra_model::inventory::MigMode {
-        current: true,
-        pending: true,
-    });
+    in_mig_mode(&mut inv.gpus[0]);
     let src = Scripted::default();
     let config = MonitorConfig {
         mig_gpus: true,
@@ -338,11 +329,7 @@ async fn with_dynamic_mig_a_gpu_in_mig_mode_is_watched_itself() {
         instance: None,
     });
     until(&mut rx, |s| status(s, "gpu-0") == Status::Unhealthy).await;
-    stop_tx.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .unwrap()
-        .unwrap();
+    stop(stop_tx, task).await;
     let (_task, rx) = HealthMonitor::spawn(&inv, Scripted::default(), fast(), async {});
     let names: Vec<String> = rx.borrow().devices.keys().cloned().collect();
     assert_eq!(names, ["gpu-1"]);
