@@ -362,9 +362,31 @@ fn assign(
     observed: &BTreeMap<&String, &ResourceSlice>,
     prefixes: Option<&[String]>,
 ) -> Vec<Option<String>> {
-    let fits = |i: usize, name: &str| match prefixes.and_then(|p| p.get(i)) {
-        None => prefixes.is_none(),
-        Some(p) => name.starts_with(p.as_str()) && name.len() == p.len().saturating_add(SUFFIX_LEN),
+    // A slice holds devices or shared counters, never both, and an apply that
+    // turns one kind into the other is refused: the server keeps the field the
+    // apply leaves out ("only one of `sharedCounters` or `devices` is allowed").
+    // So a slice is only reused for a slice of its own kind; a pool whose counter
+    // slice moves to another index (dynamic MIG with more or fewer partitions)
+    // creates the new one and deletes the old.
+    let counters = |s: &ResourceSlice| {
+        s.spec
+            .shared_counters
+            .as_ref()
+            .is_some_and(|c| !c.is_empty())
+    };
+    let kinds: BTreeMap<&str, bool> = observed
+        .iter()
+        .map(|(n, s)| (n.as_str(), counters(s)))
+        .collect();
+    let fits = |i: usize, name: &str| {
+        let same_kind = kinds.get(name).copied() == desired.get(i).map(counters);
+        same_kind
+            && match prefixes.and_then(|p| p.get(i)) {
+                None => prefixes.is_none(),
+                Some(p) => {
+                    name.starts_with(p.as_str()) && name.len() == p.len().saturating_add(SUFFIX_LEN)
+                }
+            }
     };
     let devices = |s: &ResourceSlice| -> BTreeSet<String> {
         s.spec

@@ -292,3 +292,61 @@ fn a_long_node_name_puts_the_index_first_where_the_server_would_cut_it_off() {
         format!("{}-", q.trim_end_matches(['-', '.']))
     });
 }
+
+/// A slice of shared counters and a slice of devices: each reused only for its own
+/// kind. Here the counter slice moves from index 1 to index 2 (the pool grew a
+/// device slice, as dynamic MIG does when GPUs enter MIG mode): the slice at index 1
+/// is created anew and the old counter slice deleted after the writes, since the
+/// server refuses an apply that gives a counter slice devices.
+#[test]
+fn a_counter_slice_is_never_reused_for_devices() {
+    use k8s_openapi::api::resource::v1::{Counter, CounterSet};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let now = Instant::now();
+    let with_counters = |mut s: ResourceSlice| {
+        s.spec.devices = None;
+        s.spec.shared_counters = Some(vec![CounterSet {
+            name: "gpu-0".into(),
+            counters: BTreeMap::from([(
+                "memory-slice-0".to_owned(),
+                Counter {
+                    value: Quantity("1".into()),
+                },
+            )]),
+        }]);
+        s
+    };
+    // Observed: devices at index 0, counters at index 1.
+    let mut observed = at(2, 3);
+    observed.push(with_counters(observed[0].clone()));
+    for (s, name) in observed
+        .iter_mut()
+        .zip(["n-gpu.topodra.dev-00-aaaaa", "n-gpu.topodra.dev-01-bbbbb"])
+    {
+        s.metadata.name = Some(name.to_owned());
+    }
+    let st = ordered_synced_with("n", observed);
+    // Desired: devices at 0 and 1, counters at 2.
+    let mut desired = pool(4);
+    desired.push(with_counters(desired[0].clone()));
+    let plan = plan_of(st.decide(&desired, now));
+    assert_eq!(names_of(&plan.apply), ["n-gpu.topodra.dev-00-aaaaa"]);
+    let created: Vec<_> = plan
+        .create
+        .iter()
+        .map(|s| {
+            (
+                s.metadata.generate_name.clone().unwrap(),
+                s.spec.shared_counters.is_some(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        created,
+        [
+            ("n-gpu.topodra.dev-01-".to_owned(), false),
+            ("n-gpu.topodra.dev-02-".to_owned(), true)
+        ]
+    );
+    assert_eq!(names_of(&plan.delete), ["n-gpu.topodra.dev-01-bbbbb"]);
+}
