@@ -39,11 +39,18 @@ pub(crate) struct ServeArgs {
     /// Dynamic MIG: publish every MIG partition the GPUs in MIG mode can hold,
     /// beside the whole GPU, with the counters that keep them apart, and make a
     /// partition's MIG instance when a claim for it is prepared (and remove it at
-    /// unprepare). Never changes a GPU's MIG mode, never removes an instance the
-    /// plugin did not make. Off: GPUs in MIG mode are offered as the MIG devices
-    /// an operator made.
+    /// unprepare). Changes a GPU's MIG mode only with --enable-mig-mode; never
+    /// removes an instance the plugin did not make. Off: GPUs in MIG mode are
+    /// offered as the MIG devices an operator made.
     #[arg(long, env = "TOPODRA_DYNAMIC_MIG")]
     pub(crate) dynamic_mig: bool,
+
+    /// With --dynamic-mig: turn MIG mode on, each time this instance takes the node
+    /// state and before it serves, for GPUs that support MIG, are not in MIG mode,
+    /// change without a GPU reset (Hopper and later) and that no prepared claim
+    /// holds. Ampere GPUs, which need a reset, are left alone.
+    #[arg(long, env = "TOPODRA_ENABLE_MIG_MODE", requires = "dynamic_mig")]
+    pub(crate) enable_mig_mode: bool,
 }
 
 /// Where the kubelet looks for the plugin, and where the plugin keeps its state.

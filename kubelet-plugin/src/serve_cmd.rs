@@ -147,7 +147,8 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
     let needs = StartNeeds::new(state_dir.clone(), hook_setup, hook_ready);
     let ctx = Setup {
         args: &args,
-        inventory: &inventory,
+        inventory: std::sync::Mutex::new(Arc::new(inventory.clone())),
+        discovery: &discovery_config,
         cdi: &cdi,
         files: &files,
         boot_id: &boot_id,
@@ -165,11 +166,20 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
             return Ok(());
         }
     };
+    // Rounds served so far: an instance that owns the state after an earlier round
+    // (read-only, or before a handover) discovers again before it changes MIG
+    // modes, since another instance may have changed them meanwhile.
+    let mut rounds = 0u32;
     loop {
+        let again = rounds > 0;
+        rounds = rounds.saturating_add(1);
         // Err: the state machine could not start from the state.
         let stop: Result<Stop, String> = match &owner {
             Owner::Owned(ownership) => {
                 tracing::info!(owner = ownership.name(), "owns the node state");
+                if args.enable_mig_mode {
+                    ctx.enable_mig_mode(again);
+                }
                 match ctx.start_preparer() {
                     Ok(preparer) => Ok(serve(&ctx, preparer, handover(ownership, timing)).await?),
                     Err(e) => {

@@ -551,3 +551,50 @@ func TestDynamicMIGChurn(t *testing.T) {
 		t.Errorf("the stream placed %d pods and left %d waiting; want a busy node (at least 10 placed, some waiting)", ran, waited)
 	}
 }
+
+// TestDynamicMIGEnablesMigMode: a DGX H100 with MIG off and the plugin with
+// --dynamic-mig offers its 8 GPUs whole. A claim is prepared on one of them; the
+// plugin restarted with --enable-mig-mode turns MIG mode on for the other seven,
+// which then publish their partitions, and leaves the GPU the claim holds as it
+// is. Once that pod is gone, the next start switches it too.
+func TestDynamicMIGEnablesMigMode(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOptions{profile: "dgx-h100", pluginArgs: []string{"--dynamic-mig"}})
+	e.waitRegistered(2 * time.Minute)
+	e.waitDevices(8, time.Minute)
+	const ns = "mig-mode"
+	e.createNamespace(ns)
+	e.kubectlApply(claimSpec{ns: ns, name: "whole", selector: `device.attributes["gpu.topodra.dev"].type == "gpu"`}.yaml())
+	e.createPod(ns, "held", "whole")
+	_, devs := e.allocation(e.waitPodRunning(ns, "held", 2*time.Minute))
+	if len(devs) != 1 {
+		t.Fatalf("the whole-GPU claim got %v", devs)
+	}
+	held := devs[0]
+
+	restart := func() {
+		e.plugin.stop(t)
+		e.plugin = e.startPlugin(e.pluginKubeconfig)
+		e.waitRegistered(time.Minute)
+	}
+	e.args = append(e.args, "--enable-mig-mode")
+	restart()
+	devices := e.waitDevices(7*(1+25)+1, time.Minute)
+	for name := range devices {
+		if strings.HasPrefix(name, held+"-mig-") {
+			t.Errorf("%s: the GPU a claim holds publishes partition %s (MIG mode changed under the claim)", held, name)
+		}
+	}
+	if !logHas(e.plugin, "MIG mode enabled") || !logHas(e.plugin, "a prepared claim holds it") {
+		t.Errorf("the plugin's log does not say which GPUs it switched and why it left %s; log %s", held, e.plugin.log)
+	}
+
+	if err := e.admin.CoreV1().Pods(ns).Delete(context.Background(), "held", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitPodGone(ns, "held", time.Minute)
+	restart()
+	// The pool grows a slice and its counter slice moves to the end: a slice of
+	// counters is never reused for devices (the API server refuses that apply).
+	e.waitDevices(8*(1+25), time.Minute)
+}

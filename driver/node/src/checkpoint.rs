@@ -1,5 +1,6 @@
 //! The checkpoint file: atomic saves, and loads that quarantine what they cannot trust.
 
+use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
@@ -89,7 +90,7 @@ pub(crate) struct Loaded {
 /// prepare state machine serializes them. The store itself holds no state, so it is
 /// `Send + Sync` and cheap to clone.
 #[derive(Debug, Clone)]
-pub(crate) struct CheckpointStore {
+pub struct CheckpointStore {
     dir: PathBuf,
     path: PathBuf,
 }
@@ -195,6 +196,21 @@ impl CheckpointStore {
             Ok(checkpoint) => (checkpoint, None),
             Err(why) => (Checkpoint::new(current_boot_id), Some(why)),
         }
+    }
+
+    /// The device names any claim of the checkpoint records, whatever its state,
+    /// read as [`Self::read_only`] does; `Err(why)` when the file cannot be read or
+    /// trusted, since then any device may be held.
+    pub fn prepared_devices(state_dir: &Path) -> Result<BTreeSet<String>, String> {
+        let (checkpoint, why) = CheckpointStore::new(state_dir).read_only("");
+        if let Some(why) = why {
+            return Err(why);
+        }
+        Ok(checkpoint
+            .claims
+            .values()
+            .flat_map(|r| r.devices.iter().map(|d| d.device.clone()))
+            .collect())
     }
 
     /// This process's temp file.

@@ -196,6 +196,7 @@ fn flag_names_and_environment_variables_stay_as_they_were() {
         ),
         ("evict-unhealthy", "TOPODRA_EVICT_UNHEALTHY"),
         ("dynamic-mig", "TOPODRA_DYNAMIC_MIG"),
+        ("enable-mig-mode", "TOPODRA_ENABLE_MIG_MODE"),
         #[cfg(feature = "crash-points")]
         ("test-crash-at", "TOPODRA_TEST_CRASH_AT"),
     ]

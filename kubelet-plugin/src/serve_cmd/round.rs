@@ -33,12 +33,12 @@ pub(super) async fn serve(
 ) -> Result<Stop> {
     let Setup {
         args,
-        inventory,
         client,
         metrics,
         lifecycle,
         ..
     } = *ctx;
+    let inventory = &*ctx.inventory();
     metrics.set_prepared_from(&preparer);
     metrics.set_read_only(preparer.read_only().is_some());
     // What stops after registration, with the plugin's DRA socket.

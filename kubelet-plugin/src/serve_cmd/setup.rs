@@ -2,7 +2,7 @@
 //! preparer's configuration, the host device check, the health monitor and the
 //! status exporter.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use topodra_model::health::{HealthPolicy, HealthState};
 use topodra_node::cdi::{CdiConfig, DriverFiles, HostNodeProblem, host_node_problems};
-use topodra_node::dynamic_mig::Carver;
+use topodra_node::dynamic_mig::{Carver, ModeOutcome};
 use topodra_node::prepare::{Preparer, PreparerConfig};
 
 pub(crate) use crate::args::ServeArgs;
@@ -24,7 +24,10 @@ use topodra_node::monitor::{HealthMonitor, MonitorConfig};
 /// What every serving round needs, from the start of the process.
 pub(super) struct Setup<'a> {
     pub(super) args: &'a ServeArgs,
-    pub(super) inventory: &'a topodra_model::Inventory,
+    /// What discovery found: at start, and again when this instance turned MIG
+    /// mode on or takes the node state back (`--enable-mig-mode`).
+    pub(super) inventory: Mutex<Arc<topodra_model::Inventory>>,
+    pub(super) discovery: &'a topodra_node::discovery::DiscoveryConfig,
     pub(super) cdi: &'a CdiConfig,
     pub(super) files: &'a DriverFiles,
     pub(super) boot_id: &'a str,
@@ -37,6 +40,71 @@ pub(super) struct Setup<'a> {
 }
 
 impl Setup<'_> {
+    /// The inventory this round serves.
+    pub(super) fn inventory(&self) -> Arc<topodra_model::Inventory> {
+        Arc::clone(
+            &self
+                .inventory
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+    }
+
+    /// `--enable-mig-mode`, as this instance takes the node state and before it
+    /// serves: turns MIG mode on where that is safe (the checkpoint says which GPUs
+    /// prepared claims hold), then discovers again if anything changed. `again`:
+    /// discover first, because the state was held by another instance meanwhile,
+    /// which may have changed MIG modes.
+    pub(super) fn enable_mig_mode(&self, again: bool) {
+        if again {
+            self.rediscover();
+        }
+        let held = match topodra_node::checkpoint::CheckpointStore::prepared_devices(
+            &self.args.state_dir(),
+        ) {
+            Ok(held) => held,
+            Err(why) => {
+                tracing::warn!(
+                    reason = %why,
+                    "not changing any GPU's MIG mode: the checkpoint cannot be read, so any GPU may be held"
+                );
+                return;
+            }
+        };
+        let mut changed = false;
+        for (gpu, outcome) in self.carver.enable_mig_mode(&self.inventory(), &held) {
+            match outcome {
+                ModeOutcome::Enabled => {
+                    tracing::info!(gpu = %gpu, "MIG mode enabled");
+                    changed = true;
+                }
+                ModeOutcome::Skipped(why) => {
+                    tracing::info!(gpu = %gpu, reason = %why, "MIG mode left off");
+                }
+                ModeOutcome::Failed(why) => {
+                    tracing::warn!(gpu = %gpu, reason = %why, "MIG mode could not be enabled");
+                }
+            }
+        }
+        if changed {
+            self.rediscover();
+        }
+    }
+
+    fn rediscover(&self) {
+        match topodra_node::discovery::discover(self.discovery) {
+            Ok(inv) => {
+                *self
+                    .inventory
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Arc::new(inv);
+            }
+            // The last inventory stays: better what was true a moment ago than
+            // nothing, and the next start tries again.
+            Err(e) => tracing::error!(error = %e, "discovering GPUs again failed"),
+        }
+    }
+
     pub(super) fn preparer_config(&self) -> PreparerConfig {
         PreparerConfig {
             driver_name: self.args.discovery.driver_name.clone(),
@@ -98,7 +166,7 @@ impl Setup<'_> {
         });
         Arc::new(Preparer::start_read_only(
             &self.preparer_config(),
-            self.inventory,
+            &self.inventory(),
             self.device_nodes(),
             self.files.clone(),
             reason.to_owned(),
@@ -110,7 +178,7 @@ impl Setup<'_> {
     pub(super) fn start_preparer(&self) -> Result<Arc<Preparer>> {
         let (preparer, report) = Preparer::start(
             &self.preparer_config(),
-            self.inventory,
+            &self.inventory(),
             self.device_nodes(),
             self.files.clone(),
         )
@@ -131,7 +199,7 @@ impl Setup<'_> {
         let (client, node, inventory) = (
             self.client.clone(),
             self.args.node_name.clone(),
-            self.inventory.clone(),
+            self.inventory(),
         );
         tokio::spawn(async move {
             events::recovery_events(client.clone(), &node, &report).await;

@@ -15,7 +15,10 @@
 //! Each step is idempotent, so a prepare retried after a crash between steps
 //! finishes the instance instead of failing on its half.
 
+mod mode;
 mod nvml;
+
+pub use mode::ModeOutcome;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
