@@ -81,6 +81,7 @@ func TestChartRefusesValuesThatCannotWork(t *testing.T) {
 		{"no schema: MIG resource not a profile", []string{"--skip-schema-validation", "--set", "deviceClass.migExtendedResources={1g.10GB}"}, "is not a MIG profile name"},
 		{"aligned MIG class named as the MIG class", []string{"--set", "alignedClass.migName=mig.topodra.dev"}, "alignedClass.migName must differ"},
 		{"aligned MIG class not a DNS name", []string{"--set", "alignedClass.migName=MIG_aligned"}, "set alignedClass.migName"},
+		{"MIG mode without dynamic MIG", []string{"--set", "kubeletPlugin.enableMigMode=true"}, "needs kubeletPlugin.dynamicMig"},
 	} {
 		out, err := helmTemplateOut(t, c.args...)
 		if err == nil {
@@ -104,6 +105,7 @@ func TestChartRefusesValuesThatCannotWork(t *testing.T) {
 		{"--set", "cpuDriver.alignedClass.enabled=true", "--set", "cpuDriver.alignedClass.numaAttribute=resource.kubernetes.io/numaNode"},
 		{"--set", "cpuDriver.name="},
 		{"--set", "deviceClass.migExtendedResources={1g.10gb,1g.10gb+me,7g.80gb}"},
+		{"--set", "kubeletPlugin.dynamicMig=true", "--set", "kubeletPlugin.enableMigMode=true"},
 	} {
 		if out, err := helmTemplateOut(t, args...); err != nil {
 			t.Errorf("%v: refused: %v\n%s", args, err, out)

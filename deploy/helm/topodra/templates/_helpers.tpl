@@ -256,6 +256,9 @@ Checks of values that would otherwise fail at run time on every node.
 {{- if not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$" .Values.driverName) }}
 {{- fail (printf "driverName must be a DNS subdomain with at least one dot (like gpu.topodra.dev), not %q" .Values.driverName) }}
 {{- end }}
+{{- if and .Values.kubeletPlugin.enableMigMode (not .Values.kubeletPlugin.dynamicMig) }}
+{{- fail "kubeletPlugin.enableMigMode needs kubeletPlugin.dynamicMig: MIG mode is turned on for dynamic MIG's partitions" }}
+{{- end }}
 {{- range .Values.deviceClass.migExtendedResources }}
 {{- if not (regexMatch "^[0-9]+g\\.[0-9]+gb(\\+[a-z]+)*$" (toString .)) }}
 {{- fail (printf "deviceClass.migExtendedResources: %q is not a MIG profile name as nvidia-smi mig -lgip prints it (1g.10gb, 3g.40gb, 1g.10gb+me)" (toString .)) }}
