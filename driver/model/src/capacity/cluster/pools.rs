@@ -112,16 +112,23 @@ impl Cluster {
 
     /// Recomputes one node's summary from all its pools; true when it changed.
     pub(super) fn summarize(&mut self, node: &str) -> bool {
-        let mut devices = Vec::new();
-        let mut left_per_pool = Vec::new();
-        for (pool, v) in self.pools.iter().filter(|(_, v)| v.node == node) {
-            let left = self.counters_left(pool, v);
-            for d in v.devices.values() {
-                devices.push((d, self.state(pool, d, &left)));
-            }
-            left_per_pool.push((pool.as_str(), v, left));
-        }
-        let partitions = self.partitions(&left_per_pool);
+        // Per pool: each device with its state, and the counters left.
+        let pools: Vec<(Vec<(&DeviceRecord, State)>, Counters)> = self
+            .pools
+            .iter()
+            .filter(|(_, v)| v.node == node)
+            .map(|(pool, v)| {
+                let left = self.counters_left(pool, v);
+                let states = v
+                    .devices
+                    .values()
+                    .map(|d| (d, self.state(pool, d, &left)))
+                    .collect();
+                (states, left)
+            })
+            .collect();
+        let partitions = partitions(&pools);
+        let devices = pools.iter().flat_map(|(states, _)| states.iter().copied());
         let numa_nodes = union(
             self.pools
                 .values()
@@ -175,43 +182,45 @@ impl Cluster {
         }
         left
     }
+}
 
-    /// Per MIG profile and NUMA node, how many more MIG devices of the profile the
-    /// node could hand out now: each free static MIG device counts one, and on each
-    /// GPU with partitions as many of the profile's free placements as fit together
-    /// in what is left of its counters (first fit by name: the placements of one
-    /// profile are of one size and aligned to it, so two overlap only where they
-    /// are the same span, and any order takes as many).
-    fn partitions(&self, pools: &[(&str, &PoolView, Counters)]) -> Vec<PartitionFacts> {
-        let mut out = Vec::new();
-        for (pool, view, left) in pools {
-            // One profile at a time, each starting from what the allocations left.
-            let mut by_profile: BTreeMap<&str, Vec<&DeviceRecord>> = BTreeMap::new();
-            for d in view.devices.values() {
-                if let Some(p) = d.profile.as_deref() {
-                    by_profile.entry(p).or_default().push(d);
-                }
-            }
-            for (profile, devs) in by_profile {
-                let mut room = left.clone();
-                for d in devs {
-                    let usable =
-                        !self.is_allocated(pool, d) && !self.is_tainted(pool, d) && d.fits(&room);
-                    if usable {
-                        device::take(&mut room, &d.consumes);
-                    }
-                    out.push(PartitionFacts {
-                        profile: profile.to_owned(),
-                        numa: d.group(super::Level::NumaNode).map(str::to_owned),
-                        gpu_uuid: d.gpu_uuid.clone(),
-                        available: usable,
-                        allocated: self.is_allocated(pool, d),
-                    });
-                }
+/// Per MIG profile and NUMA node, how many more MIG devices of the profile the
+/// node could hand out now: each free static MIG device counts one, and on each
+/// GPU with partitions as many of the profile's free placements as fit together
+/// in what is left of its counters (first fit by name: the placements of one
+/// profile are of one size and aligned to it, so two overlap only where they are
+/// the same span, and any order takes as many). `pools`: each pool's devices with
+/// their states, and its counters left.
+fn partitions(pools: &[(Vec<(&DeviceRecord, State)>, Counters)]) -> Vec<PartitionFacts> {
+    let mut out = Vec::new();
+    for (states, left) in pools {
+        // One profile at a time, each starting from what the allocations left.
+        let mut by_profile: BTreeMap<&str, Vec<(&DeviceRecord, State)>> = BTreeMap::new();
+        for (d, state) in states {
+            if let Some(p) = d.profile.as_deref() {
+                by_profile.entry(p).or_default().push((d, *state));
             }
         }
-        out
+        for (profile, devs) in by_profile {
+            let mut room = left.clone();
+            for (d, state) in devs {
+                // Neither allocated nor tainted, and room for it beside the
+                // others taken so far.
+                let usable = matches!(state, State::Free | State::Blocked) && d.fits(&room);
+                if usable {
+                    device::take(&mut room, &d.consumes);
+                }
+                out.push(PartitionFacts {
+                    profile: profile.to_owned(),
+                    numa: d.group(super::Level::NumaNode).map(str::to_owned),
+                    gpu_uuid: d.gpu_uuid.clone(),
+                    available: usable,
+                    allocated: state == State::Allocated,
+                });
+            }
+        }
     }
+    out
 }
 
 /// One MIG device or partition, for the per-profile figures: its profile, NUMA
