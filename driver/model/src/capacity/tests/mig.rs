@@ -81,6 +81,17 @@ fn classify(class: &str) -> Option<ClassKind> {
     }
 }
 
+/// The demand of [`mig_spec`]'s claim, read with the chart's classes.
+fn mig_demand(class: &str, selector: Option<&str>, count: i64, numa: bool) -> Demand {
+    Demand::of_claim_classified(
+        &mig_spec(class, selector, count, numa),
+        DRIVER,
+        &[],
+        classify,
+    )
+    .unwrap()
+}
+
 #[test]
 fn an_uncarved_dgx_h100_offers_every_profile_on_every_gpu() {
     let c = mig_cluster("node-a");
@@ -137,18 +148,12 @@ fn a_partition_blocks_its_gpu_and_the_placements_it_overlaps() {
 
 #[test]
 fn classes_and_selectors_say_which_profile_a_claim_wants() {
-    let d = Demand::of_claim_classified(
-        &mig_spec(
-            "mig.topodra.dev",
-            Some(r#"device.attributes["gpu.topodra.dev"].profile == "7g.80gb""#),
-            2,
-            false,
-        ),
-        DRIVER,
-        &[],
-        classify,
-    )
-    .unwrap();
+    let d = mig_demand(
+        "mig.topodra.dev",
+        Some(r#"device.attributes["gpu.topodra.dev"].profile == "7g.80gb""#),
+        2,
+        false,
+    );
     assert_eq!((d.count, d.unjudged.len()), (0, 0));
     assert_eq!(
         d.mig,
@@ -157,52 +162,30 @@ fn classes_and_selectors_say_which_profile_a_claim_wants() {
             count: 2
         }]
     );
-    let by_class = Demand::of_claim_classified(
-        &mig_spec("mig-7g.80gb.topodra.dev", None, 1, false),
-        DRIVER,
-        &[],
-        classify,
-    )
-    .unwrap();
+    let by_class = mig_demand("mig-7g.80gb.topodra.dev", None, 1, false);
     assert_eq!(by_class.mig[0].profile, "7g.80gb");
-    let any = Demand::of_claim_classified(
-        &mig_spec("mig.topodra.dev", None, 1, false),
-        DRIVER,
-        &[],
-        classify,
-    )
-    .unwrap();
+    let any = mig_demand("mig.topodra.dev", None, 1, false);
     assert!(any.mig.is_empty());
     assert_eq!(
         any.unjudged,
         ["request gpus asks for MIG devices of any profile"]
     );
-    let other = Demand::of_claim_classified(
-        &mig_spec(
-            "mig.topodra.dev",
-            Some(r#"device.attributes["gpu.topodra.dev"].profile == '1g.10gb' && device.attributes["gpu.topodra.dev"].memory.compareTo(quantity("10Gi")) >= 0"#),
-            1,
-            false,
+    let other = mig_demand(
+        "mig.topodra.dev",
+        Some(
+            r#"device.attributes["gpu.topodra.dev"].profile == '1g.10gb' && device.attributes["gpu.topodra.dev"].memory.compareTo(quantity("10Gi")) >= 0"#,
         ),
-        DRIVER,
-        &[],
-        classify,
-    )
-    .unwrap();
+        1,
+        false,
+    );
     assert_eq!(other.mig[0].profile, "1g.10gb");
     assert_eq!(other.unjudged, ["selectors of request gpus"]);
-    let whole = Demand::of_claim_classified(
-        &mig_spec(
-            "gpu.topodra.dev",
-            Some(r#"device.attributes["gpu.topodra.dev"].type == "gpu""#),
-            1,
-            false,
-        ),
-        DRIVER,
-        &[],
-        classify,
-    )
-    .unwrap();
+    let whole = mig_demand(
+        "gpu.topodra.dev",
+        Some(r#"device.attributes["gpu.topodra.dev"].type == "gpu""#),
+        1,
+        false,
+    );
     assert_eq!((whole.count, whole.unjudged.len()), (1, 0));
 }
 
@@ -217,13 +200,7 @@ fn a_7g_that_fits_nowhere_is_explained_by_carved_gpus() {
             &[&format!("gpu-{g}-mig-1g-10gb-6")],
         ));
     }
-    let seven = Demand::of_claim_classified(
-        &mig_spec("mig-7g.80gb.topodra.dev", None, 1, false),
-        DRIVER,
-        &[],
-        classify,
-    )
-    .unwrap();
+    let seven = mig_demand("mig-7g.80gb.topodra.dev", None, 1, false);
     let e = explain(&c, &seven);
     assert!(e.fits.is_empty());
     assert_eq!(
@@ -233,18 +210,12 @@ fn a_7g_that_fits_nowhere_is_explained_by_carved_gpus() {
          node-a NUMA 1: 4 of 4 carved)"
     );
     // A 1g.10gb still fits, and the message says where.
-    let small = Demand::of_claim_classified(
-        &mig_spec(
-            "mig.topodra.dev",
-            Some(r#"device.attributes["gpu.topodra.dev"].profile == "1g.10gb""#),
-            4,
-            true,
-        ),
-        DRIVER,
-        &[],
-        classify,
-    )
-    .unwrap();
+    let small = mig_demand(
+        "mig.topodra.dev",
+        Some(r#"device.attributes["gpu.topodra.dev"].profile == "1g.10gb""#),
+        4,
+        true,
+    );
     let e = explain(&c, &small);
     assert_eq!(e.fits.len(), 2);
     assert!(
