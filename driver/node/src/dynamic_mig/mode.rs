@@ -110,42 +110,28 @@ impl Carver {
 
 #[cfg(test)]
 mod tests {
-    use nvml_wrapper::Nvml;
     use nvml_wrapper_sys::bindings::NVML_DEVICE_MIG_DISABLE;
-    use topodra_fake_nvml::Profile;
 
     use super::*;
 
     /// The fake NVML with `profile`, and the inventory discovery would read from it
     /// for what this needs: each GPU's MIG mode and architecture.
     fn machine(profile: &str) -> (tempfile::TempDir, Carver, Inventory) {
-        let p = Profile::builtin(profile).expect("builtin");
-        let dir = tempfile::tempdir().expect("tempdir");
-        let lib = topodra_fake_nvml::install(dir.path(), &p.to_yaml());
-        let nvml = Nvml::builder()
-            .lib_path(lib.as_os_str())
-            .init()
-            .expect("init");
+        let (dir, carver, p) = crate::dynamic_mig::tests::carver_on(profile);
         let mut inv = Inventory::default();
         for g in &p.gpus {
             let mut gpu = topodra_model::Gpu::at(g.bus_id.parse().expect("bus id"));
             gpu.minor = Some(g.minor);
             gpu.uuid = Some(g.uuid.clone());
-            gpu.architecture = Some(
-                match g.architecture {
-                    topodra_fake_nvml::profile::Architecture::Hopper => "Hopper",
-                    topodra_fake_nvml::profile::Architecture::Ampere => "Ampere",
-                    _ => "other",
-                }
-                .to_owned(),
-            );
+            // The fake's names are NVML's (`Hopper`, `Ampere`).
+            gpu.architecture = Some(format!("{:?}", g.architecture));
             gpu.mig_mode = g.mig.as_ref().map(|m| MigMode {
                 current: m.current,
                 pending: m.pending,
             });
             inv.gpus.push(gpu);
         }
-        (dir, Carver::new(nvml), inv)
+        (dir, carver, inv)
     }
 
     fn current(c: &Carver, uuid: &str) -> u32 {

@@ -10,15 +10,21 @@ use super::*;
 /// A DGX H100 with MIG on and no instances; returns the library's directory,
 /// where its state file lives.
 fn h100() -> (tempfile::TempDir, Carver, String) {
-    let p = Profile::builtin("dgx-h100-mig").expect("builtin");
-    let uuid = p.gpus[0].uuid.clone();
+    let (dir, carver, p) = carver_on("dgx-h100-mig");
+    (dir, carver, p.gpus[0].uuid.clone())
+}
+
+/// A carver on the fake NVML with the builtin `profile`, installed in a temporary
+/// directory (where its state file lives), and the profile.
+pub(super) fn carver_on(profile: &str) -> (tempfile::TempDir, Carver, Profile) {
+    let p = Profile::builtin(profile).expect("builtin");
     let dir = tempfile::tempdir().expect("tempdir");
     let lib = topodra_fake_nvml::install(dir.path(), &p.to_yaml());
     let nvml = Nvml::builder()
         .lib_path(lib.as_os_str())
         .init()
         .expect("init");
-    (dir, Carver::new(nvml), uuid)
+    (dir, Carver::new(nvml), p)
 }
 
 fn intent(parent: &str, profile_id: u32, start: u32, size: u32) -> MigIntent {
