@@ -67,6 +67,35 @@ impl EventSourceOpener for Scripted {
     }
 }
 
+/// Starts the monitor; the sender stops it ([`stop`]).
+fn start(
+    inv: &Inventory,
+    src: Scripted,
+    config: MonitorConfig,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    JoinHandle<()>,
+    watch::Receiver<HealthState>,
+) {
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (task, rx) = HealthMonitor::spawn(inv, src, config, async {
+        let _ = stop_rx.await;
+    });
+    (stop_tx, task, rx)
+}
+
+async fn all_healthy(rx: &mut watch::Receiver<HealthState>) {
+    until(rx, |s| {
+        s.devices.values().all(|h| h.status == Status::Healthy)
+    })
+    .await;
+}
+
+/// The devices the monitor reports on.
+fn names(rx: &watch::Receiver<HealthState>) -> Vec<String> {
+    rx.borrow().devices.keys().cloned().collect()
+}
+
 fn in_mig_mode(gpu: &mut Gpu) {
     gpu.mig_mode = Some(topodra_model::inventory::MigMode {
         current: true,
@@ -120,16 +149,9 @@ async fn an_xid_of_a_mig_gpu_marks_each_of_its_mig_devices() {
         })
         .collect();
     let src = Scripted::default();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let (task, mut rx) = HealthMonitor::spawn(&inv, src.clone(), fast(), async {
-        let _ = stop_rx.await;
-    });
-    let names: Vec<String> = rx.borrow().devices.keys().cloned().collect();
-    assert_eq!(names, ["gpu-0-mig-1-0", "gpu-0-mig-2-0", "gpu-1"]);
-    until(&mut rx, |s| {
-        s.devices.values().all(|h| h.status == Status::Healthy)
-    })
-    .await;
+    let (stop_tx, task, mut rx) = start(&inv, src.clone(), fast());
+    assert_eq!(names(&rx), ["gpu-0-mig-1-0", "gpu-0-mig-2-0", "gpu-1"]);
+    all_healthy(&mut rx).await;
     // XIDs name the physical GPU, never a MIG device.
     src.events.lock().unwrap().push_back(XidEvent {
         device: EventDevice::Uuid("GPU-0".into()),
@@ -164,10 +186,7 @@ async fn xids_probes_and_shutdown() {
             .values()
             .all(|h| h.status == Status::Unknown)
     );
-    until(&mut rx, |s| {
-        s.devices.values().all(|h| h.status == Status::Healthy)
-    })
-    .await;
+    all_healthy(&mut rx).await;
 
     src.events.lock().unwrap().extend([
         XidEvent {
@@ -220,10 +239,7 @@ async fn unavailable_nvml_is_unknown_and_does_not_crash() {
         fail_open: true,
         ..Scripted::default()
     };
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let (task, mut rx) = HealthMonitor::spawn(&inventory(1), src, fast(), async {
-        let _ = stop_rx.await;
-    });
+    let (stop_tx, task, mut rx) = start(&inventory(1), src, fast());
     until(&mut rx, |s| s.devices["gpu-0"].reason.contains("no driver")).await;
     assert_eq!(status(&rx.borrow(), "gpu-0"), Status::Unknown);
     // Several reopen attempts later the task is still alive.
@@ -257,14 +273,8 @@ async fn an_xid_of_one_instance_marks_its_partition_alone() {
         mig_gpus: true,
         ..fast()
     };
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let (task, mut rx) = HealthMonitor::spawn(&inv, src.clone(), config, async {
-        let _ = stop_rx.await;
-    });
-    until(&mut rx, |s| {
-        s.devices.values().all(|h| h.status == Status::Healthy)
-    })
-    .await;
+    let (stop_tx, task, mut rx) = start(&inv, src.clone(), config);
+    all_healthy(&mut rx).await;
     src.events.lock().unwrap().push_back(XidEvent {
         device: EventDevice::Uuid("GPU-0".into()),
         xid: 94,
@@ -313,16 +323,9 @@ async fn with_dynamic_mig_a_gpu_in_mig_mode_is_watched_itself() {
         mig_gpus: true,
         ..fast()
     };
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let (task, mut rx) = HealthMonitor::spawn(&inv, src.clone(), config, async {
-        let _ = stop_rx.await;
-    });
-    let names: Vec<String> = rx.borrow().devices.keys().cloned().collect();
-    assert_eq!(names, ["gpu-0", "gpu-1"]);
-    until(&mut rx, |s| {
-        s.devices.values().all(|h| h.status == Status::Healthy)
-    })
-    .await;
+    let (stop_tx, task, mut rx) = start(&inv, src.clone(), config);
+    assert_eq!(names(&rx), ["gpu-0", "gpu-1"]);
+    all_healthy(&mut rx).await;
     src.events.lock().unwrap().push_back(XidEvent {
         device: EventDevice::Uuid("GPU-0".into()),
         xid: 79,
@@ -331,6 +334,5 @@ async fn with_dynamic_mig_a_gpu_in_mig_mode_is_watched_itself() {
     until(&mut rx, |s| status(s, "gpu-0") == Status::Unhealthy).await;
     stop(stop_tx, task).await;
     let (_task, rx) = HealthMonitor::spawn(&inv, Scripted::default(), fast(), async {});
-    let names: Vec<String> = rx.borrow().devices.keys().cloned().collect();
-    assert_eq!(names, ["gpu-1"]);
+    assert_eq!(names(&rx), ["gpu-1"]);
 }
