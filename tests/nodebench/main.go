@@ -178,6 +178,26 @@ type binaries struct {
 	nvidia, cdiHook       string
 }
 
+// startControlPlane starts etcd and kube-apiserver under workDir (nothing here
+// needs a scheduler or the controller manager) and an admin client; the caller
+// stops it.
+func startControlPlane(ctx context.Context, workDir string) (*cluster.Cluster, kubernetes.Interface, error) {
+	logf("control plane in %s (etcd + kube-apiserver only: nothing here needs a scheduler)", workDir)
+	c, err := cluster.Start(ctx, cluster.Options{
+		Dir: filepath.Join(workDir, "cluster"), NoControllerManager: true, NoScheduler: true,
+		Logf: func(f string, a ...any) { logf(f, a...) },
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	admin, err := c.Client()
+	if err != nil {
+		_ = c.Stop()
+		return nil, nil, err
+	}
+	return c, admin, nil
+}
+
 func run(out string, iters, warmup, conc, rounds int, bins binaries, only, workDir string) error {
 	began := time.Now()
 	ctx, stop := signalContext()
@@ -213,19 +233,11 @@ func run(out string, iters, warmup, conc, rounds int, bins binaries, only, workD
 		}
 	}
 
-	logf("control plane in %s (etcd + kube-apiserver only: nothing here needs a scheduler)", workDir)
-	c, err := cluster.Start(ctx, cluster.Options{
-		Dir: filepath.Join(workDir, "cluster"), NoControllerManager: true, NoScheduler: true,
-		Logf: func(f string, a ...any) { logf(f, a...) },
-	})
+	c, admin, err := startControlPlane(ctx, workDir)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = c.Stop() }()
-	admin, err := c.Client()
-	if err != nil {
-		return err
-	}
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}

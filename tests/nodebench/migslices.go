@@ -145,19 +145,11 @@ func runMigSlices(bins binaries, o migSlicesOptions) error {
 	o.clean = strings.NewReplacer(workDir, "<work-dir>",
 		filepath.Dir(bins.nvidia), "<nvidia-plugin-dir>", filepath.Dir(bins.topodra), "<topodra-plugin-dir>").Replace
 
-	logf("control plane in %s (etcd + kube-apiserver only)", workDir)
-	c, err := cluster.Start(ctx, cluster.Options{
-		Dir: filepath.Join(workDir, "cluster"), NoControllerManager: true, NoScheduler: true,
-		Logf: func(f string, a ...any) { logf(f, a...) },
-	})
+	c, admin, err := startControlPlane(ctx, workDir)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = c.Stop() }()
-	admin, err := c.Client()
-	if err != nil {
-		return err
-	}
 
 	rep := migSlicesReport{
 		Date:  time.Now().UTC().Format(time.RFC3339),
