@@ -23,7 +23,12 @@
 //!   hook). It has no context, memory, module or launch entry points: a fake
 //!   cannot run a kernel, and a program that looks them up finds them missing;
 //! - in `usr/bin`, the driver's tools ([`BINARIES`]) as tiny static executables
-//!   that print one line;
+//!   that print one line. `nvidia-smi` also carries out `compute-policy -i <GPU
+//!   UUID> --set-timeslice <n>`, the call a GPU kubelet plugin makes to set time
+//!   slicing, for the root's GPUs, and records it (see [`NVIDIA_SMI_SOURCE`]);
+//! - `var/log/`, where that `nvidia-smi` appends the calls it carried out
+//!   ([`NVIDIA_SMI_CALLS`], read back with [`DriverRoot::nvidia_smi_calls`] or
+//!   [`nvidia_smi_calls`]); a rebuild starts it empty;
 //! - `lib/firmware/nvidia/<version>/gsp_ga10x.bin` and `gsp_tu10x.bin`;
 //! - with [`Options::graphics`], the EGL platform libraries, the loader
 //!   configuration files (EGL, Vulkan, OpenCL, X), `nvidia-xconfig`, the X driver
@@ -231,6 +236,44 @@ pub const GSP_FIRMWARE: &[&str] = &["gsp_ga10x.bin", "gsp_tu10x.bin"];
 pub const PERSISTENCED_SOCKET: &str = "run/nvidia-persistenced/socket";
 /// The fabric manager's socket, on NVSwitch systems.
 pub const FABRICMANAGER_SOCKET: &str = "run/nvidia-fabricmanager/socket";
+
+/// Where the root's `nvidia-smi` records the calls it carried out, relative to
+/// the root: one line per call, [`set_timeslice_call`]'s text and a newline, in
+/// the order they ran. A real node keeps no such file; it is how a test sees
+/// what a real node's driver would have been told.
+pub const NVIDIA_SMI_CALLS: &str = "var/log/nvidia-smi.calls";
+
+/// What `nvidia-smi compute-policy --set-timeslice <n>` takes, by `n`: the list
+/// `nvidia-smi compute-policy -h` prints, "0=DEFAULT, 1=SHORT, 2=MEDIUM, 3=LONG"
+/// (quoted in NVIDIA/k8s-device-plugin#354).
+pub const TIMESLICE_NAMES: [&str; 4] = ["DEFAULT", "SHORT", "MEDIUM", "LONG"];
+
+/// The line [`NVIDIA_SMI_CALLS`] holds, without its newline, once the root's
+/// `nvidia-smi` has set GPU `uuid`'s time slice to `value`, however the options
+/// were spelt: `compute-policy -i <uuid> --set-timeslice <value>`.
+pub fn set_timeslice_call(uuid: &str, value: u32) -> String {
+    format!("compute-policy -i {uuid} --set-timeslice {value}")
+}
+
+/// [`NVIDIA_SMI_CALLS`] under the driver root `root` (a root built here, or the
+/// `--driver-root` that `topodra-sim-node` prints).
+pub fn nvidia_smi_calls_path(root: &Path) -> PathBuf {
+    root.join(NVIDIA_SMI_CALLS)
+}
+
+/// The calls the `nvidia-smi` of the driver root `root` recorded, oldest first,
+/// each without its newline; empty when it recorded none.
+///
+/// # Errors
+/// Reading the file fails other than by its absence, naming the path.
+pub fn nvidia_smi_calls(root: &Path) -> io::Result<Vec<String>> {
+    let path = nvidia_smi_calls_path(root);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(text.lines().map(str::to_owned).collect()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(at("reading", &path, e)),
+    }
+}
 
 /// The EGL external platform libraries, versioned on their own (egl-wayland and
 /// egl-gbm are NVIDIA's open-source projects, shipped in the driver): the README's
@@ -504,6 +547,18 @@ impl DriverRoot {
             install_binary(&root.join(&rel), name, version, options)?;
             binaries.push(format!("/{rel}"));
         }
+        // nvidia-smi opens its record with O_CREAT, which makes the file but not
+        // its directory. A rebuilt root is a fresh install, so the calls made to
+        // the one it replaces go with it.
+        let calls = nvidia_smi_calls_path(&root);
+        if let Some(dir) = calls.parent() {
+            mkdir(dir)?;
+        }
+        match std::fs::remove_file(&calls) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(at("replacing", &calls, e)),
+        }
 
         let mut firmware = Vec::new();
         // Through the `lib` link when /usr is merged, so the files are in usr/lib.
@@ -561,6 +616,14 @@ impl DriverRoot {
     /// `path` (absolute, as a container sees it) on this machine.
     pub fn host_path(&self, path: &str) -> PathBuf {
         self.root.join(path.trim_start_matches('/'))
+    }
+
+    /// What this root's `nvidia-smi` has recorded: [`nvidia_smi_calls`].
+    ///
+    /// # Errors
+    /// As [`nvidia_smi_calls`].
+    pub fn nvidia_smi_calls(&self) -> io::Result<Vec<String>> {
+        nvidia_smi_calls(&self.root)
     }
 
     /// The installed library whose file name starts with `name` (`libcuda.so`).
@@ -1026,15 +1089,321 @@ void _start(void) {{
     )
 }
 
+/// The C source of the root's `nvidia-smi`. [`DriverRoot::build`] prepends
+/// `#define`s of its banner (`TOPODRA_BANNER`), the record's path in the root
+/// (`TOPODRA_CALLS`, [`NVIDIA_SMI_CALLS`]), the root's GPU UUIDs
+/// (`TOPODRA_GPU_UUIDS`) and [`TIMESLICE_NAMES`] (`TOPODRA_TIMESLICE_NAMES`,
+/// `TOPODRA_TIMESLICE_LIST`), so the compile cache keys each set of GPUs apart.
+///
+/// It stands in for the one command line a GPU kubelet plugin runs on a node:
+/// NVIDIA's DRA driver sets a GPU's time slice by running the driver root's
+/// `nvidia-smi compute-policy -i <GPU UUID> --set-timeslice <n>`, one GPU per
+/// run (sigs.k8s.io/dra-driver-nvidia-gpu v0.4.1,
+/// cmd/gpu-kubelet-plugin/nvlib.go, `setTimeSlice`). What it does:
+/// - without arguments, or with any it does not implement, it prints the banner
+///   and exits 0, as before it knew any command: containers run a bare
+///   `nvidia-smi` and read its first line;
+/// - it implements `compute-policy` followed by exactly one GPU id (`-i <id>`,
+///   `--id <id>` or `--id=<id>`) and one time slice (`--set-timeslice <n>` or
+///   `--set-timeslice=<n>`), in either order. Anything else after
+///   `compute-policy` is not implemented, so prints the banner: `-l`, an option
+///   given twice, or no `-i` (the real tool would then set every GPU);
+/// - `<n>` must be one digit of 0..=3 (the DRA driver formats it with `%d`),
+///   else exit 2; `<id>` must be one of the root's GPU UUIDs (the GPUs the
+///   root's libcuda knows: each of [`Options::gpu_minors`], named by
+///   [`Options::cuda_gpus`]), else exit 6. The real tool also takes a GPU's
+///   index, serial or PCI bus id and comma-separated lists; the stand-in refuses
+///   them as unknown GPUs, since the root knows its GPUs by minor and UUID, not
+///   by NVML index (the profile's own numbering), and the DRA driver passes
+///   UUIDs. The codes are what the RETURN VALUE list of nvidia-smi(1)
+///   (<https://docs.nvidia.com/deploy/nvidia-smi/>) gives those failures ("2 - A
+///   supplied argument or flag is invalid", "6 - A query to find an object was
+///   unsuccessful"); the messages on stderr and the
+///   confirmation on stdout (`Set timeslice to SHORT for GPU <uuid>.`) are
+///   illustrative, not the real tool's words;
+/// - on success it appends [`set_timeslice_call`]'s line to
+///   `<root>/`[`NVIDIA_SMI_CALLS`] with one `write(2)` on an `O_APPEND`
+///   descriptor, so concurrent runs never interleave within a line. It finds
+///   `<root>` by stripping `usr/bin/nvidia-smi` from `/proc/self/exe`, which the
+///   kernel has already resolved through a merged `/usr`'s `bin` link or any
+///   other symlink. Run in a container that mounts the root's files at `/`, it
+///   records in that container's `/var/log`. Where it cannot record (a copy
+///   outside a root, a read-only `var/log`) it exits 255, "Other error", rather
+///   than report a change no test could see;
+/// - unlike the real tool it neither needs root nor loads NVML (the DRA driver
+///   sets `LD_PRELOAD` to the root's NVML, which a static program ignores).
+///
+/// x86_64 and aarch64 only; elsewhere the root's `nvidia-smi` is the banner
+/// script the other tools get, which implements no command.
+pub const NVIDIA_SMI_SOURCE: &str = r#"/* topodra fake driver root: nvidia-smi. Prints its banner, or carries out and
+ * records `compute-policy -i <uuid> --set-timeslice <n>`. Static, without libc:
+ * raw system calls, so it runs in any container of the same architecture. */
+#ifndef TOPODRA_BANNER
+#error "define TOPODRA_BANNER (the line printed without arguments)"
+#endif
+/* Where the calls are recorded, relative to the root. */
+#ifndef TOPODRA_CALLS
+#error "define TOPODRA_CALLS (the record's path in the root)"
+#endif
+/* The root's GPU UUIDs, each followed by a comma. */
+#ifndef TOPODRA_GPU_UUIDS
+#define TOPODRA_GPU_UUIDS
+#endif
+/* The names of --set-timeslice 0, 1, ..., each followed by a comma, and the
+ * list as the help text gives it. */
+#if !defined(TOPODRA_TIMESLICE_NAMES) || !defined(TOPODRA_TIMESLICE_LIST)
+#error "define TOPODRA_TIMESLICE_NAMES and TOPODRA_TIMESLICE_LIST"
+#endif
+
+static const char banner[] = TOPODRA_BANNER;
+static const char *const gpus[] = { TOPODRA_GPU_UUIDS 0 };
+static const char *const timeslices[] = { TOPODRA_TIMESLICE_NAMES 0 };
+/* This program's path relative to the root, which is how it finds the root. */
+#define SELF "usr/bin/nvidia-smi"
+
+/* Exit codes from the RETURN VALUE list of nvidia-smi(1), for the failures they
+ * name. The messages printed with them, and the confirmation, are illustrative:
+ * this fixture does not copy the real tool's wording. */
+#define EXIT_INVALID_ARGUMENT 2 /* "A supplied argument or flag is invalid" */
+#define EXIT_NOT_FOUND 6        /* "A query to find an object was unsuccessful" */
+#define EXIT_OTHER 255          /* "Other error or internal driver error occurred" */
+
+#define AT_FDCWD (-100)
+/* asm-generic/fcntl.h; x86_64 and aarch64 use these values. */
+#define O_WRONLY 01
+#define O_CREAT 0100
+#define O_APPEND 02000
+#define O_CLOEXEC 02000000
+
+#if defined(__x86_64__)
+#define NR_WRITE 1
+#define NR_CLOSE 3
+#define NR_OPENAT 257
+#define NR_READLINKAT 267
+#define NR_EXIT_GROUP 231
+static long sys4(long n, long a, long b, long c, long d) {
+    register long r10 __asm__("r10") = d;
+    long r;
+    __asm__ volatile("syscall" : "=a"(r) : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10) : "rcx", "r11", "memory");
+    return r;
+}
+/* The kernel starts the program with argc at the stack pointer and argv above
+ * it; a C function's prologue would move the stack first, so the entry point is
+ * assembly that hands that address on, with the stack aligned as calls expect. */
+__asm__(".text\n.global _start\n_start:\n"
+        "  xor %ebp, %ebp\n"
+        "  mov %rsp, %rdi\n"
+        "  and $-16, %rsp\n"
+        "  call smi_main\n"
+        "  hlt\n");
+#elif defined(__aarch64__)
+#define NR_READLINKAT 78
+#define NR_OPENAT 56
+#define NR_CLOSE 57
+#define NR_WRITE 64
+#define NR_EXIT_GROUP 94
+static long sys4(long n, long a, long b, long c, long d) {
+    register long x8 __asm__("x8") = n;
+    register long x0 __asm__("x0") = a;
+    register long x1 __asm__("x1") = b;
+    register long x2 __asm__("x2") = c;
+    register long x3 __asm__("x3") = d;
+    __asm__ volatile("svc #0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2), "r"(x3) : "memory");
+    return x0;
+}
+/* As above; the kernel leaves sp 16-byte aligned here, as the ABI wants it. */
+__asm__(".text\n.global _start\n_start:\n"
+        "  mov x29, #0\n"
+        "  mov x30, #0\n"
+        "  mov x0, sp\n"
+        "  bl smi_main\n"
+        "  brk #0\n");
+#else
+#error "no syscall stub for this architecture"
+#endif
+
+static unsigned long len(const char *s) {
+    unsigned long n = 0;
+    while (s[n]) n++;
+    return n;
+}
+
+static int same(const char *a, const char *b) {
+    while (*a && *a == *b) { a++; b++; }
+    return *a == *b;
+}
+
+/* What follows PREFIX in S, or 0 when S does not start with it. */
+static const char *after(const char *s, const char *prefix) {
+    while (*prefix)
+        if (*s++ != *prefix++) return 0;
+    return s;
+}
+
+/* A message is built whole and written with one call, so that concurrent
+ * writers to the same file cannot interleave inside it. Copies stop at the NUL
+ * rather than count bytes, which keeps compilers from turning them into memcpy
+ * calls that nothing here could link. */
+struct buf { char b[4200]; unsigned long n; int overflow; };
+
+static void add(struct buf *o, const char *s) {
+    while (*s) {
+        if (o->n + 1 >= sizeof o->b) { o->overflow = 1; return; }
+        o->b[o->n++] = *s++;
+    }
+    o->b[o->n] = 0;
+}
+
+__attribute__((noreturn)) static void leave(int code) {
+    for (;;) sys4(NR_EXIT_GROUP, code, 0, 0, 0);
+}
+
+__attribute__((noreturn)) static void fail(int code, const char *a, const char *b, const char *c) {
+    struct buf o;
+    o.n = 0;
+    o.overflow = 0;
+    add(&o, a);
+    add(&o, b);
+    add(&o, c);
+    add(&o, "\n");
+    sys4(NR_WRITE, 2, (long)o.b, (long)o.n, 0);
+    leave(code);
+}
+
+__attribute__((noreturn, used)) void smi_main(long *sp) {
+    long argc = sp[0];
+    char **argv = (char **)(sp + 1);
+    const char *id = 0, *value = 0, *v;
+
+    /* The one command line implemented: compute-policy with exactly one GPU id
+     * and one time slice, each option spelt with a separate value or with `=`. */
+    int implemented = argc >= 2 && same(argv[1], "compute-policy");
+    for (long i = 2; implemented && i < argc; i++) {
+        const char *a = argv[i];
+        const char **slot = 0;
+        v = 0;
+        if (same(a, "-i") || same(a, "--id"))
+            slot = &id;
+        else if (same(a, "--set-timeslice"))
+            slot = &value;
+        if (slot) {
+            if (i + 1 < argc) v = argv[++i];
+        } else if ((v = after(a, "--id="))) {
+            slot = &id;
+        } else if ((v = after(a, "--set-timeslice="))) {
+            slot = &value;
+        }
+        /* An option given twice is not implemented either. */
+        implemented = slot && v && !*slot;
+        if (implemented) *slot = v;
+    }
+    if (!implemented || !id || !value) {
+        sys4(NR_WRITE, 1, (long)banner, sizeof banner - 1, 0);
+        leave(0);
+    }
+
+    long n = -1;
+    for (long k = 0; timeslices[k]; k++)
+        if (value[0] == '0' + k && value[1] == 0) n = k;
+    if (n < 0)
+        fail(EXIT_INVALID_ARGUMENT, "Invalid timeslice value \"", value,
+             "\"; valid values: " TOPODRA_TIMESLICE_LIST);
+    int known = 0;
+    for (long k = 0; gpus[k]; k++)
+        if (same(gpus[k], id)) known = 1;
+    if (!known)
+        fail(EXIT_NOT_FOUND, "No GPU with UUID \"", id,
+             "\" in this driver root (the stand-in takes GPU UUIDs only)");
+
+    /* The root is where the kernel says this program is, less SELF: through a
+     * merged /usr's bin link the path is already resolved to usr/bin. */
+    struct buf path;
+    long got = sys4(NR_READLINKAT, AT_FDCWD, (long)"/proc/self/exe", (long)path.b, sizeof path.b - 64);
+    if (got <= 0 || got >= (long)sizeof path.b - 64)
+        fail(EXIT_OTHER, "topodra fake nvidia-smi: ", "cannot read /proc/self/exe", "");
+    path.b[got] = 0;
+    unsigned long self_len = len(SELF);
+    if ((unsigned long)got <= self_len || path.b[got - self_len - 1] != '/' ||
+        !same(path.b + got - self_len, SELF))
+        fail(EXIT_OTHER, "topodra fake nvidia-smi: no driver root to record in: ", path.b,
+             " is not <root>/" SELF);
+    path.n = (unsigned long)got - self_len;
+    path.overflow = 0;
+    add(&path, TOPODRA_CALLS);
+
+    struct buf line;
+    line.n = 0;
+    line.overflow = 0;
+    add(&line, "compute-policy -i ");
+    add(&line, id);
+    add(&line, " --set-timeslice ");
+    add(&line, value);
+    add(&line, "\n");
+    if (path.overflow || line.overflow)
+        fail(EXIT_OTHER, "topodra fake nvidia-smi: record too long for ", path.b, "");
+
+    long fd = sys4(NR_OPENAT, AT_FDCWD, (long)path.b, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        fail(EXIT_OTHER, "topodra fake nvidia-smi: cannot open ", path.b, " to record the call");
+    /* O_APPEND and one write: the line lands whole at the end of the file. */
+    long wrote = sys4(NR_WRITE, fd, (long)line.b, (long)line.n, 0);
+    sys4(NR_CLOSE, fd, 0, 0, 0);
+    if (wrote != (long)line.n)
+        fail(EXIT_OTHER, "topodra fake nvidia-smi: cannot write ", path.b, "");
+
+    struct buf out;
+    out.n = 0;
+    out.overflow = 0;
+    add(&out, "Set timeslice to ");
+    add(&out, timeslices[n]);
+    add(&out, " for GPU ");
+    add(&out, id);
+    add(&out, ".\n");
+    sys4(NR_WRITE, 1, (long)out.b, (long)out.n, 0);
+    leave(0);
+}
+"#;
+
+/// [`NVIDIA_SMI_SOURCE`] with its `#define`s: `banner` and the UUIDs of
+/// libcuda's GPUs.
+fn nvidia_smi_source(banner: &str, options: &Options) -> String {
+    let uuids: String = libcuda_gpus(options)
+        .iter()
+        .map(|g| format!("{}, ", c_string(&g.uuid)))
+        .collect();
+    let names: String = TIMESLICE_NAMES
+        .iter()
+        .map(|n| format!("{}, ", c_string(n)))
+        .collect();
+    let list: Vec<String> = TIMESLICE_NAMES
+        .iter()
+        .enumerate()
+        .map(|(i, n)| format!("{i}={n}"))
+        .collect();
+    format!(
+        "#define TOPODRA_BANNER {}\n#define TOPODRA_CALLS {}\n\
+         #define TOPODRA_GPU_UUIDS {uuids}\n#define TOPODRA_TIMESLICE_NAMES {names}\n\
+         #define TOPODRA_TIMESLICE_LIST {}\n{NVIDIA_SMI_SOURCE}",
+        c_string(banner),
+        c_string(NVIDIA_SMI_CALLS),
+        c_string(&list.join(", ")),
+    )
+}
+
 fn install_binary(dest: &Path, name: &str, version: &str, options: &Options) -> io::Result<()> {
     if let Some(dir) = dest.parent() {
         mkdir(dir)?;
     }
     let message = binary_message(name, version, options);
     if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
+        let source = if name == "nvidia-smi" {
+            nvidia_smi_source(&message, options)
+        } else {
+            tiny_program(&message)
+        };
         compile(
             dest,
-            &tiny_program(&message),
+            &source,
             &[
                 "-static",
                 "-nostdlib",

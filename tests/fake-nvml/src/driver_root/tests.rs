@@ -440,6 +440,261 @@ fn binaries_run_and_print() {
     assert!(!no_imex.host_path("/usr/bin/nvidia-imex").exists());
 }
 
+/// A root for the `nvidia-smi` tests: GPU minors 0 and 1, the first with a
+/// UUID as a profile gives it, the second the placeholder; no graphics stack or
+/// device nodes, which these tests do not look at.
+fn smi_root(merged_usr: bool) -> (tempfile::TempDir, DriverRoot, [String; 2]) {
+    let uuid = "GPU-5e2f8c1a-7b3d-4e9f-a1c2-3d4e5f6a7b8c";
+    let (dir, root) = build(
+        Layout::Debian,
+        &Options {
+            gpu_minors: vec![0, 1],
+            cuda_gpus: vec![CudaGpu {
+                minor: 0,
+                uuid: uuid.into(),
+                name: "NVIDIA H100 80GB HBM3".into(),
+            }],
+            merged_usr,
+            device_nodes: false,
+            graphics: false,
+            ..Options::default()
+        },
+    );
+    (dir, root, [uuid.into(), CudaGpu::placeholder(1).uuid])
+}
+
+/// Runs `exe` with `args` and nothing in its environment, as the real tool's
+/// callers may.
+fn run_smi(exe: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(exe)
+        .args(args)
+        .env_clear()
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", exe.display()))
+}
+
+fn text(bytes: &[u8]) -> &str {
+    std::str::from_utf8(bytes).unwrap()
+}
+
+#[test]
+fn nvidia_smi_prints_its_banner_for_what_it_does_not_implement() {
+    let options = Options::default();
+    let (_dir, root) = build(Layout::Debian, &options);
+    let smi = root.host_path("/usr/bin/nvidia-smi");
+    let banner = binary_message("nvidia-smi", R570_VERSION, &options);
+    let uuid = CudaGpu::placeholder(0).uuid;
+    for args in [
+        &[][..],
+        &["-L"],
+        &["compute-policy"],
+        &["compute-policy", "-l"],
+        // No -i: the real tool would set every GPU; the stand-in does not.
+        &["compute-policy", "--set-timeslice", "1"],
+        &["compute-policy", "-i", &uuid],
+        &["compute-policy", "-i", &uuid, "--set-timeslice"],
+        &[
+            "compute-policy",
+            "-i",
+            &uuid,
+            "-i",
+            &uuid,
+            "--set-timeslice",
+            "1",
+        ],
+        &["compute-policy", "-i", &uuid, "--set-timeslice", "1", "-l"],
+        &["-i", &uuid, "compute-policy", "--set-timeslice", "1"],
+    ] {
+        let out = run_smi(&smi, args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {out:?}");
+        assert_eq!(text(&out.stdout), banner, "{args:?}");
+        assert!(out.stderr.is_empty(), "{args:?}: {out:?}");
+    }
+    assert_eq!(root.nvidia_smi_calls().unwrap(), Vec::<String>::new());
+    assert!(!nvidia_smi_calls_path(&root.root).exists());
+    assert!(root.host_path("/var/log").is_dir());
+
+    // Static and libc-free: no interpreter to find, no libraries to load.
+    let data = std::fs::read(&smi).unwrap();
+    let elf: ElfFile64<'_> = ElfFile64::parse(&*data).unwrap();
+    for section in [".interp", ".dynamic"] {
+        assert!(
+            object::Object::section_by_name(&elf, section).is_none(),
+            "{section}"
+        );
+    }
+}
+
+#[test]
+fn nvidia_smi_records_a_time_slice() {
+    let (dir, root, [h100, placeholder]) = smi_root(true);
+    let smi = root.host_path("/usr/bin/nvidia-smi");
+    // NVIDIA's DRA driver's command line, word for word.
+    let out = run_smi(
+        &smi,
+        &["compute-policy", "-i", &h100, "--set-timeslice", "1"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        text(&out.stdout),
+        format!("Set timeslice to SHORT for GPU {h100}.\n")
+    );
+    assert!(out.stderr.is_empty(), "{out:?}");
+    let line = format!("compute-policy -i {h100} --set-timeslice 1");
+    assert_eq!(set_timeslice_call(&h100, 1), line);
+    assert_eq!(
+        root.nvidia_smi_calls().unwrap(),
+        std::slice::from_ref(&line)
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.root.join(NVIDIA_SMI_CALLS)).unwrap(),
+        format!("{line}\n"),
+        "exactly one line"
+    );
+
+    // The `=` spellings, in the other order: recorded in the one spelling.
+    let out = run_smi(
+        &smi,
+        &[
+            "compute-policy",
+            "--set-timeslice=3",
+            &format!("--id={placeholder}"),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        text(&out.stdout),
+        format!("Set timeslice to LONG for GPU {placeholder}.\n")
+    );
+    // Through the merged /usr's bin link and a link from elsewhere: the
+    // program finds its root from where the kernel says it is, not from argv[0].
+    let elsewhere = dir.path().join("smi-link");
+    symlink(&smi, &elsewhere).unwrap();
+    for (exe, args) in [
+        (
+            root.host_path("/bin/nvidia-smi"),
+            &["compute-policy", "--id", &h100, "--set-timeslice=0"][..],
+        ),
+        (
+            elsewhere,
+            &["compute-policy", "--set-timeslice", "2", "-i", &placeholder],
+        ),
+    ] {
+        let out = run_smi(&exe, args);
+        assert_eq!(out.status.code(), Some(0), "{}: {out:?}", exe.display());
+    }
+    let want = [
+        line,
+        set_timeslice_call(&placeholder, 3),
+        set_timeslice_call(&h100, 0),
+        set_timeslice_call(&placeholder, 2),
+    ];
+    assert_eq!(root.nvidia_smi_calls().unwrap(), want);
+    assert_eq!(nvidia_smi_calls(&root.root).unwrap(), want);
+
+    // A rebuilt root is a fresh install: no calls yet.
+    let again = DriverRoot::build(
+        &root.root,
+        Layout::Debian,
+        R570_VERSION,
+        &Options::default(),
+    )
+    .unwrap();
+    assert_eq!(again.nvidia_smi_calls().unwrap(), Vec::<String>::new());
+}
+
+#[test]
+fn nvidia_smi_refuses_unknown_gpus_and_values() {
+    let (_dir, root, [h100, placeholder]) = smi_root(true);
+    let smi = root.host_path("/usr/bin/nvidia-smi");
+    let set = |id: &str, value: &str| {
+        run_smi(
+            &smi,
+            &["compute-policy", "-i", id, "--set-timeslice", value],
+        )
+    };
+    // Exit 6, "A query to find an object was unsuccessful" (nvidia-smi(1)).
+    for id in [
+        "GPU-00000000-1111-2222-3333-444444444444",
+        "0",
+        "00000000:18:00.0",
+        "MIG-5e2f8c1a-7b3d-4e9f-a1c2-3d4e5f6a7b8c",
+        &format!("{h100},{placeholder}"),
+        "",
+    ] {
+        let out = set(id, "1");
+        assert_eq!(out.status.code(), Some(6), "{id:?}: {out:?}");
+        assert!(out.stdout.is_empty(), "{id:?}: {out:?}");
+        assert!(text(&out.stderr).contains(id), "{id:?}: {out:?}");
+    }
+    // Exit 2, "A supplied argument or flag is invalid".
+    for value in ["4", "-1", "", "01", "1.0", "SHORT", "10"] {
+        let out = set(&h100, value);
+        assert_eq!(out.status.code(), Some(2), "{value:?}: {out:?}");
+        assert!(out.stdout.is_empty(), "{value:?}: {out:?}");
+        assert!(
+            text(&out.stderr).contains("0=DEFAULT, 1=SHORT, 2=MEDIUM, 3=LONG"),
+            "{value:?}: {out:?}"
+        );
+    }
+    assert_eq!(root.nvidia_smi_calls().unwrap(), Vec::<String>::new());
+    assert!(!nvidia_smi_calls_path(&root.root).exists());
+}
+
+/// Runs started together, as a plugin preparing several claims at once would
+/// start them: every call is recorded, each on its own line.
+#[test]
+fn nvidia_smi_concurrent_calls_keep_their_lines() {
+    let (_dir, root, uuids) = smi_root(false);
+    let smi = root.host_path("/usr/bin/nvidia-smi");
+    let runs: Vec<(String, u32)> = (0..16u32)
+        .map(|i| (uuids[(i % 2) as usize].clone(), i % 4))
+        .collect();
+    let children: Vec<_> = runs
+        .iter()
+        .map(|(uuid, value)| {
+            Command::new(&smi)
+                .args(["compute-policy", "-i", uuid, "--set-timeslice"])
+                .arg(value.to_string())
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut child in children {
+        assert!(child.wait().unwrap().success());
+    }
+    let mut got = root.nvidia_smi_calls().unwrap();
+    let mut want: Vec<String> = runs
+        .iter()
+        .map(|(uuid, value)| set_timeslice_call(uuid, *value))
+        .collect();
+    got.sort();
+    want.sort();
+    assert_eq!(got, want);
+}
+
+/// Without a root around it there is nowhere to record: the call fails rather
+/// than report a change no test could see, and the banner still prints.
+#[test]
+fn nvidia_smi_outside_a_root_cannot_record() {
+    let (dir, root, [h100, _]) = smi_root(true);
+    let copy = dir.path().join("opt/nvidia-smi");
+    std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
+    std::fs::copy(root.host_path("/usr/bin/nvidia-smi"), &copy).unwrap();
+    let out = run_smi(
+        &copy,
+        &["compute-policy", "-i", &h100, "--set-timeslice", "1"],
+    );
+    assert_eq!(out.status.code(), Some(255), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    assert!(text(&out.stderr).contains("usr/bin/nvidia-smi"), "{out:?}");
+    let out = run_smi(&copy, &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(text(&out.stdout).starts_with("NVIDIA-SMI "), "{out:?}");
+    assert_eq!(root.nvidia_smi_calls().unwrap(), Vec::<String>::new());
+}
+
 #[test]
 fn merged_usr_firmware_and_sockets() {
     let (_dir, root) = build(
