@@ -546,3 +546,4 @@ proptest! {
 mod malformed;
 mod mig;
 mod mixed;
+mod sharing;

@@ -21,8 +21,7 @@ pub struct MemoryQuantity {
 
 impl MemoryQuantity {
     /// The value in bytes.
-    #[cfg(test)]
-    pub(crate) fn bytes(&self) -> u64 {
+    pub fn bytes(&self) -> u64 {
         self.bytes
     }
 

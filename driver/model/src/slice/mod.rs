@@ -19,6 +19,7 @@ pub mod attributes;
 mod order;
 mod partitions;
 mod quantity;
+mod sharing;
 mod split;
 pub(crate) mod validate;
 
@@ -37,6 +38,9 @@ pub use aliases::{
 };
 pub(crate) use attributes::{allocatable_attributes, allocatable_capacity};
 pub use partitions::{DynamicDevice, DynamicMig, dynamic_devices, partition_device_name};
+pub use sharing::{
+    MEMORY_STEP, SharedDevice, Sharing, SharingMode, TimeSlicing, interval_name, shared_devices,
+};
 pub(crate) use validate::validate_pool;
 
 use crate::IdList;
@@ -133,6 +137,9 @@ pub struct SliceOptions {
     /// and memory slices (start, size): allocated partitions, where every other
     /// instance on a GPU is someone else's and takes its slices for good.
     pub own_mig_instances: BTreeSet<(String, u32, u32)>,
+    /// Which shared devices each GPU publishes beside its exclusive one
+    /// ([`sharing`]).
+    pub sharing: Sharing,
 }
 
 impl SliceOptions {
@@ -150,6 +157,7 @@ impl SliceOptions {
             device_taints: BTreeMap::new(),
             dynamic_mig: DynamicMig::Off,
             own_mig_instances: BTreeSet::new(),
+            sharing: Sharing::default(),
         }
     }
 }
@@ -299,6 +307,12 @@ pub enum SliceError {
         set: String,
         counter: String,
     },
+    #[error("device {device:?}: capacity {capacity:?}: {reason}")]
+    RequestPolicy {
+        device: String,
+        capacity: String,
+        reason: String,
+    },
     #[error("max_devices_per_slice must be at least 1")]
     ZeroDevicesPerSlice,
     #[error(transparent)]
@@ -391,7 +405,7 @@ enum Chunk {
 }
 
 /// Every device of the pool in publishing order, and the counter sets of the GPUs
-/// with dynamic MIG.
+/// with dynamic MIG or shared devices.
 ///
 /// Whole GPUs and static MIG devices come first, in allocation order; partitions
 /// follow, the GPU published last first. The scheduler takes the first device
@@ -400,8 +414,16 @@ enum Chunk {
 /// before an uncarved GPU is touched.
 fn devices_and_counters(inv: &Inventory, opts: &SliceOptions) -> (Vec<Device>, Vec<CounterSet>) {
     let mut geometries = BTreeMap::new();
+    // GPUs shared without dynamic MIG: their own counter set, what each of their
+    // devices consumes of it, and their shared devices.
+    let mut shared = BTreeMap::new();
     let mut allocatable = Vec::new();
     for gpu in &inv.gpus {
+        let devices = sharing::shared_of(gpu, opts);
+        if !devices.is_empty() {
+            let (set, consumes) = sharing::counter_set(gpu);
+            shared.insert(gpu.pci_bus_id, (set, consumes, devices));
+        }
         match partitions::geometry_of(gpu, opts) {
             Some(g) => {
                 if g.whole_free {
@@ -429,6 +451,9 @@ fn devices_and_counters(inv: &Inventory, opts: &SliceOptions) -> (Vec<Device>, V
             if let (None, Some(g)) = (&d.mig, geometries.get(&d.gpu.pci_bus_id)) {
                 device.consumes_counters = Some(vec![g.whole.clone()]);
             }
+            if let (None, Some((_, consumes, _))) = (&d.mig, shared.get(&d.gpu.pci_bus_id)) {
+                device.consumes_counters = Some(vec![consumes.clone()]);
+            }
             device
         })
         .collect();
@@ -449,11 +474,25 @@ fn devices_and_counters(inv: &Inventory, opts: &SliceOptions) -> (Vec<Device>, V
             );
         }
     }
-    let counter_sets = carved
+    let mut counter_sets: Vec<CounterSet> = carved
         .iter()
         .filter_map(|d| geometries.get(&d.gpu.pci_bus_id))
         .map(|g| g.counter_set.clone())
         .collect();
+    // Shared devices last, the GPU published last first, as partitions: shares
+    // fill the pool from its end and a GPU already shared takes the next share.
+    for d in ordered.iter().rev() {
+        if let (None, Some((set, consumes, shared_devices))) =
+            (&d.mig, shared.get(&d.gpu.pci_bus_id))
+        {
+            devices.extend(
+                shared_devices
+                    .iter()
+                    .map(|s| sharing::shared_device(s, inv, opts, consumes.clone())),
+            );
+            counter_sets.push(set.clone());
+        }
+    }
     (devices, counter_sets)
 }
 

@@ -6,7 +6,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::resource::v1::{Counter, Device, DeviceAttribute, ResourceSlice};
+use k8s_openapi::api::resource::v1::{
+    CapacityRequestPolicy, Counter, Device, DeviceAttribute, DeviceCapacity, ResourceSlice,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::SliceError;
 
@@ -329,6 +332,17 @@ fn validate_device(driver: &str, d: &Device) -> Result<(), SliceError> {
     for (name, value) in attributes {
         validate_value(&d.name, name, value)?;
     }
+    for (name, c) in d.capacity.iter().flatten() {
+        if let Some(policy) = &c.request_policy {
+            check_request_policy(d.allow_multiple_allocations == Some(true), c, policy).map_err(
+                |reason| SliceError::RequestPolicy {
+                    device: d.name.clone(),
+                    capacity: name.clone(),
+                    reason,
+                },
+            )?;
+        }
+    }
     let consumptions = d.consumes_counters.as_deref().unwrap_or_default();
     if consumptions.len() > MAX_CONSUMPTIONS {
         return Err(SliceError::TooManyConsumptions {
@@ -350,6 +364,62 @@ fn validate_device(driver: &str, d: &Device) -> Result<(), SliceError> {
             &format!("device {:?} consuming from {:?}", d.name, c.counter_set),
             &c.counters,
         )?;
+    }
+    Ok(())
+}
+
+/// [`validate_device`] for the tests of other modules, under the default driver.
+#[cfg(test)]
+pub(crate) fn check_device_for_tests(d: &Device) -> Result<(), SliceError> {
+    validate_device(super::DEFAULT_DRIVER_NAME, d)
+}
+
+/// The API server's rules for a consumable capacity's request policy
+/// (`validateRequestPolicy` in the 1.37 resource validation): only on a device
+/// that allows multiple allocations; a default whenever a range or values are
+/// given; the range inside the capacity, the default inside the range and, with a
+/// step, the default and max on the grid from min and one step within the value.
+/// Only the forms topodra publishes (a range) are checked in full.
+fn check_request_policy(
+    multiple: bool,
+    c: &DeviceCapacity,
+    policy: &CapacityRequestPolicy,
+) -> Result<(), String> {
+    if !multiple {
+        return Err("a request policy needs allowMultipleAllocations".to_owned());
+    }
+    let bytes = |q: &Quantity| {
+        q.0.parse::<crate::config::MemoryQuantity>()
+            .map(|m| m.bytes())
+            .map_err(|e| e.to_string())
+    };
+    let value = bytes(&c.value)?;
+    if policy.valid_values.is_some() && policy.valid_range.is_some() {
+        return Err("validValues and validRange exclude each other".to_owned());
+    }
+    let Some(range) = &policy.valid_range else {
+        return Ok(());
+    };
+    let default = bytes(
+        policy
+            .default
+            .as_ref()
+            .ok_or("validRange needs a default")?,
+    )?;
+    let min = bytes(&range.min)?;
+    let max = range.max.as_ref().map(bytes).transpose()?;
+    if min > value || default < min || max.is_some_and(|m| m > value || m < min || default > m) {
+        return Err(format!(
+            "default {default}, min {min} and max {max:?} must satisfy min <= default <= max <= {value}"
+        ));
+    }
+    if let Some(step) = range.step.as_ref().map(bytes).transpose()? {
+        let on_grid = |v: u64| v.saturating_sub(min).is_multiple_of(step);
+        if min.saturating_add(step) > value || !on_grid(default) || !max.is_none_or(on_grid) {
+            return Err(format!(
+                "step {step}: min + step must fit in {value}, and default and max lie on the grid from min"
+            ));
+        }
     }
     Ok(())
 }

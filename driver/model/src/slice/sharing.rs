@@ -1,0 +1,267 @@
+//! Shared GPUs as devices (KEP-5075 consumable capacity on KEP-4815 counters): next
+//! to each GPU's exclusive device, a time-sliced device that many claims share.
+//!
+//! The sharing mode is a device, so the scheduler decides it, never a late surprise
+//! at prepare:
+//! - the GPU gets a counter set, and the exclusive device and the shared one each
+//!   consume all of it: the scheduler hands out one or the other, never both;
+//! - the shared device allows multiple allocations and carries the GPU's memory as
+//!   a consumable capacity, so each claim gets a share of it (`memory`, with a
+//!   request policy) and the scheduler sums the shares. The 1.37.2 allocator
+//!   charges an allow-multiple device's counters once for all its shares (pinned by
+//!   `tests/e2e/shared_counters_test.go`), so a second share fits where the first
+//!   one's counters are already charged.
+//!
+//! The time-slice interval is a setting of the whole GPU, so two claims could fight
+//! over it. It is a node policy instead ([`TimeSlicing::interval`]), published as the
+//! device's `timeSliceInterval` attribute: a claim that needs an interval selects
+//! devices that have it, and every share of one GPU runs at the same interval.
+//!
+//! Not for GPUs in MIG mode (CUDA runs only inside their instances) nor for GPUs
+//! under dynamic MIG, which publish their partitions instead.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::{
+    CapacityRequestPolicy, CapacityRequestPolicyRange, Counter, CounterSet, Device,
+    DeviceAttribute, DeviceCapacity, DeviceCounterConsumption,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use super::{SliceOptions, attributes, quantity};
+use crate::config::v1alpha1::TimeSliceInterval;
+use crate::inventory::{Gpu, Inventory, Offer};
+
+/// Value of the `type` attribute of a shared device. Not `gpu`: a class or selector
+/// written for whole GPUs (`type == "gpu"`) must never hand a claim a share.
+pub(crate) const TYPE_SHARED: &str = "shared";
+/// Attribute naming how a shared device is shared.
+pub(crate) const SHARING: &str = "sharing";
+/// Attribute with the time-slice interval of a time-sliced device.
+pub(crate) const TIME_SLICE_INTERVAL: &str = "timeSliceInterval";
+/// The one counter of a GPU's counter set when nothing else needs one (no dynamic
+/// MIG): each of the GPU's devices takes it whole.
+pub(crate) const GPU_COUNTER: &str = "gpu";
+
+/// Memory shares are whole GiB: fine enough for any workload, coarse enough that a
+/// claim's share is a number people read at a glance.
+pub const MEMORY_STEP: u64 = 1 << 30;
+
+/// Which ways of sharing this node's GPUs are published.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sharing {
+    /// Time-sliced devices, when on.
+    pub time_slicing: Option<TimeSlicing>,
+}
+
+impl Sharing {
+    /// Whether any shared device is published.
+    pub fn is_on(&self) -> bool {
+        self.time_slicing.is_some()
+    }
+}
+
+/// The node's time-slicing policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeSlicing {
+    /// What every time-sliced GPU of the node runs at while shared.
+    pub interval: TimeSliceInterval,
+    /// How many shares a GPU holds when no claim asks for an amount of memory: a
+    /// share without a memory request takes `memory / replicas`, rounded down to
+    /// whole GiB (the device plugin's `replicas`, so its pods port unchanged).
+    pub replicas: u32,
+}
+
+impl Default for TimeSlicing {
+    fn default() -> Self {
+        Self {
+            interval: TimeSliceInterval::Default,
+            replicas: 4,
+        }
+    }
+}
+
+/// How a shared device is shared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SharingMode {
+    /// The GPU's own time-slicing between the contexts of all its shares.
+    TimeSlicing,
+}
+
+impl SharingMode {
+    /// As the `sharing` attribute and the config's strategy spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::TimeSlicing => "TimeSlicing",
+        }
+    }
+
+    /// The suffix of the device name: `gpu-<minor>-ts`.
+    fn suffix(self) -> &'static str {
+        match self {
+            Self::TimeSlicing => "ts",
+        }
+    }
+}
+
+/// A shared device as the kubelet plugin prepares it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SharedDevice {
+    /// Its name in the slice, `gpu-<minor>-ts`.
+    pub name: String,
+    pub gpu: Gpu,
+    pub mode: SharingMode,
+    /// The interval its shares run at.
+    pub interval: TimeSliceInterval,
+}
+
+/// The shared devices of GPU `gpu` under `opts`: none where the GPU cannot be
+/// shared (in MIG mode, under dynamic MIG, memory unknown) or sharing is off.
+pub(crate) fn shared_of(gpu: &Gpu, opts: &SliceOptions) -> Vec<SharedDevice> {
+    let Some(ts) = opts.sharing.time_slicing else {
+        return Vec::new();
+    };
+    if !shareable(gpu, opts) {
+        return Vec::new();
+    }
+    vec![SharedDevice {
+        name: format!(
+            "{}-{}",
+            gpu.device_name(),
+            SharingMode::TimeSlicing.suffix()
+        ),
+        gpu: gpu.clone(),
+        mode: SharingMode::TimeSlicing,
+        interval: ts.interval,
+    }]
+}
+
+/// Every shared device the slices publish under `opts`, for the plugin's prepare.
+pub fn shared_devices(inv: &Inventory, opts: &SliceOptions) -> Vec<SharedDevice> {
+    inv.gpus.iter().flat_map(|g| shared_of(g, opts)).collect()
+}
+
+/// Whether `gpu` can be shared: offered whole, not under dynamic MIG (whose
+/// partitions use the counter set), and with enough memory for two shares.
+fn shareable(gpu: &Gpu, opts: &SliceOptions) -> bool {
+    gpu.offer() == Offer::Whole
+        && super::partitions::geometry_of(gpu, opts).is_none()
+        && gpu
+            .memory_bytes
+            .is_some_and(|m| m >= MEMORY_STEP.saturating_mul(2))
+}
+
+/// The counter set a shareable GPU gets when dynamic MIG gives it none, and what
+/// each of its devices consumes of it: the whole set.
+pub(crate) fn counter_set(gpu: &Gpu) -> (CounterSet, DeviceCounterConsumption) {
+    let name = super::partitions::counter_set_name(gpu);
+    let counters = BTreeMap::from([(
+        GPU_COUNTER.to_owned(),
+        Counter {
+            value: Quantity("1".to_owned()),
+        },
+    )]);
+    (
+        CounterSet {
+            name: name.clone(),
+            counters: counters.clone(),
+        },
+        DeviceCounterConsumption {
+            counter_set: name,
+            counters,
+            ..Default::default()
+        },
+    )
+}
+
+/// One shared device in the slice: its GPU's attributes (topology included, so
+/// `matchAttribute` aligns shares as it aligns GPUs) with `type: shared`, the
+/// mode and interval, and the GPU's memory as a consumable capacity.
+pub(crate) fn shared_device(
+    d: &SharedDevice,
+    inv: &Inventory,
+    opts: &SliceOptions,
+    consumes: DeviceCounterConsumption,
+) -> Device {
+    let mut attrs = attributes::device_attributes(&d.gpu, inv, opts);
+    let string = |v: &str| DeviceAttribute {
+        string: Some(v.to_owned()),
+        ..Default::default()
+    };
+    attrs.insert(attributes::TYPE.to_owned(), string(TYPE_SHARED));
+    attrs.insert(SHARING.to_owned(), string(d.mode.as_str()));
+    attrs.insert(
+        TIME_SLICE_INTERVAL.to_owned(),
+        string(interval_name(d.interval)),
+    );
+    let replicas = opts.sharing.time_slicing.map_or(1, |t| t.replicas);
+    let capacity = d
+        .gpu
+        .memory_bytes
+        .map(|m| (attributes::MEMORY.to_owned(), memory_capacity(m, replicas)))
+        .into_iter()
+        .collect::<BTreeMap<_, _>>();
+    // A share of a GPU is a share of all of it: an XID or a lost GPU taints each.
+    let taints = opts
+        .device_taints
+        .get(&d.name)
+        .into_iter()
+        .chain(opts.device_taints.get(&d.gpu.device_name()))
+        .flatten()
+        .fold(Vec::new(), |mut out: Vec<_>, t| {
+            if !out
+                .iter()
+                .any(|have: &k8s_openapi::api::resource::v1::DeviceTaint| {
+                    have.key == t.key && have.effect == t.effect
+                })
+            {
+                out.push(t.clone());
+            }
+            out
+        });
+    Device {
+        name: d.name.clone(),
+        attributes: Some(attrs),
+        capacity: (!capacity.is_empty()).then_some(capacity),
+        allow_multiple_allocations: Some(true),
+        consumes_counters: Some(vec![consumes]),
+        taints: (!taints.is_empty()).then_some(taints),
+        ..Default::default()
+    }
+}
+
+/// The GPU's memory as a consumable capacity: shares of whole GiB, at least one
+/// GiB, and `memory / replicas` (rounded down to GiB) when a claim names no amount.
+/// The API requires `min + step <= value` and a default on the grid from `min`;
+/// [`shareable`] keeps `memory` at two steps or more.
+pub(crate) fn memory_capacity(memory: u64, replicas: u32) -> DeviceCapacity {
+    let per_replica = memory.checked_div(u64::from(replicas)).unwrap_or(memory);
+    let default = (per_replica / MEMORY_STEP)
+        .max(1)
+        .saturating_mul(MEMORY_STEP);
+    DeviceCapacity {
+        value: quantity::bytes(memory),
+        request_policy: Some(CapacityRequestPolicy {
+            default: Some(quantity::bytes(default)),
+            valid_range: Some(CapacityRequestPolicyRange {
+                min: quantity::bytes(MEMORY_STEP),
+                step: Some(quantity::bytes(MEMORY_STEP)),
+                max: None,
+            }),
+            valid_values: None,
+        }),
+    }
+}
+
+/// The interval as the config and the attribute spell it.
+pub fn interval_name(i: TimeSliceInterval) -> &'static str {
+    match i {
+        TimeSliceInterval::Default => "Default",
+        TimeSliceInterval::Short => "Short",
+        TimeSliceInterval::Medium => "Medium",
+        TimeSliceInterval::Long => "Long",
+    }
+}
+
+#[cfg(test)]
+mod tests;
