@@ -14,6 +14,7 @@
 //! - [`prepare`]: the prepare/unprepare state machine behind the kubelet's DRA calls
 //!   ([`prepare::Preparer`]), on top of [`cdi`] and [`checkpoint`].
 //! - [`dynamic_mig`]: makes and removes the MIG instances of prepared partitions.
+//! - [`sharing`]: the GPU settings a shared device's prepare changes and undoes.
 //! - [`monitor`]: the NVML health monitor: XID events and device probes, judged by
 //!   the model's health policy.
 
@@ -23,3 +24,4 @@ pub mod discovery;
 pub mod dynamic_mig;
 pub mod monitor;
 pub mod prepare;
+pub mod sharing;

@@ -76,6 +76,8 @@ impl Node {
             cdi_spec_dir: self.dir.path().join("cdi"),
             dynamic_mig: true,
             carver: Some(Arc::new(Carver::new(nvml))),
+            sharing: Default::default(),
+            time_slicer: None,
         };
         let mut cdi = CdiConfig::default();
         cdi.dev_root.clone_from(&self.sim.dev_root);

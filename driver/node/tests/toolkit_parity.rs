@@ -552,6 +552,7 @@ fn our_spec(root: &DriverRoot, profile: &Profile, gpus: &[u32]) -> Value {
                 mig_nodes: Vec::new(),
                 requests: vec!["gpus".into()],
                 pci_bus_id: Some(g.bus_id.to_string()),
+                share: None,
             }
         })
         .collect();

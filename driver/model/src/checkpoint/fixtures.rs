@@ -30,6 +30,7 @@ pub fn device(pool: &str, name: &str, claim: &str) -> PreparedGpu {
         cdi_device_ids: vec![format!("k8s.gpu.topodra.dev/claim={claim}-{name}")],
         share_id: None,
         mig: None,
+        sharing: None,
     }
 }
 
@@ -82,9 +83,10 @@ fn prepared_device() -> impl Strategy<Value = PreparedGpu> {
         prop::collection::vec(text(), 0..3),
         prop::option::of(text()),
         prop::option::of((text(), any::<u32>(), any::<u32>(), any::<u32>())),
+        prop::option::of((text(), text(), 0u8..4, prop::option::of(any::<u64>()))),
     )
         .prop_map(
-            |(requests, pool, device, cdi_device_ids, share_id, mig)| PreparedGpu {
+            |(requests, pool, device, cdi_device_ids, share_id, mig, sharing)| PreparedGpu {
                 requests,
                 pool,
                 device,
@@ -95,6 +97,15 @@ fn prepared_device() -> impl Strategy<Value = PreparedGpu> {
                     profile_id,
                     start,
                     size,
+                }),
+                sharing: sharing.map(|(gpu_device, gpu_uuid, timeslice, memory_bytes)| {
+                    ShareIntent {
+                        mode: ShareMode::TimeSlicing,
+                        gpu_device,
+                        gpu_uuid,
+                        timeslice,
+                        memory_bytes,
+                    }
                 }),
             },
         )

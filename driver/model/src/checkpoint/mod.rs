@@ -112,6 +112,54 @@ pub struct PreparedGpu {
     /// The MIG instance prepare makes for this device (dynamic MIG); `None` for a
     /// device that exists without us (a whole GPU, a MIG device an operator made).
     pub mig: Option<MigIntent>,
+    /// For a share of a shared device: what it shares and what prepare set up for
+    /// it, so that the last share's unprepare can undo it from the record alone.
+    pub sharing: Option<ShareIntent>,
+}
+
+/// One claim's share of a GPU, recorded before prepare changes the GPU's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShareIntent {
+    pub mode: ShareMode,
+    /// The exclusive device of the GPU this share is part of (`gpu-<minor>`): no
+    /// claim may hold it while a share of it is held, nor the reverse.
+    pub gpu_device: String,
+    /// The GPU's UUID, as the driver's tools take it.
+    pub gpu_uuid: String,
+    /// The time-slice setting (`nvidia-smi compute-policy --set-timeslice`, 0 to
+    /// 3) this share runs at; 0 is the driver's default, which nothing sets.
+    pub timeslice: u8,
+    /// The memory the claim's allocation consumed, in bytes.
+    pub memory_bytes: Option<u64>,
+}
+
+/// How a GPU is shared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ShareMode {
+    TimeSlicing,
+}
+
+impl PreparedGpu {
+    /// Whether `self`, held by one claim, keeps another claim from holding `other`:
+    /// the same device unless both are distinct shares of it, a GPU and a share of
+    /// it, or two shares of one GPU in different modes.
+    pub fn excludes(&self, other: &PreparedGpu) -> bool {
+        if self.pool != other.pool {
+            return false;
+        }
+        if self.device == other.device {
+            return match (&self.share_id, &other.share_id) {
+                (Some(a), Some(b)) => a == b,
+                _ => true,
+            };
+        }
+        match (&self.sharing, &other.sharing) {
+            (Some(s), None) => s.gpu_device == other.device,
+            (None, Some(o)) => o.gpu_device == self.device,
+            (Some(s), Some(o)) => s.gpu_device == o.gpu_device && s.mode != o.mode,
+            (None, None) => false,
+        }
+    }
 }
 
 /// A MIG instance the plugin makes at prepare: a GPU instance of `profile_id` at
@@ -196,9 +244,38 @@ impl Checkpoint {
         self.claims.get(uid)
     }
 
-    /// The claim, if any, whose record holds `pool/device`.
+    /// The claim, if any, whose record holds `pool/device` (one of them, for a
+    /// shared device).
     pub fn holder_of(&self, pool: &str, device: &str) -> Option<&ClaimRecord> {
         self.claims.values().find(|r| r.holds(pool, device))
+    }
+
+    /// The claim and device, if any, whose hold keeps a claim other than
+    /// `claim_uid` from holding `want` ([`PreparedGpu::excludes`]).
+    pub fn excluding(
+        &self,
+        want: &PreparedGpu,
+        claim_uid: &str,
+    ) -> Option<(&ClaimRecord, &PreparedGpu)> {
+        self.claims
+            .values()
+            .filter(|r| r.uid != claim_uid)
+            .find_map(|r| r.devices.iter().find(|d| d.excludes(want)).map(|d| (r, d)))
+    }
+
+    /// The time-sliced shares of GPU `gpu_uuid` that other claims than
+    /// `claim_uid` hold in this boot (started or completed): while there is one,
+    /// the GPU's interval is set and must stay.
+    pub fn live_time_slices(&self, gpu_uuid: &str, claim_uid: &str) -> usize {
+        self.claims
+            .values()
+            .filter(|r| r.uid != claim_uid && r.state != ClaimState::NeedsReprepare)
+            .flat_map(|r| r.devices.iter())
+            .filter_map(|d| d.sharing.as_ref())
+            .filter(|s| {
+                s.mode == ShareMode::TimeSlicing && s.gpu_uuid == gpu_uuid && s.timeslice != 0
+            })
+            .count()
     }
 
     /// The claim and device, if any, whose MIG instance would overlap `intent`.
@@ -231,7 +308,8 @@ impl ClaimRecord {
 
 /// Records that prepare of `claim` is starting, with everything needed to undo it.
 ///
-/// Refuses when one of `devices` is held by another claim, or would make a MIG
+/// Refuses when one of `devices` is held by another claim (but for distinct
+/// shares of one shared device, see [`PreparedGpu::excludes`]), or would make a MIG
 /// instance overlapping one another claim's record holds (the scheduler's counters
 /// keep that from happening; this keeps a stale slice from making it happen). A
 /// record already there for
@@ -245,12 +323,10 @@ pub fn begin_prepare(
     now: u64,
 ) -> Result<&ClaimRecord, TransitionError> {
     for d in &devices {
-        if let Some(holder) = checkpoint.holder_of(&d.pool, &d.device)
-            && holder.uid != claim.uid
-        {
+        if let Some((holder, held)) = checkpoint.excluding(d, &claim.uid) {
             return Err(DeviceInUse {
-                pool: d.pool.clone(),
-                device: d.device.clone(),
+                pool: held.pool.clone(),
+                device: held.device.clone(),
                 holder: ClaimIdentity {
                     uid: holder.uid.clone(),
                     namespace: holder.namespace.clone(),

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Checkpoint, ClaimRecord, ClaimState, MigIntent, PreparedGpu};
+use super::{Checkpoint, ClaimRecord, ClaimState, MigIntent, PreparedGpu, ShareIntent, ShareMode};
 
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -66,6 +66,29 @@ struct DeviceV1 {
     /// takes another's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     mig: Option<MigV1>,
+    /// Added without a new version: an older plugin ignores it, so its unprepare
+    /// of the last share leaves the GPU's interval set (a setting left behind,
+    /// never a GPU handed out twice: it knows no shared device to prepare).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sharing: Option<SharingV1>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SharingV1 {
+    mode: ShareModeV1,
+    gpu_device: String,
+    #[serde(rename = "gpuUUID")]
+    gpu_uuid: String,
+    #[serde(default)]
+    timeslice: u8,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    memory_bytes: Option<u64>,
+}
+
+#[derive(Serialize, Deserialize)]
+enum ShareModeV1 {
+    TimeSlicing,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -153,6 +176,15 @@ impl From<&PreparedGpu> for DeviceV1 {
                 start: m.start,
                 size: m.size,
             }),
+            sharing: d.sharing.as_ref().map(|s| SharingV1 {
+                mode: match s.mode {
+                    ShareMode::TimeSlicing => ShareModeV1::TimeSlicing,
+                },
+                gpu_device: s.gpu_device.clone(),
+                gpu_uuid: s.gpu_uuid.clone(),
+                timeslice: s.timeslice,
+                memory_bytes: s.memory_bytes,
+            }),
         }
     }
 }
@@ -170,6 +202,15 @@ impl From<DeviceV1> for PreparedGpu {
                 profile_id: m.profile_id,
                 start: m.start,
                 size: m.size,
+            }),
+            sharing: d.sharing.map(|s| ShareIntent {
+                mode: match s.mode {
+                    ShareModeV1::TimeSlicing => ShareMode::TimeSlicing,
+                },
+                gpu_device: s.gpu_device,
+                gpu_uuid: s.gpu_uuid,
+                timeslice: s.timeslice,
+                memory_bytes: s.memory_bytes,
             }),
         }
     }

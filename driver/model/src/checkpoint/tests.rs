@@ -183,3 +183,90 @@ fn begin_prepare_refuses_an_overlapping_mig_instance() {
     )
     .unwrap();
 }
+
+fn share_of(name: &str, claim: &str, share_id: &str, gpu: &str, timeslice: u8) -> PreparedGpu {
+    PreparedGpu {
+        share_id: Some(share_id.into()),
+        sharing: Some(ShareIntent {
+            mode: ShareMode::TimeSlicing,
+            gpu_device: gpu.into(),
+            gpu_uuid: format!("GPU-{gpu}"),
+            timeslice,
+            memory_bytes: Some(1 << 30),
+        }),
+        ..device("node-1", name, claim)
+    }
+}
+
+/// Distinct shares of one shared device are held together; one share id, the
+/// GPU itself, or a plain device held twice are not.
+#[test]
+fn shares_of_a_device_are_held_together_and_exclude_their_gpu() {
+    let mut cp = Checkpoint::new("b");
+    begin_prepare(
+        &mut cp,
+        claim("u1"),
+        vec![share_of("gpu-7-ts", "u1", "s1", "gpu-7", 3)],
+        None,
+        1,
+    )
+    .unwrap();
+    begin_prepare(
+        &mut cp,
+        claim("u2"),
+        vec![share_of("gpu-7-ts", "u2", "s2", "gpu-7", 3)],
+        None,
+        2,
+    )
+    .unwrap();
+    let same_id = begin_prepare(
+        &mut cp,
+        claim("u3"),
+        vec![share_of("gpu-7-ts", "u3", "s1", "gpu-7", 3)],
+        None,
+        3,
+    );
+    assert!(matches!(same_id, Err(TransitionError::DeviceInUse(_))));
+    let whole = begin_prepare(
+        &mut cp,
+        claim("u3"),
+        vec![device("node-1", "gpu-7", "u3")],
+        None,
+        3,
+    )
+    .unwrap_err();
+    assert!(matches!(whole, TransitionError::DeviceInUse(e) if e.device == "gpu-7-ts"));
+    // Another GPU's share, or another pool's, is no conflict.
+    begin_prepare(
+        &mut cp,
+        claim("u4"),
+        vec![share_of("gpu-6-ts", "u4", "s1", "gpu-6", 3)],
+        None,
+        4,
+    )
+    .unwrap();
+    assert_eq!(cp.live_time_slices("GPU-gpu-7", "u1"), 1);
+    assert_eq!(cp.live_time_slices("GPU-gpu-7", "nobody"), 2);
+    // A record waiting to be prepared again after a reboot holds no setting.
+    after_reboot(&mut cp, "b2");
+    assert_eq!(cp.live_time_slices("GPU-gpu-7", "nobody"), 0);
+}
+
+/// A share recorded by this version reads back whole; the file of a version
+/// without shares still loads (no field is required).
+#[test]
+fn a_share_survives_the_file() {
+    let mut cp = Checkpoint::new("b");
+    begin_prepare(
+        &mut cp,
+        claim("u1"),
+        vec![share_of("gpu-7-ts", "u1", "s1", "gpu-7", 2)],
+        None,
+        1,
+    )
+    .unwrap();
+    let bytes = encode(&cp).unwrap();
+    assert_eq!(parse(&bytes).unwrap(), cp);
+    let text = String::from_utf8(bytes).unwrap();
+    assert!(text.contains(r#""sharing":{"mode":"TimeSlicing","gpuDevice":"gpu-7","gpuUUID":"GPU-gpu-7","timeslice":2,"memoryBytes":1073741824}"#), "{text}");
+}

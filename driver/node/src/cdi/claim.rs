@@ -16,7 +16,10 @@ use super::spec::{ContainerEdits, Device, DeviceNode, Mount, Spec};
 use super::version::minimum_version;
 use super::{CdiError, CdiKind, cdi_device_name, check_claim_uid, validate};
 use topodra_model::IdList;
+use topodra_model::checkpoint::{ShareIntent, ShareMode};
+use topodra_model::config::v1alpha1::TimeSliceInterval;
 use topodra_model::inventory::{AllocatableDevice, Gpu};
+use topodra_model::slice::interval_name;
 
 /// Annotation keys on the spec, so an operator reading `/var/run/cdi` can tell which
 /// claim a file belongs to without the checkpoint.
@@ -28,6 +31,22 @@ pub(crate) const ANNOTATION_GPU_UUID: &str = "topodra.dev/gpu-uuid";
 /// On each device: the claim's requests it serves, comma-separated (request names are
 /// DNS labels, so they hold no comma).
 pub(crate) const ANNOTATION_REQUESTS: &str = "topodra.dev/requests";
+
+/// On a share's device: what the checkpoint needs to rebuild its record from the
+/// spec alone (its share id, mode, GPU and time slice) and what it was given.
+pub(crate) const ANNOTATION_SHARE_ID: &str = "topodra.dev/share-id";
+pub(crate) const ANNOTATION_SHARING: &str = "topodra.dev/sharing";
+pub(crate) const ANNOTATION_SHARED_GPU: &str = "topodra.dev/shared-gpu";
+pub(crate) const ANNOTATION_TIMESLICE: &str = "topodra.dev/timeslice";
+pub(crate) const ANNOTATION_MEMORY_BYTES: &str = "topodra.dev/memory-bytes";
+
+/// A share's environment, per device: the mode, the interval, and the memory the
+/// scheduler set aside for it, which a time-sliced GPU does not enforce (any share
+/// can allocate all of the GPU's memory), and says so.
+pub(crate) const ENV_SHARING: &str = "TOPODRA_SHARING";
+pub(crate) const ENV_TIME_SLICE_INTERVAL: &str = "TOPODRA_TIME_SLICE_INTERVAL";
+pub(crate) const ENV_MEMORY_SHARE: &str = "TOPODRA_GPU_MEMORY_SHARE";
+pub(crate) const ENV_MEMORY_SHARE_ENFORCED: &str = "TOPODRA_GPU_MEMORY_SHARE_ENFORCED";
 
 /// Env hints (when [`ClaimSpecRequest::env_hints`] is on). They describe the whole
 /// claim: env is claim-wide, because per-device values for one key would overwrite
@@ -74,6 +93,8 @@ pub struct ClaimGpu {
     /// device, which gets none (as with the toolkit, unless it has graphics
     /// engines, which data-center MIG profiles do not).
     pub pci_bus_id: Option<String>,
+    /// For a share of a shared GPU: its share id and what its prepare recorded.
+    pub share: Option<(String, ShareIntent)>,
 }
 
 impl ClaimGpu {
@@ -93,6 +114,7 @@ impl ClaimGpu {
             mig_nodes: Vec::new(),
             requests: Vec::new(),
             pci_bus_id: Some(gpu.pci_bus_id.to_string()),
+            share: None,
         })
     }
 
@@ -216,6 +238,9 @@ pub fn claim_spec(
                 .annotations
                 .insert(ANNOTATION_REQUESTS.into(), gpu.requests.join(","));
         }
+        if let Some((share_id, share)) = &gpu.share {
+            share_edits(&mut device, share_id, share);
+        }
         devices.push(device);
     }
 
@@ -293,6 +318,50 @@ pub fn claim_spec(
         problems,
     })?;
     Ok(spec)
+}
+
+/// A share's annotations and environment on its device.
+fn share_edits(device: &mut Device, share_id: &str, share: &ShareIntent) {
+    let mode = match share.mode {
+        ShareMode::TimeSlicing => "TimeSlicing",
+    };
+    let a = &mut device.annotations;
+    a.insert(ANNOTATION_SHARE_ID.into(), share_id.to_owned());
+    a.insert(ANNOTATION_SHARING.into(), mode.to_owned());
+    a.insert(ANNOTATION_SHARED_GPU.into(), share.gpu_device.clone());
+    a.insert(ANNOTATION_TIMESLICE.into(), share.timeslice.to_string());
+    let env = &mut device.container_edits.env;
+    env.push(format!("{ENV_SHARING}={mode}"));
+    env.push(format!(
+        "{ENV_TIME_SLICE_INTERVAL}={}",
+        interval_name(timeslice_interval(share.timeslice))
+    ));
+    if let Some(bytes) = share.memory_bytes {
+        a.insert(ANNOTATION_MEMORY_BYTES.into(), bytes.to_string());
+        env.push(format!("{ENV_MEMORY_SHARE}={bytes}"));
+        env.push(format!("{ENV_MEMORY_SHARE_ENFORCED}=false"));
+    }
+}
+
+/// The interval of an `nvidia-smi --set-timeslice` value.
+pub(crate) fn timeslice_interval(value: u8) -> TimeSliceInterval {
+    match value {
+        1 => TimeSliceInterval::Short,
+        2 => TimeSliceInterval::Medium,
+        3 => TimeSliceInterval::Long,
+        _ => TimeSliceInterval::Default,
+    }
+}
+
+/// The `nvidia-smi --set-timeslice` value of an interval (NVIDIA's numbering:
+/// Default 0, Short 1, Medium 2, Long 3).
+pub fn timeslice_value(interval: TimeSliceInterval) -> u8 {
+    match interval {
+        TimeSliceInterval::Default => 0,
+        TimeSliceInterval::Short => 1,
+        TimeSliceInterval::Medium => 2,
+        TimeSliceInterval::Long => 3,
+    }
 }
 
 fn required_node(nodes: &dyn DeviceNodes, name: &str) -> Result<NodeInfo, CdiError> {

@@ -62,7 +62,7 @@ use std::io;
 use std::path::PathBuf;
 
 pub use capabilities::{DriverCapabilities, DriverCapability};
-pub use claim::{ClaimGpu, ClaimSpecRequest, claim_spec};
+pub use claim::{ClaimGpu, ClaimSpecRequest, claim_spec, timeslice_value};
 pub use host_check::{HostNodeProblem, host_node_problems};
 pub use nodes::{
     DEFAULT_CAPABILITIES_DIR, DeviceNodes, DriNodes, HostDeviceNodes, NodeInfo, NodeKind,
@@ -73,7 +73,11 @@ pub use spec::{ContainerEdits, Device, DeviceNode, Hook, IntelRdt, Mount, NetDev
 pub use validate::Problems;
 pub use writer::{DEFAULT_SPEC_DIR, SpecWriter};
 
-pub(crate) use claim::{ANNOTATION_CLAIM_NAME, ANNOTATION_CLAIM_NAMESPACE, ANNOTATION_REQUESTS};
+pub(crate) use claim::{
+    ANNOTATION_CLAIM_NAME, ANNOTATION_CLAIM_NAMESPACE, ANNOTATION_GPU_UUID,
+    ANNOTATION_MEMORY_BYTES, ANNOTATION_REQUESTS, ANNOTATION_SHARE_ID, ANNOTATION_SHARED_GPU,
+    ANNOTATION_SHARING, ANNOTATION_TIMESLICE,
+};
 #[cfg(test)]
 pub(crate) use nodes::TABLE_CAPS_MAJOR;
 pub(crate) use nvidia_files::NvidiaRoot;

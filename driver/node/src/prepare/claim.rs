@@ -2,7 +2,9 @@
 //! machine of [`super::Preparer`].
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use topodra_model::checkpoint::{self, ClaimIdentity, ClaimRecord, ClaimState, PreparedGpu};
+use topodra_model::checkpoint::{
+    self, ClaimIdentity, ClaimRecord, ClaimState, PreparedGpu, ShareIntent, ShareMode,
+};
 
 use super::*;
 use crate::cdi::{self, ClaimGpu, ClaimSpecRequest};
@@ -36,6 +38,7 @@ impl Preparer {
             pool: &self.pool,
             gpus: &self.gpus,
             dynamic: &self.dynamic,
+            shared: &self.shared,
         };
         let plan = plan::plan(&ctx, claim_ref, claim)?;
         let names: Vec<String> = plan.devices.iter().map(|d| d.device.clone()).collect();
@@ -53,6 +56,7 @@ impl Preparer {
                 cdi_device_ids: vec![self.writer.kind().device_id(&claim_ref.uid, &d.device)],
                 share_id: d.share_id.clone(),
                 mig: self.intent_of(&d.device),
+                sharing: self.share_of(&d.device, d.memory_bytes),
             })
             .collect();
 
@@ -90,7 +94,7 @@ impl Preparer {
         let early_spec = if makes_instances {
             None
         } else {
-            Some(self.build_spec(claim_ref, &plan, &BTreeMap::new(), &files)?)
+            Some(self.build_spec(claim_ref, &plan, &prepared, &BTreeMap::new(), &files)?)
         };
         let spec_path = self.writer.path_for(&claim_ref.uid);
         // A spec already at the path (a claim prepared again after a reboot, or with
@@ -113,16 +117,26 @@ impl Preparer {
         #[cfg(feature = "crash-points")]
         self.crash(CrashPoint::AfterStartedRecord)?;
 
+        // A share's GPU runs at the node's interval from its first share on; the
+        // record above names it, so a crash from here on leaves one to undo it by.
+        if let Err(e) = self.set_time_slices(claim_ref, &prepared) {
+            return Err(self.abandon(claim_ref, &prepared, &[], e));
+        }
+        #[cfg(feature = "crash-points")]
+        if prepared.iter().any(|d| d.sharing.is_some()) {
+            self.crash(CrashPoint::AfterTimeSlice)?;
+        }
+
         let spec = match early_spec {
             Some(spec) => spec,
             None => {
                 let mut ours = recorded;
                 let made = self
                     .make_instances(claim_ref, &prepared, &mut ours)
-                    .and_then(|made| self.build_spec(claim_ref, &plan, &made, &files));
+                    .and_then(|made| self.build_spec(claim_ref, &plan, &prepared, &made, &files));
                 match made {
                     Ok(spec) => spec,
-                    Err(e) => return Err(self.abandon(claim_ref, &ours, e)),
+                    Err(e) => return Err(self.abandon(claim_ref, &prepared, &ours, e)),
                 }
             }
         };
@@ -133,7 +147,7 @@ impl Preparer {
 
         if let Err(e) = self.writer.write(&claim_ref.uid, &spec) {
             let ours: Vec<MigIntent> = prepared.iter().filter_map(|d| d.mig.clone()).collect();
-            return Err(self.abandon(claim_ref, &ours, e.into()));
+            return Err(self.abandon(claim_ref, &prepared, &ours, e.into()));
         }
         #[cfg(feature = "crash-points")]
         self.crash(CrashPoint::AfterCdiWrite)?;
@@ -144,16 +158,29 @@ impl Preparer {
         Ok(prepared)
     }
 
-    /// The claim's CDI spec; `made` holds the instances of its dynamic MIG devices.
+    /// The claim's CDI spec; `made` holds the instances of its dynamic MIG devices,
+    /// `prepared` what is recorded for each device (a share's intent).
     fn build_spec(
         &self,
         claim_ref: &ClaimIdentity,
         plan: &plan::Plan,
+        prepared: &[PreparedGpu],
         made: &BTreeMap<String, MadeInstance>,
         files: &cdi::NvidiaFiles,
     ) -> Result<cdi::Spec, ClaimError> {
         let mut gpus = Vec::new();
         for planned in &plan.devices {
+            if let Some(shared) = self.shared.get(&planned.device) {
+                let mut gpu = ClaimGpu::from_gpu(&shared.gpu)?;
+                gpu.device_name.clone_from(&planned.device);
+                gpu.requests = planned.requests.clone();
+                gpu.share = prepared
+                    .iter()
+                    .find(|p| p.device == planned.device)
+                    .and_then(|p| Some((p.share_id.clone()?, p.sharing.clone()?)));
+                gpus.push(gpu);
+                continue;
+            }
             let mut gpu = match (self.dynamic.get(&planned.device), made.get(&planned.device)) {
                 (Some(d), Some(m)) => {
                     let dev = AllocatableDevice {
@@ -249,6 +276,7 @@ impl Preparer {
     fn abandon(
         &self,
         claim_ref: &ClaimIdentity,
+        prepared: &[PreparedGpu],
         ours: &[MigIntent],
         error: ClaimError,
     ) -> ClaimError {
@@ -260,6 +288,11 @@ impl Preparer {
         // the started record would be rolled forward by the next start.
         if let Err(remove) = self.writer.remove(&claim_ref.uid) {
             tracing::error!(claim = %claim_ref.uid, error = %remove, "removing the spec of a failed prepare");
+        }
+        if let Err(why) = self.reset_time_slices(claim_ref, prepared) {
+            tracing::error!(claim = %claim_ref.uid, error = %why,
+                "the time slice of a failed share could not be reset; its record stays until an unprepare or the next start resets it");
+            return error;
         }
         for intent in ours {
             let removed = self
@@ -304,14 +337,15 @@ impl Preparer {
             }
             return Ok(());
         }
-        // The instances go before the record: one that cannot be removed keeps the
-        // record, and the kubelet retries the unprepare.
+        // The instances and time slices go before the record: one that cannot be
+        // undone keeps the record, and the kubelet retries the unprepare.
         if let Some(record) = &record {
             let identity = ClaimIdentity {
                 uid: record.uid.clone(),
                 namespace: record.namespace.clone(),
                 name: record.name.clone(),
             };
+            self.reset_time_slices(&identity, &record.devices)?;
             for d in &record.devices {
                 let Some(intent) = &d.mig else { continue };
                 self.carver_for(&identity, &d.device)?
@@ -328,6 +362,94 @@ impl Preparer {
             self.update(Some(uid), |cp| Ok::<_, ClaimError>(cp.remove(uid)))?;
         }
         Ok(())
+    }
+}
+
+impl Preparer {
+    /// Sets the node's interval on each shared GPU of `prepared` that no other
+    /// claim's share holds in this boot (the first share sets it; a later one finds
+    /// it set). Called under the GPU's lock, with the claim's record saved.
+    fn set_time_slices(
+        &self,
+        claim_ref: &ClaimIdentity,
+        prepared: &[PreparedGpu],
+    ) -> Result<(), ClaimError> {
+        for (d, share) in time_slices(prepared) {
+            let others = self
+                .state
+                .read(|cp| cp.live_time_slices(&share.gpu_uuid, &claim_ref.uid));
+            if others > 0 {
+                continue;
+            }
+            self.time_slicer_for(claim_ref, d, share)?
+                .set(&share.gpu_uuid, share.timeslice)
+                .map_err(|source| sharing_error(claim_ref, d, source))?;
+        }
+        Ok(())
+    }
+
+    /// Sets each shared GPU of `devices` back to the driver's default interval
+    /// where no other claim's share holds it in this boot.
+    fn reset_time_slices(
+        &self,
+        claim_ref: &ClaimIdentity,
+        devices: &[PreparedGpu],
+    ) -> Result<(), ClaimError> {
+        for (d, share) in time_slices(devices) {
+            let others = self
+                .state
+                .read(|cp| cp.live_time_slices(&share.gpu_uuid, &claim_ref.uid));
+            if others > 0 {
+                continue;
+            }
+            self.time_slicer_for(claim_ref, d, share)?
+                .set(&share.gpu_uuid, 0)
+                .map_err(|source| sharing_error(claim_ref, d, source))?;
+        }
+        Ok(())
+    }
+
+    fn time_slicer_for(
+        &self,
+        claim_ref: &ClaimIdentity,
+        d: &PreparedGpu,
+        share: &ShareIntent,
+    ) -> Result<&TimeSlicer, ClaimError> {
+        self.time_slicer
+            .as_deref()
+            .ok_or_else(|| ClaimError::NoTimeSlicer {
+                namespace: claim_ref.namespace.clone(),
+                name: claim_ref.name.clone(),
+                device: d.device.clone(),
+                interval: share.timeslice.to_string(),
+                why: "none found in the driver root at start".to_owned(),
+            })
+    }
+}
+
+/// The shares among `devices` whose GPU runs at a time slice other than the
+/// driver's default: the only ones that change a setting.
+pub(super) fn time_slices(
+    devices: &[PreparedGpu],
+) -> impl Iterator<Item = (&PreparedGpu, &ShareIntent)> {
+    devices.iter().filter_map(|d| {
+        d.sharing
+            .as_ref()
+            .filter(|s| s.mode == ShareMode::TimeSlicing && s.timeslice != 0)
+            .map(|s| (d, s))
+    })
+}
+
+fn sharing_error(
+    claim_ref: &ClaimIdentity,
+    d: &PreparedGpu,
+    source: crate::sharing::SharingError,
+) -> ClaimError {
+    ClaimError::Sharing {
+        namespace: claim_ref.namespace.clone(),
+        name: claim_ref.name.clone(),
+        device: d.device.clone(),
+        source: Box::new(source),
     }
 }
 

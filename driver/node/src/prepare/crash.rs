@@ -10,6 +10,8 @@ use super::{ClaimError, Preparer};
 pub enum CrashPoint {
     /// The started record is on disk; no CDI spec yet.
     AfterStartedRecord,
+    /// A share's GPU runs at the node's time slice; no CDI spec yet.
+    AfterTimeSlice,
     /// A dynamic MIG partition's GPU instance exists, its compute instance not yet.
     AfterGpuInstance,
     /// A dynamic MIG partition's compute instance exists too.
@@ -28,13 +30,14 @@ impl std::str::FromStr for CrashPoint {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "after-started-record" => Ok(Self::AfterStartedRecord),
+            "after-time-slice" => Ok(Self::AfterTimeSlice),
             "after-gpu-instance" => Ok(Self::AfterGpuInstance),
             "after-compute-instance" => Ok(Self::AfterComputeInstance),
             "before-spec" => Ok(Self::BeforeSpec),
             "after-cdi-write" => Ok(Self::AfterCdiWrite),
             "before-answer" => Ok(Self::BeforeAnswer),
             other => Err(format!(
-                "unknown crash point {other:?}: after-started-record, after-gpu-instance, \
+                "unknown crash point {other:?}: after-started-record, after-time-slice, after-gpu-instance, \
                  after-compute-instance, before-spec, after-cdi-write, before-answer"
             )),
         }

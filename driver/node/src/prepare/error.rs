@@ -117,6 +117,39 @@ pub enum ClaimError {
         device: String,
     },
 
+    #[error(
+        "claim {namespace}/{name}: device {device} is shared, but its allocation has no shareID; \
+         the scheduler sets one for every share (DRAConsumableCapacity), so the claim was allocated without it"
+    )]
+    NoShareId {
+        namespace: String,
+        name: String,
+        device: String,
+    },
+
+    /// Setting or resetting a shared GPU's time slice failed; a prepare rolled
+    /// back, an unprepare keeps the record for the kubelet's retry.
+    #[error("claim {namespace}/{name}: time slice of {device}: {source}")]
+    Sharing {
+        namespace: String,
+        name: String,
+        device: String,
+        /// Boxed: the error carries the command's output, and this variant is rare.
+        #[source]
+        source: Box<crate::sharing::SharingError>,
+    },
+
+    #[error(
+        "claim {namespace}/{name}: device {device} runs at time slice {interval}, but this plugin has no nvidia-smi to set it ({why})"
+    )]
+    NoTimeSlicer {
+        namespace: String,
+        name: String,
+        device: String,
+        interval: String,
+        why: String,
+    },
+
     #[error("recording the claim in the checkpoint: {0}")]
     Checkpoint(#[from] CheckpointError),
 
@@ -158,6 +191,8 @@ impl ClaimError {
             Self::Cdi(_) => ClaimErrorKind::Cdi,
             Self::Mig { source, .. } if source.is_conflict() => ClaimErrorKind::MigConflict,
             Self::Mig { .. } | Self::NoCarver { .. } => ClaimErrorKind::Mig,
+            Self::NoShareId { .. } => ClaimErrorKind::Unsupported,
+            Self::Sharing { .. } | Self::NoTimeSlicer { .. } => ClaimErrorKind::Sharing,
             Self::Checkpoint(_) => ClaimErrorKind::Checkpoint,
             Self::HandedOver { .. } => ClaimErrorKind::HandedOver,
             Self::StateUnusable { .. } => ClaimErrorKind::StateUnusable,
@@ -200,6 +235,8 @@ pub enum ClaimErrorKind {
     /// The instance's memory slices were taken (NVML or the record of another
     /// claim): the allocation no longer fits the GPU.
     MigConflict,
+    /// A shared GPU's setting (its time slice) could not be changed.
+    Sharing,
     Checkpoint,
     HandedOver,
     StateUnusable,
@@ -224,6 +261,7 @@ impl ClaimErrorKind {
             Self::Cdi => "cdi",
             Self::Mig => "mig",
             Self::MigConflict => "mig_conflict",
+            Self::Sharing => "sharing",
             Self::Checkpoint => "checkpoint",
             Self::HandedOver => "handed_over",
             Self::StateUnusable => "state_unusable",

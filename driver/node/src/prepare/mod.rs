@@ -46,9 +46,15 @@ pub use recovery::StartupReport;
 use crate::cdi::{self, DeviceNodes, DriverFiles, SpecWriter};
 use crate::checkpoint::{CheckpointError, CheckpointStore, unix_now};
 use crate::dynamic_mig::Carver;
-use topodra_model::checkpoint::{self, Checkpoint, ClaimIdentity, MigIntent, PreparedGpu};
+use crate::sharing::TimeSlicer;
+use topodra_model::checkpoint::{
+    self, Checkpoint, ClaimIdentity, MigIntent, PreparedGpu, ShareIntent, ShareMode,
+};
 use topodra_model::inventory::{AllocatableDevice, Inventory};
-use topodra_model::slice::{DynamicDevice, DynamicMig, SliceOptions, dynamic_devices};
+use topodra_model::slice::{
+    DynamicDevice, DynamicMig, SharedDevice, Sharing, SharingMode, SliceOptions, dynamic_devices,
+    shared_devices,
+};
 
 /// Where the state machine keeps its state and who it is.
 #[derive(Debug, Clone)]
@@ -69,6 +75,12 @@ pub struct PreparerConfig {
     /// record names an instance (dynamic MIG turned off since): without it such a
     /// record is kept, holding its slices, until a start with NVML removes it.
     pub carver: Option<Arc<Carver>>,
+    /// Which shared devices the slices publish; their shares are prepared here.
+    pub sharing: Sharing,
+    /// Sets and resets shared GPUs' time slices. Needed where the node's interval
+    /// is not Default, and wherever a record names a time slice: without it such
+    /// a record cannot be undone and stays until a start with it.
+    pub time_slicer: Option<Arc<TimeSlicer>>,
 }
 
 impl PreparerConfig {
@@ -92,7 +104,10 @@ pub struct Preparer {
     /// With dynamic MIG, the devices whose instance a prepare makes (whole GPUs
     /// in MIG mode and their partitions), by slice name; they win over `gpus`.
     dynamic: BTreeMap<String, DynamicDevice>,
+    /// The shared devices (`gpu-<minor>-ts`), by slice name.
+    shared: BTreeMap<String, SharedDevice>,
     carver: Option<Arc<Carver>>,
+    time_slicer: Option<Arc<TimeSlicer>>,
     /// The MIG instances the checkpoint held at start (see
     /// [`Preparer::own_mig_instances`]).
     own_mig_instances: BTreeSet<(String, u32, u32)>,
@@ -139,6 +154,7 @@ impl Preparer {
             &config.boot_id,
             &config.node_name,
             config.carver.as_deref(),
+            config.time_slicer.as_deref(),
         )?;
         let preparer = Self::assemble(
             config,
@@ -211,13 +227,21 @@ impl Preparer {
                 .map(|m| (m.parent_uuid.clone(), m.start, m.size)),
         );
         let dynamic = dynamic_map(config, inventory, &own_mig_instances);
+        let shared = shared_map(config, inventory);
         Self {
             driver_name: config.driver_name.clone(),
             pool: config.node_name.clone(),
-            locks: locks::DeviceLocks::new(gpus.keys().chain(dynamic.keys()).cloned()),
+            locks: locks::DeviceLocks::new(
+                gpus.keys()
+                    .chain(dynamic.keys())
+                    .chain(shared.keys())
+                    .cloned(),
+            ),
             gpus,
             dynamic,
+            shared,
             carver: config.carver.clone(),
+            time_slicer: config.time_slicer.clone(),
             own_mig_instances,
             writer,
             nodes,
@@ -241,15 +265,36 @@ impl Preparer {
         })
     }
 
-    /// The locks a call on `devices` takes: the devices, and for dynamic MIG ones
-    /// their GPU too, so that the instances of one GPU are made one at a time
-    /// (and never beside a claim of the whole GPU).
+    /// What a prepare of shared device `device` records for this share.
+    fn share_of(&self, device: &str, memory_bytes: Option<u64>) -> Option<ShareIntent> {
+        let d = self.shared.get(device)?;
+        Some(ShareIntent {
+            mode: match d.mode {
+                SharingMode::TimeSlicing => ShareMode::TimeSlicing,
+            },
+            gpu_device: d.gpu.device_name(),
+            gpu_uuid: d.gpu.uuid.clone().unwrap_or_default(),
+            timeslice: cdi::timeslice_value(d.interval),
+            memory_bytes,
+        })
+    }
+
+    /// The locks a call on `devices` takes: the devices, and for dynamic MIG and
+    /// shared ones their GPU too, so that the instances of one GPU are made one at
+    /// a time (and never beside a claim of the whole GPU), and the shares of one
+    /// GPU change its settings one at a time.
     fn lock_names(&self, devices: &[String]) -> Vec<String> {
         let mut names = devices.to_vec();
         names.extend(
             devices
                 .iter()
                 .filter_map(|d| self.dynamic.get(d))
+                .map(|d| d.gpu.device_name()),
+        );
+        names.extend(
+            devices
+                .iter()
+                .filter_map(|d| self.shared.get(d))
                 .map(|d| d.gpu.device_name()),
         );
         names
@@ -261,6 +306,15 @@ impl Preparer {
     /// own_mig_instances`). Instances made since are not in that inventory.
     pub fn own_mig_instances(&self) -> &BTreeSet<(String, u32, u32)> {
         &self.own_mig_instances
+    }
+
+    /// Each shared device with its GPU's device (`gpu-3-ts`, `gpu-3`): a share is
+    /// as healthy as the GPU it runs on.
+    pub fn shared_devices(&self) -> Vec<(String, String)> {
+        self.shared
+            .iter()
+            .map(|(name, d)| (name.clone(), d.gpu.device_name()))
+            .collect()
     }
 
     /// Why this state machine serves read-only, if it does.
@@ -371,6 +425,19 @@ fn dynamic_map(
     opts.dynamic_mig = DynamicMig::All;
     opts.own_mig_instances.clone_from(own);
     dynamic_devices(inventory, &opts)
+        .into_iter()
+        .map(|d| (d.name.clone(), d))
+        .collect()
+}
+
+/// The shared devices the slices publish under `config`, by name.
+fn shared_map(config: &PreparerConfig, inventory: &Inventory) -> BTreeMap<String, SharedDevice> {
+    let mut opts = SliceOptions::new(&config.node_name);
+    opts.sharing.clone_from(&config.sharing);
+    if config.dynamic_mig && config.carver.is_some() {
+        opts.dynamic_mig = DynamicMig::All;
+    }
+    shared_devices(inventory, &opts)
         .into_iter()
         .map(|d| (d.name.clone(), d))
         .collect()

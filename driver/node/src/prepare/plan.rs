@@ -8,9 +8,9 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use super::ClaimError;
 use topodra_model::checkpoint::ClaimIdentity;
-use topodra_model::config::{EffectiveConfig, effective_configs};
+use topodra_model::config::{EffectiveConfig, MemoryQuantity, effective_configs};
 use topodra_model::inventory::AllocatableDevice;
-use topodra_model::slice::DynamicDevice;
+use topodra_model::slice::{DynamicDevice, SharedDevice};
 
 /// One allocated device of ours.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,6 +20,8 @@ pub(super) struct PlannedDevice {
     /// expects them back.
     pub(super) requests: Vec<String>,
     pub(super) share_id: Option<String>,
+    /// The memory this share's allocation consumed, in bytes (shared devices).
+    pub(super) memory_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,13 +37,15 @@ pub(super) struct Context<'a> {
     pub(super) pool: &'a str,
     pub(super) gpus: &'a BTreeMap<String, AllocatableDevice>,
     pub(super) dynamic: &'a BTreeMap<String, DynamicDevice>,
+    pub(super) shared: &'a BTreeMap<String, SharedDevice>,
 }
 
 impl Context<'_> {
     fn numa_node(&self, device: &str) -> Option<u32> {
-        match self.dynamic.get(device) {
-            Some(d) => d.gpu.numa_node,
-            None => self.gpus.get(device).and_then(|g| g.gpu.numa_node),
+        match (self.dynamic.get(device), self.shared.get(device)) {
+            (Some(d), _) => d.gpu.numa_node,
+            (None, Some(s)) => s.gpu.numa_node,
+            (None, None) => self.gpus.get(device).and_then(|g| g.gpu.numa_node),
         }
     }
 }
@@ -100,7 +104,11 @@ pub(super) fn plan(
                 node: ctx.pool.to_owned(),
             });
         }
-        if !ctx.gpus.contains_key(&result.device) && !ctx.dynamic.contains_key(&result.device) {
+        let shared = ctx.shared.contains_key(&result.device);
+        if !ctx.gpus.contains_key(&result.device)
+            && !ctx.dynamic.contains_key(&result.device)
+            && !shared
+        {
             return Err(ClaimError::UnknownDevice {
                 namespace,
                 name,
@@ -114,14 +122,39 @@ pub(super) fn plan(
                 what: "adminAccess".into(),
             });
         }
+        if shared && result.share_id.is_none() {
+            return Err(ClaimError::NoShareId {
+                namespace,
+                name,
+                device: result.device.clone(),
+            });
+        }
         let base = base_request(&result.request).to_owned();
+        let memory_bytes = result
+            .consumed_capacity
+            .as_ref()
+            .and_then(|c| c.get("memory"))
+            .and_then(|q| q.0.parse::<MemoryQuantity>().ok())
+            .map(|m| m.bytes());
         match devices.iter_mut().find(|d| d.device == result.device) {
-            Some(d) if !d.requests.contains(&base) => d.requests.push(base),
-            Some(_) => {}
+            Some(d) => {
+                if !d.requests.contains(&base) {
+                    d.requests.push(base);
+                }
+                // Two requests of one claim may each get a share of one device:
+                // the container gets the device once, with both shares' memory.
+                if d.share_id != result.share_id {
+                    d.memory_bytes = match (d.memory_bytes, memory_bytes) {
+                        (Some(a), Some(b)) => Some(a.saturating_add(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+            }
             None => devices.push(PlannedDevice {
                 device: result.device.clone(),
                 requests: vec![base],
                 share_id: result.share_id.clone(),
+                memory_bytes,
             }),
         }
     }

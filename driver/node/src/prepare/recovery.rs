@@ -4,6 +4,7 @@
 use crate::cdi::{self, Spec, SpecWriter};
 use crate::checkpoint::{CheckpointStore, Quarantined, unix_now};
 use crate::dynamic_mig::Carver;
+use crate::sharing::TimeSlicer;
 use topodra_model::checkpoint::{
     self, Checkpoint, ClaimRecord, ClaimState, MigIntent, PreparedGpu,
 };
@@ -50,6 +51,7 @@ pub(super) fn recover(
     boot_id: &str,
     pool: &str,
     carver: Option<&Carver>,
+    time_slicer: Option<&TimeSlicer>,
 ) -> Result<(Checkpoint, StartupReport), RecoveryError> {
     let loaded = store.load(boot_id)?;
     let mut checkpoint = loaded.checkpoint;
@@ -110,12 +112,14 @@ pub(super) fn recover(
         writer.remove(&record.uid)?;
         // A MIG instance is found by the placement its record names: whatever
         // steps the crashed prepare got through, nothing else of it is left.
-        if let Err(why) = remove_instances(&record, carver) {
+        let undone = reset_time_slices(&checkpoint, &record, time_slicer)
+            .and_then(|()| remove_instances(&record, carver));
+        if let Err(why) = undone {
             // The record keeps the instance's slices, but leaves the started state:
             // no start keeps a prepare half-way. As one to prepare again, an
             // unprepare (the kubelet's, or the stale-claim check's) removes the
             // instance, and a retried prepare uses it, as its record made it.
-            tracing::error!(claim = %record.uid, error = %why, "rolling back a prepare: its MIG instance stays, and its record with it, to be prepared again or unprepared");
+            tracing::error!(claim = %record.uid, error = %why, "rolling back a prepare: its MIG instance or time slice stays, and its record with it, to be prepared again or unprepared");
             if let Some(kept) = checkpoint.claims.get_mut(&record.uid) {
                 kept.state = ClaimState::NeedsReprepare;
             }
@@ -146,6 +150,25 @@ pub(super) fn recover(
         report.save_failed = Some(e.to_string());
     }
     Ok((checkpoint, report))
+}
+
+/// Sets the GPUs of a record's time-sliced shares back to the driver's default,
+/// where no other claim's share holds them in this boot.
+fn reset_time_slices(
+    checkpoint: &Checkpoint,
+    record: &ClaimRecord,
+    time_slicer: Option<&TimeSlicer>,
+) -> Result<(), String> {
+    for (d, share) in super::claim::time_slices(&record.devices) {
+        if checkpoint.live_time_slices(&share.gpu_uuid, &record.uid) > 0 {
+            continue;
+        }
+        time_slicer
+            .ok_or("no nvidia-smi to reset the time slice of a shared GPU")?
+            .set(&share.gpu_uuid, 0)
+            .map_err(|e| format!("{}: {e}", d.device))?;
+    }
+    Ok(())
 }
 
 /// Removes the MIG instances a record names.
@@ -227,8 +250,9 @@ fn record_from_spec(writer: &SpecWriter, uid: &str, pool: &str) -> Option<ClaimR
             pool: pool.to_owned(),
             device: device.to_owned(),
             cdi_device_ids: vec![writer.kind().device_id(uid, device)],
-            share_id: None,
+            share_id: d.annotations.get(cdi::ANNOTATION_SHARE_ID).cloned(),
             mig: None,
+            sharing: share_from_annotations(&d.annotations),
         })
         .collect();
     Some(ClaimRecord {
@@ -239,5 +263,35 @@ fn record_from_spec(writer: &SpecWriter, uid: &str, pool: &str) -> Option<ClaimR
         devices,
         cdi_spec: Some(path.display().to_string()),
         updated_at: unix_now(),
+    })
+}
+
+/// A share's intent as its device's annotations in the spec carry it
+/// (`cdi::claim`), or `None` for a device that is not a share.
+fn share_from_annotations(
+    a: &std::collections::BTreeMap<String, String>,
+) -> Option<topodra_model::checkpoint::ShareIntent> {
+    use topodra_model::checkpoint::{ShareIntent, ShareMode};
+    let mode = match a.get(cdi::ANNOTATION_SHARING)?.as_str() {
+        "TimeSlicing" => ShareMode::TimeSlicing,
+        other => {
+            tracing::warn!(
+                mode = other,
+                "CDI spec names an unknown sharing mode; share not rebuilt"
+            );
+            return None;
+        }
+    };
+    Some(ShareIntent {
+        mode,
+        gpu_device: a.get(cdi::ANNOTATION_SHARED_GPU)?.clone(),
+        gpu_uuid: a.get(cdi::ANNOTATION_GPU_UUID).cloned().unwrap_or_default(),
+        timeslice: a
+            .get(cdi::ANNOTATION_TIMESLICE)
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(0),
+        memory_bytes: a
+            .get(cdi::ANNOTATION_MEMORY_BYTES)
+            .and_then(|m| m.parse().ok()),
     })
 }

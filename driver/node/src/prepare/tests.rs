@@ -75,6 +75,8 @@ impl Node {
             cdi_spec_dir: self.cdi_dir(),
             dynamic_mig: false,
             carver: None,
+            sharing: Default::default(),
+            time_slicer: None,
         }
     }
 
@@ -1228,3 +1230,5 @@ fn a_rollback_that_cannot_remove_its_instance_keeps_the_claim_to_prepare_again()
     let err = p.prepare(&claim_ref("u2"), &claim("u2", &[0])).unwrap_err();
     assert!(matches!(err, ClaimError::DeviceInUse(_)), "{err}");
 }
+
+mod sharing;

@@ -19,6 +19,7 @@ fn gpu(minor: u32, numa: u32, cpus: &str) -> ClaimGpu {
         mig_nodes: vec![],
         requests: vec![],
         pci_bus_id: None,
+        share: None,
     }
 }
 
@@ -495,4 +496,45 @@ fn a_gpu_gets_its_drm_nodes_and_by_path_links_with_graphics() {
         .map(|h| h.args[1].as_str())
         .collect();
     assert_eq!(names, ["apply-cuda-memory-limits"]);
+}
+
+#[test]
+fn a_share_says_what_it_got_and_that_memory_is_not_enforced() {
+    let mut g = gpu(2, 0, "0-3");
+    g.device_name = "gpu-2-ts".into();
+    g.share = Some((
+        "5b1d7c1e-0000-4000-8000-000000000001".into(),
+        topodra_model::checkpoint::ShareIntent {
+            mode: topodra_model::checkpoint::ShareMode::TimeSlicing,
+            gpu_device: "gpu-2".into(),
+            gpu_uuid: "GPU-x".into(),
+            timeslice: 3,
+            memory_bytes: Some(20 << 30),
+        },
+    ));
+    let nodes = TableDeviceNodes::nvidia([2], 509);
+    let spec = claim_spec(&request(vec![g]), &nodes, &driver()).unwrap();
+    let device = &spec.devices[0];
+    assert_eq!(device.name, format!("{UID}-gpu-2-ts"));
+    let env = &device.container_edits.env;
+    assert_eq!(
+        env,
+        &[
+            "TOPODRA_SHARING=TimeSlicing",
+            "TOPODRA_TIME_SLICE_INTERVAL=Long",
+            "TOPODRA_GPU_MEMORY_SHARE=21474836480",
+            "TOPODRA_GPU_MEMORY_SHARE_ENFORCED=false",
+        ]
+    );
+    let a = &device.annotations;
+    assert_eq!(
+        a["topodra.dev/share-id"],
+        "5b1d7c1e-0000-4000-8000-000000000001"
+    );
+    assert_eq!(a["topodra.dev/sharing"], "TimeSlicing");
+    assert_eq!(a["topodra.dev/shared-gpu"], "gpu-2");
+    assert_eq!(a["topodra.dev/timeslice"], "3");
+    assert_eq!(a["topodra.dev/memory-bytes"], "21474836480");
+    // The GPU's own node, as for the whole GPU.
+    assert_eq!(device.container_edits.device_nodes[0].path, "/dev/nvidia2");
 }

@@ -1,0 +1,174 @@
+//! The time-slice interval of a GPU, set with the driver's own `nvidia-smi`.
+//!
+//! NVML has no public call for it; `nvidia-smi compute-policy -i <uuid>
+//! --set-timeslice <0-3>` is the interface NVIDIA's tools use (NVIDIA's DRA driver
+//! runs exactly this command line). 0 is the driver's default. The setting lives
+//! in the kernel driver: it outlives the process that made it and is gone after a
+//! reboot or a GPU reset.
+//!
+//! The `nvidia-smi` is the driver root's: its libraries must be the same driver
+//! release as the kernel module, so it runs with the directory of the NVML library
+//! the plugin loads on its library path, as on the host.
+
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Where a driver root keeps `nvidia-smi`: `/usr/bin` in the driver packages and
+/// the GPU Operator's driver container, `/bin` in a root without merged `/usr`.
+const CANDIDATES: &[&str] = &["usr/bin/nvidia-smi", "bin/nvidia-smi"];
+
+/// `nvidia-smi` returns in well under a second on a healthy GPU; one that hangs
+/// (a GPU falling off the bus) must not hold a prepare forever.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a GPU's sharing setting could not be changed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SharingError {
+    #[error(
+        "no nvidia-smi in the driver root {root} (looked for usr/bin/nvidia-smi and bin/nvidia-smi): \
+         time-slicing at an interval other than Default needs the driver's tools"
+    )]
+    NoNvidiaSmi { root: PathBuf },
+    #[error("running {program}: {source}")]
+    Spawn {
+        program: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{command}` failed ({status}): {output}")]
+    Failed {
+        command: String,
+        status: String,
+        output: String,
+    },
+    #[error("`{command}` did not finish within {timeout:?}; killed")]
+    TimedOut { command: String, timeout: Duration },
+}
+
+/// Sets and resets GPUs' time-slice intervals through the driver root's
+/// `nvidia-smi`.
+#[derive(Debug, Clone)]
+pub struct TimeSlicer {
+    program: PathBuf,
+    lib_dir: Option<PathBuf>,
+    timeout: Duration,
+}
+
+impl TimeSlicer {
+    /// The `nvidia-smi` of the driver root that this process sees at `root`, run
+    /// with `nvml_lib`'s directory on its library path.
+    pub fn find(root: &Path, nvml_lib: Option<&Path>) -> Result<Self, SharingError> {
+        let program = CANDIDATES
+            .iter()
+            .map(|c| root.join(c))
+            .find(|p| p.is_file())
+            .ok_or_else(|| SharingError::NoNvidiaSmi {
+                root: root.to_owned(),
+            })?;
+        Ok(Self::at(
+            program,
+            nvml_lib.and_then(Path::parent).map(Path::to_owned),
+        ))
+    }
+
+    /// This program as `nvidia-smi`.
+    pub fn at(program: PathBuf, lib_dir: Option<PathBuf>) -> Self {
+        Self {
+            program,
+            lib_dir,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// The same with another time limit per call.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets GPU `uuid`'s time slice to `value` (0 = the driver's default).
+    pub fn set(&self, uuid: &str, value: u8) -> Result<(), SharingError> {
+        let value = value.to_string();
+        self.run(&["compute-policy", "-i", uuid, "--set-timeslice", &value])
+    }
+
+    fn run(&self, args: &[&str]) -> Result<(), SharingError> {
+        let command = format!("nvidia-smi {}", args.join(" "));
+        let mut cmd = Command::new(&self.program);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(dir) = &self.lib_dir {
+            let mut path = std::ffi::OsString::from(dir);
+            if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|o| !o.is_empty()) {
+                path.push(":");
+                path.push(old);
+            }
+            cmd.env("LD_LIBRARY_PATH", path);
+        }
+        let mut child = cmd.spawn().map_err(|source| SharingError::Spawn {
+            program: self.program.clone(),
+            source,
+        })?;
+        let started = Instant::now();
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if started.elapsed() < self.timeout => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Ok(None) => {
+                    // Killed and reaped, so no zombie is left behind.
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(SharingError::TimedOut {
+                        command,
+                        timeout: self.timeout,
+                    });
+                }
+                Err(source) => {
+                    return Err(SharingError::Spawn {
+                        program: self.program.clone(),
+                        source,
+                    });
+                }
+            }
+        };
+        if status.success() {
+            tracing::info!(command = %command, "GPU setting changed");
+            return Ok(());
+        }
+        // The output is small (one line or two): read after exit, no pipe fills.
+        let mut output = String::new();
+        for pipe in [
+            child
+                .stdout
+                .take()
+                .map(|p| Box::new(p) as Box<dyn std::io::Read>),
+            child
+                .stderr
+                .take()
+                .map(|p| Box::new(p) as Box<dyn std::io::Read>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let mut text = String::new();
+            let _ = pipe.take(4096).read_to_string(&mut text);
+            output.push_str(text.trim());
+            output.push(' ');
+        }
+        Err(SharingError::Failed {
+            command,
+            status: status.to_string(),
+            output: output.trim().to_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;
