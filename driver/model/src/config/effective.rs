@@ -348,7 +348,7 @@ mod tests {
             (
                 time_slicing("Long"),
                 "sharing.timeSlicing.interval",
-                "Long is not implemented yet",
+                "Long cannot be set per claim: the interval is a node setting",
             ),
         ] {
             let configs = [

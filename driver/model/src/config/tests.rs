@@ -106,13 +106,30 @@ fn time_slicing() {
     }})));
     assert_eq!(config.sharing, SharingPolicy::TimeSlicing);
     for name in ["Short", "Medium", "Long"] {
-        let message = not_implemented_at(
-            with(json!({"sharing": {
-                "strategy": "TimeSlicing", "timeSlicing": {"interval": name}
-            }})),
-            "sharing.timeSlicing.interval",
+        let decoded = decode(
+            DRIVER,
+            &opaque(
+                DRIVER,
+                with(json!({"sharing": {
+                    "strategy": "TimeSlicing", "timeSlicing": {"interval": name}
+                }})),
+            ),
+        )
+        .unwrap()
+        .unwrap();
+        let error = decoded.to_effective().unwrap_err();
+        let message = error.to_string();
+        assert!(
+            matches!(error, ConfigError::NotImplemented { .. }),
+            "{message}"
         );
-        assert!(message.contains(name), "{message}");
+        assert_eq!(
+            message,
+            format!(
+                "sharing.timeSlicing.interval: {name} cannot be set per claim: the interval is a node setting; \
+                 select time-sliced devices with timeSliceInterval == \"{name}\" and leave interval out or set Default"
+            )
+        );
     }
 }
 

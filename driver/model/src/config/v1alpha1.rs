@@ -328,9 +328,11 @@ impl GpuConfig {
     }
 
     /// The normalized form the driver acts on. Refuses, naming the field, what the
-    /// schema accepts but the plugin does not implement yet (MPS, a time-slice
-    /// interval other than Default): refused here, every caller refuses it the same
-    /// way instead of prepare finding out later.
+    /// schema accepts but a claim cannot have: MPS, not implemented yet, and a
+    /// time-slice interval other than Default, which is the node's to set (a GPU
+    /// runs all its shares at one interval, so claims may not fight over it; they
+    /// select it as a device attribute). Refused here, every caller refuses it the
+    /// same way instead of prepare finding out later.
     pub(crate) fn to_effective(&self) -> Result<EffectiveConfig, ConfigError> {
         let sharing = self.sharing.clone().unwrap_or_default();
         let sharing = match sharing.strategy {
@@ -342,7 +344,9 @@ impl GpuConfig {
                     return Err(ConfigError::NotImplemented {
                         path: "sharing.timeSlicing.interval".into(),
                         message: format!(
-                            "{other:?} is not implemented yet; leave interval out or set Default"
+                            "{other:?} cannot be set per claim: the interval is a node setting; \
+                             select time-sliced devices with timeSliceInterval == \"{other:?}\" \
+                             and leave interval out or set Default"
                         ),
                     });
                 }
