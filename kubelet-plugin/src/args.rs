@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use dra_kubeletplugin::uds::PluginSockets;
+use topodra_model::config::v1alpha1::TimeSliceInterval;
 use topodra_model::slice::{self, NumaNodeFormat};
 use topodra_node::discovery;
 
@@ -36,6 +37,9 @@ pub(crate) struct ServeArgs {
     #[command(flatten)]
     pub(crate) crash: crate::crash::CrashArgs,
 
+    #[command(flatten)]
+    pub(crate) sharing: SharingFlags,
+
     /// Dynamic MIG: publish every MIG partition the GPUs in MIG mode can hold,
     /// beside the whole GPU, with the counters that keep them apart, and make a
     /// partition's MIG instance when a claim for it is prepared (and remove it at
@@ -51,6 +55,64 @@ pub(crate) struct ServeArgs {
     /// holds. Ampere GPUs, which need a reset, are left alone.
     #[arg(long, env = "TOPODRA_ENABLE_MIG_MODE", requires = "dynamic_mig")]
     pub(crate) enable_mig_mode: bool,
+}
+
+/// Shared GPUs, published beside each GPU's exclusive device so the scheduler
+/// picks the mode per claim.
+#[derive(Debug, Args)]
+pub(crate) struct SharingFlags {
+    /// Publish a time-sliced device (`gpu-<minor>-ts`) per GPU beside its exclusive
+    /// one: claims of the shared classes each get a share of its memory, and the
+    /// GPU time-slices their work. GPUs in MIG mode, and GPUs under --dynamic-mig,
+    /// are not time-sliced.
+    #[arg(long, env = "TOPODRA_TIME_SLICING")]
+    pub(crate) time_slicing: bool,
+
+    /// The time slice every shared GPU of this node runs at while shared: Default
+    /// (the driver's, which nothing sets), Short, Medium or Long. A node setting
+    /// (published as the device's `timeSliceInterval`), so shares of one GPU never
+    /// ask for two; other values are set with the driver root's nvidia-smi.
+    #[arg(
+        long,
+        env = "TOPODRA_TIME_SLICE_INTERVAL",
+        default_value = "Default",
+        value_parser = parse_interval
+    )]
+    pub(crate) time_slice_interval: TimeSliceInterval,
+
+    /// Shares per GPU when claims ask for no memory: such a share takes the GPU's
+    /// memory divided by this, in whole GiB (the device plugin's `replicas`).
+    #[arg(
+        long,
+        env = "TOPODRA_TIME_SLICING_REPLICAS",
+        default_value_t = 4,
+        value_parser = clap::value_parser!(u32).range(1..=1024)
+    )]
+    pub(crate) time_slicing_replicas: u32,
+}
+
+impl SharingFlags {
+    /// What the slices publish and the preparer prepares.
+    pub(crate) fn sharing(&self) -> slice::Sharing {
+        slice::Sharing {
+            time_slicing: self.time_slicing.then_some(slice::TimeSlicing {
+                interval: self.time_slice_interval,
+                replicas: self.time_slicing_replicas,
+            }),
+        }
+    }
+}
+
+fn parse_interval(s: &str) -> Result<TimeSliceInterval, String> {
+    match s {
+        "Default" => Ok(TimeSliceInterval::Default),
+        "Short" => Ok(TimeSliceInterval::Short),
+        "Medium" => Ok(TimeSliceInterval::Medium),
+        "Long" => Ok(TimeSliceInterval::Long),
+        other => Err(format!(
+            "{other:?} is not an interval: Default, Short, Medium or Long"
+        )),
+    }
 }
 
 /// Where the kubelet looks for the plugin, and where the plugin keeps its state.

@@ -30,9 +30,10 @@ impl NodeDriver {
         health: watch::Receiver<HealthState>,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let shares = preparer.shared_devices();
         Self {
             preparer,
-            health: forward_health(health),
+            health: forward_health(health, shares),
             metrics,
         }
     }
@@ -92,10 +93,21 @@ impl Driver for NodeDriver {
     }
 }
 
-fn node_health(state: &HealthState) -> NodeHealth {
+/// The health stream's picture: every device the monitor watches, and each shared
+/// device as its GPU (`shares`: shared device, its GPU's device), so every claim
+/// holding a share of a GPU that went bad is told, not only a claim of the GPU.
+fn node_health(state: &HealthState, shares: &[(String, String)]) -> NodeHealth {
+    let mirrored = shares.iter().filter_map(|(share, gpu)| {
+        state
+            .devices
+            .get(gpu)
+            .filter(|_| !state.devices.contains_key(share))
+            .map(|h| (share, h))
+    });
     let devices = state
         .devices
         .iter()
+        .chain(mirrored)
         .map(|(name, h)| {
             let status = match h.status {
                 Status::Healthy => HealthStatus::Healthy,
@@ -115,13 +127,16 @@ fn node_health(state: &HealthState) -> NodeHealth {
 
 /// The monitor's picture in the plugin crate's terms, for as long as the monitor
 /// runs: when it stops, the forwarded channel closes too.
-fn forward_health(mut rx: watch::Receiver<HealthState>) -> watch::Receiver<NodeHealth> {
-    let (tx, out) = watch::channel(node_health(&rx.borrow_and_update()));
+fn forward_health(
+    mut rx: watch::Receiver<HealthState>,
+    shares: Vec<(String, String)>,
+) -> watch::Receiver<NodeHealth> {
+    let (tx, out) = watch::channel(node_health(&rx.borrow_and_update(), &shares));
     tokio::spawn(async move {
         while rx.changed().await.is_ok() {
             // Every change is passed on, even one that looks the same here: the
             // health streams send the list on each, as they did reading the monitor.
-            tx.send_replace(node_health(&rx.borrow_and_update()));
+            tx.send_replace(node_health(&rx.borrow_and_update(), &shares));
         }
     });
     out
@@ -146,7 +161,8 @@ mod tests {
         let (tx, rx) = watch::channel(HealthState {
             devices: [("gpu-0".to_owned(), healthy)].into(),
         });
-        let mut out = forward_health(rx);
+        let shares = vec![("gpu-0-ts".to_owned(), "gpu-0".to_owned())];
+        let mut out = forward_health(rx, shares);
         assert_eq!(
             out.borrow_and_update().devices["gpu-0"].status,
             HealthStatus::Healthy
@@ -163,7 +179,10 @@ mod tests {
             since,
             message: "XID 79".to_owned(),
         };
-        assert_eq!(out.borrow_and_update().devices["gpu-0"], expected);
+        let now = out.borrow_and_update().clone();
+        assert_eq!(now.devices["gpu-0"], expected);
+        // A share of the GPU is as unhealthy as its GPU.
+        assert_eq!(now.devices["gpu-0-ts"], expected);
         drop(tx);
         assert!(out.changed().await.is_err());
     }

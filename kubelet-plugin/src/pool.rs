@@ -52,6 +52,12 @@ impl PoolBuilder {
         self
     }
 
+    /// Publishes the shared devices `sharing` asks for (`--time-slicing`).
+    pub(crate) fn with_sharing(mut self, sharing: topodra_model::slice::Sharing) -> Self {
+        self.options.sharing = sharing;
+        self
+    }
+
     /// The pool with these taints (by device name, `gpu-3`). Generation and owner
     /// are the publisher's to set.
     pub(crate) fn build(&self, device_taints: BTreeMap<String, Vec<DeviceTaint>>) -> DesiredPool {

@@ -106,6 +106,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         .open()
         .map(|nvml| Arc::new(Carver::new(nvml)))
         .context("opening NVML for MIG instances")?;
+    let time_slicer = time_slicer(&args, &d.nvml_lib)?;
     if args.dynamic_mig {
         tracing::info!(
             gpus = inventory
@@ -153,6 +154,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         files: &files,
         boot_id: &boot_id,
         carver: &carver,
+        time_slicer,
         client: &client,
         metrics: &metrics,
         lifecycle: &lifecycle,
@@ -273,6 +275,34 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
     http.stop().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The driver root's `nvidia-smi` for shared GPUs' time slices. A node that
+/// time-slices at another interval than Default cannot serve a share without it,
+/// so that fails the start with what to fix; anywhere else a missing one is only
+/// logged (a record of an earlier configuration may still need it to undo).
+fn time_slicer(
+    args: &ServeArgs,
+    nvml_lib: &std::path::Path,
+) -> Result<Option<Arc<topodra_node::sharing::TimeSlicer>>> {
+    let root = args
+        .cdi
+        .driver_root_local
+        .as_ref()
+        .unwrap_or(&args.cdi.driver_root);
+    let needed = args.sharing.time_slicing
+        && args.sharing.time_slice_interval
+            != topodra_model::config::v1alpha1::TimeSliceInterval::Default;
+    match topodra_node::sharing::TimeSlicer::find(root, Some(nvml_lib)) {
+        Ok(t) => Ok(Some(Arc::new(t))),
+        Err(e) if needed => Err(anyhow::Error::new(e).context(
+            "--time-slice-interval is not Default, so shared GPUs need the driver's nvidia-smi",
+        )),
+        Err(e) => {
+            tracing::debug!(error = %e, "no nvidia-smi: shared GPUs run at the Default interval only");
+            Ok(None)
+        }
+    }
 }
 
 /// Resolves once another instance asks for the node state `ownership` holds.

@@ -355,6 +355,73 @@ async fn a_crash_at_each_dynamic_mig_step_then_a_restart_leaks_no_instance() {
     }
 }
 
+/// A time-sliced share, the process killed after each step of its prepare: the
+/// next start resets the GPU's interval where the crash left it set, the kubelet's
+/// retry sets it again, and the last unprepare resets it. What the driver root's
+/// nvidia-smi was told is checked after each step.
+#[cfg_attr(
+    not(feature = "crash-points"),
+    ignore = "needs --features topodra-kubelet-plugin/crash-points"
+)]
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crash_at_each_time_slice_step_then_a_restart_leaves_the_interval_as_the_shares_need() {
+    let sharing = [
+        ("TOPODRA_TIME_SLICING", "true"),
+        ("TOPODRA_TIME_SLICE_INTERVAL", "Long"),
+    ];
+    for (point, set_before_restart) in [
+        ("after-started-record", false),
+        ("after-time-slice", true),
+        ("after-cdi-write", true),
+        ("before-answer", true),
+    ] {
+        let node = NodeDirs::profile("l40s-pcie");
+        let (api, kubeconfig) = api_for(&node).await;
+        let mut claim = claim_json("u1", "node-a", &["gpu-3-ts"], None);
+        let result = &mut claim["status"]["allocation"]["devices"]["results"][0];
+        result["shareID"] = "7f1e5d3c-0000-4000-8000-000000000001".into();
+        result["consumedCapacity"] = serde_json::json!({"memory": "10Gi"});
+        api.put_claim(claim);
+        let calls =
+            || topodra_fake_nvml::driver_root::nvidia_smi_calls(&node.sim.driver_root).unwrap();
+        let uuid = "GPU-5c6d7e8f-9a0b-4c1d-8e2f-3a4b5c6d7e03";
+        let set = |v: u32| topodra_fake_nvml::driver_root::set_timeslice_call(uuid, v);
+
+        let mut env = sharing.to_vec();
+        env.push(("TOPODRA_TEST_CRASH_AT", point));
+        let mut crashing = Plugin::start(&node, &kubeconfig, &env);
+        crashing.wait_live(Duration::from_secs(60)).await;
+        let result = dra_client(&node)
+            .await
+            .node_prepare_resources(v1::NodePrepareResourcesRequest {
+                claims: vec![claim_ref("u1")],
+            })
+            .await;
+        assert!(result.is_err(), "{point}: the process aborted mid-call");
+        assert!(!crashing.wait_exit(Duration::from_secs(10)).success());
+        drop(crashing);
+        let want: Vec<String> = if set_before_restart {
+            vec![set(3)]
+        } else {
+            vec![]
+        };
+        assert_eq!(calls(), want, "{point}");
+
+        let mut plugin = Plugin::start(&node, &kubeconfig, &sharing);
+        plugin.wait_live(Duration::from_secs(60)).await;
+        let resp = prepare(&node, &["u1"]).await;
+        assert_eq!(resp.claims["u1"].error, "", "{point}");
+        // Rolled back (reset) and set again, or rolled forward with it set.
+        let after = calls();
+        assert_eq!(after.last(), Some(&set(3)), "{point}: {after:?}");
+        let un = unprepare(&node, &["u1"]).await;
+        assert_eq!(un.claims["u1"].error, "");
+        assert_eq!(calls().last(), Some(&set(0)), "{point}: {:?}", calls());
+        assert!(node.cdi_specs().is_empty(), "{point}");
+        plugin.terminate();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn prepared_claims_survive_a_restart_and_a_corrupt_checkpoint() {
     let node = NodeDirs::profile("dgx-h100");

@@ -61,6 +61,7 @@ pub(super) async fn serve(
     if args.dynamic_mig {
         pool = pool.with_dynamic_mig(preparer.own_mig_instances().clone());
     }
+    pool = pool.with_sharing(args.sharing.sharing());
     let (taints_task, desired_rx) =
         taint_loop::spawn(health_rx.clone(), pool, args.health.evict_unhealthy);
 

@@ -34,6 +34,9 @@ pub(super) struct Setup<'a> {
     /// What makes and removes the partitions' instances (with `--dynamic-mig`),
     /// and removes those the checkpoint names (without it too).
     pub(super) carver: &'a Arc<Carver>,
+    /// The driver root's nvidia-smi, for shared GPUs' time slices; `None` where
+    /// the root has none (then only the Default interval can be served).
+    pub(super) time_slicer: Option<Arc<topodra_node::sharing::TimeSlicer>>,
     pub(super) client: &'a kube::Client,
     pub(super) metrics: &'a Arc<Metrics>,
     pub(super) lifecycle: &'a Lifecycle,
@@ -114,6 +117,8 @@ impl Setup<'_> {
             cdi_spec_dir: self.args.cdi.cdi_dir.clone(),
             dynamic_mig: self.args.dynamic_mig,
             carver: Some(Arc::clone(self.carver)),
+            sharing: self.args.sharing.sharing(),
+            time_slicer: self.time_slicer.clone(),
         }
     }
 
