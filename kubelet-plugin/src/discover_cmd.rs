@@ -58,11 +58,15 @@ pub(crate) struct DiscoverArgs {
     strict: bool,
 
     /// With -o json or yaml: also show the dynamic MIG partitions and counter sets
-    /// of the GPUs in MIG mode with no MIG devices, as dynamic MIG would publish
-    /// them. A preview of their devices and size only: `serve` does not publish
-    /// them yet, because it cannot yet create the instances they stand for.
+    /// of the GPUs in MIG mode, as `serve --dynamic-mig` publishes them.
     #[arg(long)]
     preview_dynamic_mig: bool,
+
+    /// With -o json or yaml: also show each whole GPU's time-sliced device and
+    /// counter set, as `serve --time-slicing` publishes them (at the Default
+    /// interval and 4 replicas).
+    #[arg(long)]
+    preview_time_slicing: bool,
 }
 
 impl DiscoverArgs {
@@ -111,6 +115,9 @@ pub(crate) fn run(args: &DiscoverArgs, out: &mut impl Write) -> Result<()> {
     options.numa_node_aliases = numa_node_aliases;
     if args.preview_dynamic_mig {
         options.dynamic_mig = slice::DynamicMig::All;
+    }
+    if args.preview_time_slicing {
+        options.sharing.time_slicing = Some(slice::TimeSlicing::default());
     }
     match args.output {
         Output::Table => crate::table::render(&inventory, out)?,

@@ -273,3 +273,39 @@ fn dynamic_mig_is_previewed_only_when_asked_for() {
     assert!(names.contains(&"gpu-7-mig-1g-10gb-6"));
     assert!(names.contains(&"gpu-0-mig-7g-80gb-0"));
 }
+
+#[test]
+fn time_slicing_is_previewed_only_when_asked_for() {
+    let slices = |extra: &[&str]| -> Vec<serde_json::Value> {
+        let out = discover_yaml(&profile_yaml("dgx-h100"), extra);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        list["items"].as_array().unwrap().clone()
+    };
+    let devices = |items: &[serde_json::Value]| -> Vec<serde_json::Value> {
+        items
+            .iter()
+            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+            .collect()
+    };
+    let plain = slices(&["-o", "json"]);
+    assert_eq!(devices(&plain).len(), 8);
+
+    let preview = slices(&["-o", "json", "--preview-time-slicing"]);
+    let all = devices(&preview);
+    assert_eq!(all.len(), 16);
+    let ts = all.iter().find(|d| d["name"] == "gpu-0-ts").unwrap();
+    assert_eq!(ts["allowMultipleAllocations"], true);
+    assert_eq!(ts["attributes"]["type"]["string"], "shared");
+    assert_eq!(ts["attributes"]["sharing"]["string"], "TimeSlicing");
+    assert_eq!(ts["capacity"]["memory"]["requestPolicy"]["default"], "19Gi");
+    let sets: usize = preview
+        .iter()
+        .map(|s| s["spec"]["sharedCounters"].as_array().map_or(0, Vec::len))
+        .sum();
+    assert_eq!(sets, 8);
+}
