@@ -232,6 +232,18 @@ fn slice_sizes_in_the_docs_are_what_discover_prints() {
     assert_eq!(figure("`numaNode` it is"), list);
 }
 
+/// The ResourceSlices `discover -o json` prints for the profile `yaml`.
+fn slice_items(yaml: &str, extra: &[&str]) -> Vec<serde_json::Value> {
+    let out = discover_yaml(yaml, extra);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    list["items"].as_array().unwrap().clone()
+}
+
 #[test]
 fn dynamic_mig_is_previewed_only_when_asked_for() {
     // dgx-h100 with every GPU in MIG mode and no MIG devices yet.
@@ -239,16 +251,7 @@ fn dynamic_mig_is_previewed_only_when_asked_for() {
         "    mig: {current: false, pending: false}",
         "    mig: {current: true, pending: true}",
     );
-    let slices = |extra: &[&str]| -> Vec<serde_json::Value> {
-        let out = discover_yaml(&yaml, extra);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        list["items"].as_array().unwrap().clone()
-    };
+    let slices = |extra: &[&str]| slice_items(&yaml, extra);
     let count = |items: &[serde_json::Value], field: &str| -> usize {
         items
             .iter()
@@ -276,16 +279,8 @@ fn dynamic_mig_is_previewed_only_when_asked_for() {
 
 #[test]
 fn time_slicing_is_previewed_only_when_asked_for() {
-    let slices = |extra: &[&str]| -> Vec<serde_json::Value> {
-        let out = discover_yaml(&profile_yaml("dgx-h100"), extra);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        list["items"].as_array().unwrap().clone()
-    };
+    let yaml = profile_yaml("dgx-h100");
+    let slices = |extra: &[&str]| slice_items(&yaml, extra);
     let devices = |items: &[serde_json::Value]| -> Vec<serde_json::Value> {
         items
             .iter()

@@ -252,6 +252,28 @@ async fn claims_nested_past_the_decoder_limit_are_read_once_and_fail_alone() {
     );
 }
 
+/// Starts the plugin with `env` and the crash point `point`, sends it a prepare of
+/// claim `u1`, and waits until the crash point has killed it mid-call.
+async fn prepare_until_crash(
+    node: &NodeDirs,
+    kubeconfig: &std::path::Path,
+    env: &[(&str, &str)],
+    point: &str,
+) {
+    let mut env = env.to_vec();
+    env.push(("TOPODRA_TEST_CRASH_AT", point));
+    let mut crashing = Plugin::start(node, kubeconfig, &env);
+    crashing.wait_live(Duration::from_secs(60)).await;
+    let result = dra_client(node)
+        .await
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![claim_ref("u1")],
+        })
+        .await;
+    assert!(result.is_err(), "{point}: the process aborted mid-call");
+    assert!(!crashing.wait_exit(Duration::from_secs(10)).success());
+}
+
 // The binary has `--test-crash-at` only when built with the crash-points feature; a
 // bin-only crate cannot turn its own feature on for its tests, so `make test-unit`
 // passes `--features topodra-kubelet-plugin/crash-points`.
@@ -265,17 +287,7 @@ async fn a_crash_at_each_prepare_step_then_a_restart_leaks_nothing() {
         let node = NodeDirs::profile("dgx-h100");
         let (api, kubeconfig) = api_for(&node).await;
         api.put_claim(claim_json("u1", "node-a", &["gpu-0", "gpu-1"], None));
-        let mut crashing = Plugin::start(&node, &kubeconfig, &[("TOPODRA_TEST_CRASH_AT", point)]);
-        crashing.wait_live(Duration::from_secs(60)).await;
-        let result = dra_client(&node)
-            .await
-            .node_prepare_resources(v1::NodePrepareResourcesRequest {
-                claims: vec![claim_ref("u1")],
-            })
-            .await;
-        assert!(result.is_err(), "{point}: the process aborted mid-call");
-        assert!(!crashing.wait_exit(Duration::from_secs(10)).success());
-        drop(crashing);
+        prepare_until_crash(&node, &kubeconfig, &[], point).await;
 
         let mut plugin = Plugin::start(&node, &kubeconfig, &[]);
         plugin.wait_live(Duration::from_secs(60)).await;
@@ -324,21 +336,7 @@ async fn a_crash_at_each_dynamic_mig_step_then_a_restart_leaks_no_instance() {
         let (api, kubeconfig) = api_for(&node).await;
         api.put_claim(claim_json("u1", "node-a", &["gpu-2-mig-1g-10gb-6"], None));
         let dynamic = ("TOPODRA_DYNAMIC_MIG", "true");
-        let mut crashing = Plugin::start(
-            &node,
-            &kubeconfig,
-            &[("TOPODRA_TEST_CRASH_AT", point), dynamic],
-        );
-        crashing.wait_live(Duration::from_secs(60)).await;
-        let result = dra_client(&node)
-            .await
-            .node_prepare_resources(v1::NodePrepareResourcesRequest {
-                claims: vec![claim_ref("u1")],
-            })
-            .await;
-        assert!(result.is_err(), "{point}: the process aborted mid-call");
-        assert!(!crashing.wait_exit(Duration::from_secs(10)).success());
-        drop(crashing);
+        prepare_until_crash(&node, &kubeconfig, &[dynamic], point).await;
 
         let mut plugin = Plugin::start(&node, &kubeconfig, &[dynamic]);
         plugin.wait_live(Duration::from_secs(60)).await;
@@ -387,19 +385,7 @@ async fn a_crash_at_each_time_slice_step_then_a_restart_leaves_the_interval_as_t
         let uuid = "GPU-5c6d7e8f-9a0b-4c1d-8e2f-3a4b5c6d7e03";
         let set = |v: u32| topodra_fake_nvml::driver_root::set_timeslice_call(uuid, v);
 
-        let mut env = sharing.to_vec();
-        env.push(("TOPODRA_TEST_CRASH_AT", point));
-        let mut crashing = Plugin::start(&node, &kubeconfig, &env);
-        crashing.wait_live(Duration::from_secs(60)).await;
-        let result = dra_client(&node)
-            .await
-            .node_prepare_resources(v1::NodePrepareResourcesRequest {
-                claims: vec![claim_ref("u1")],
-            })
-            .await;
-        assert!(result.is_err(), "{point}: the process aborted mid-call");
-        assert!(!crashing.wait_exit(Duration::from_secs(10)).success());
-        drop(crashing);
+        prepare_until_crash(&node, &kubeconfig, &sharing, point).await;
         let want: Vec<String> = if set_before_restart {
             vec![set(3)]
         } else {

@@ -283,3 +283,23 @@ pub fn version(v: &str) -> DeviceAttribute {
         ..Default::default()
     }
 }
+
+/// Every device of `slices`, in publishing order.
+pub fn devices(
+    slices: &[k8s_openapi::api::resource::v1::ResourceSlice],
+) -> Vec<&k8s_openapi::api::resource::v1::Device> {
+    slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .collect()
+}
+
+/// Every counter set of `slices`, in publishing order.
+pub fn counter_sets(
+    slices: &[k8s_openapi::api::resource::v1::ResourceSlice],
+) -> Vec<&k8s_openapi::api::resource::v1::CounterSet> {
+    slices
+        .iter()
+        .flat_map(|s| s.spec.shared_counters.iter().flatten())
+        .collect()
+}

@@ -374,18 +374,7 @@ impl Preparer {
         claim_ref: &ClaimIdentity,
         prepared: &[PreparedGpu],
     ) -> Result<(), ClaimError> {
-        for (d, share) in time_slices(prepared) {
-            let others = self
-                .state
-                .read(|cp| cp.live_time_slices(&share.gpu_uuid, &claim_ref.uid));
-            if others > 0 {
-                continue;
-            }
-            self.time_slicer_for(claim_ref, d, share)?
-                .set(&share.gpu_uuid, share.timeslice)
-                .map_err(|source| sharing_error(claim_ref, d, source))?;
-        }
-        Ok(())
+        self.time_slices_alone(claim_ref, prepared, |share| share.timeslice)
     }
 
     /// Sets each shared GPU of `devices` back to the driver's default interval
@@ -395,6 +384,17 @@ impl Preparer {
         claim_ref: &ClaimIdentity,
         devices: &[PreparedGpu],
     ) -> Result<(), ClaimError> {
+        self.time_slices_alone(claim_ref, devices, |_| 0)
+    }
+
+    /// Sets the time slice `value` gives each time-sliced GPU of `devices` that no
+    /// other claim's share holds in this boot: the one share that decides it.
+    fn time_slices_alone(
+        &self,
+        claim_ref: &ClaimIdentity,
+        devices: &[PreparedGpu],
+        value: impl Fn(&ShareIntent) -> u8,
+    ) -> Result<(), ClaimError> {
         for (d, share) in time_slices(devices) {
             let others = self
                 .state
@@ -403,7 +403,7 @@ impl Preparer {
                 continue;
             }
             self.time_slicer_for(claim_ref, d, share)?
-                .set(&share.gpu_uuid, 0)
+                .set(&share.gpu_uuid, value(share))
                 .map_err(|source| sharing_error(claim_ref, d, source))?;
         }
         Ok(())

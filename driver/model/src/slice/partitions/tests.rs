@@ -4,7 +4,9 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 
 use super::*;
 use crate::inventory::MigMode;
-use crate::slice::fixtures::{dgx_h100, dgx_h100_mig, h100_mig_profiles, int, string};
+use crate::slice::fixtures::{
+    counter_sets, devices, dgx_h100, dgx_h100_mig, h100_mig_profiles, int, string,
+};
 use crate::slice::{SliceError, build_slices, validate};
 
 fn dynamic(node: &str) -> SliceOptions {
@@ -12,20 +14,6 @@ fn dynamic(node: &str) -> SliceOptions {
         dynamic_mig: DynamicMig::All,
         ..SliceOptions::new(node)
     }
-}
-
-fn devices(slices: &[ResourceSlice]) -> Vec<&Device> {
-    slices
-        .iter()
-        .flat_map(|s| s.spec.devices.iter().flatten())
-        .collect()
-}
-
-fn counter_sets(slices: &[ResourceSlice]) -> Vec<&CounterSet> {
-    slices
-        .iter()
-        .flat_map(|s| s.spec.shared_counters.iter().flatten())
-        .collect()
 }
 
 fn value<'a>(counters: &'a BTreeMap<String, Counter>, name: &str) -> &'a str {

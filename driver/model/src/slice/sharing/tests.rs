@@ -1,7 +1,7 @@
 use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceSlice};
 
 use super::*;
-use crate::slice::fixtures::{dgx_h100, dgx_h100_mig, many, string};
+use crate::slice::fixtures::{counter_sets, devices, dgx_h100, dgx_h100_mig, many, string};
 use crate::slice::{DynamicMig, SliceError, build_slices};
 
 fn time_sliced(node: &str) -> SliceOptions {
@@ -11,20 +11,6 @@ fn time_sliced(node: &str) -> SliceOptions {
         },
         ..SliceOptions::new(node)
     }
-}
-
-fn devices(slices: &[ResourceSlice]) -> Vec<&Device> {
-    slices
-        .iter()
-        .flat_map(|s| s.spec.devices.iter().flatten())
-        .collect()
-}
-
-fn counter_sets(slices: &[ResourceSlice]) -> Vec<&CounterSet> {
-    slices
-        .iter()
-        .flat_map(|s| s.spec.shared_counters.iter().flatten())
-        .collect()
 }
 
 fn device<'a>(slices: &'a [ResourceSlice], name: &str) -> &'a Device {

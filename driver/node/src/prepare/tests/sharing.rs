@@ -99,6 +99,17 @@ fn share(uid: &str, device: &str, share_id: Option<&str>, memory: &str) -> Resou
     claim_with(uid, vec![r], vec![])
 }
 
+/// Prepares claim `uid`'s share `share_id` of `device`, with `memory` of it.
+fn prepare_share(
+    p: &Preparer,
+    uid: &str,
+    device: &str,
+    share_id: &str,
+    memory: &str,
+) -> Result<Vec<PreparedGpu>, ClaimError> {
+    p.prepare(&claim_ref(uid), &share(uid, device, Some(share_id), memory))
+}
+
 const GPU1: &str = "GPU-00000001";
 
 fn set(value: u8) -> String {
@@ -123,11 +134,7 @@ fn two_claims_share_a_gpu_the_first_sets_the_interval_and_the_last_resets_it() {
     assert_eq!(shared.memory_bytes, Some(20 << 30));
     assert_eq!(node.smi_calls(), [set(3)]);
 
-    p.prepare(
-        &claim_ref("u2"),
-        &share("u2", "gpu-1-ts", Some("s-2"), "40Gi"),
-    )
-    .unwrap();
+    prepare_share(&p, "u2", "gpu-1-ts", "s-2", "40Gi").unwrap();
     // The second share finds the interval set.
     assert_eq!(node.smi_calls(), [set(3)]);
 
@@ -166,11 +173,7 @@ fn two_claims_share_a_gpu_the_first_sets_the_interval_and_the_last_resets_it() {
 fn the_default_interval_changes_nothing_on_the_gpu() {
     let node = SharedNode::new(TimeSliceInterval::Default);
     let p = node.start();
-    p.prepare(
-        &claim_ref("u1"),
-        &share("u1", "gpu-0-ts", Some("s-1"), "1Gi"),
-    )
-    .unwrap();
+    prepare_share(&p, "u1", "gpu-0-ts", "s-1", "1Gi").unwrap();
     p.unprepare("u1").unwrap();
     assert!(node.smi_calls().is_empty());
 }
@@ -179,11 +182,7 @@ fn the_default_interval_changes_nothing_on_the_gpu() {
 fn one_share_id_is_one_claims() {
     let node = SharedNode::new(TimeSliceInterval::Default);
     let p = node.start();
-    p.prepare(
-        &claim_ref("u1"),
-        &share("u1", "gpu-0-ts", Some("s-1"), "1Gi"),
-    )
-    .unwrap();
+    prepare_share(&p, "u1", "gpu-0-ts", "s-1", "1Gi").unwrap();
     let err = p
         .prepare(
             &claim_ref("u2"),
@@ -197,11 +196,7 @@ fn one_share_id_is_one_claims() {
 fn a_gpu_and_a_share_of_it_exclude_each_other() {
     let node = SharedNode::new(TimeSliceInterval::Default);
     let p = node.start();
-    p.prepare(
-        &claim_ref("u1"),
-        &share("u1", "gpu-2-ts", Some("s-1"), "1Gi"),
-    )
-    .unwrap();
+    prepare_share(&p, "u1", "gpu-2-ts", "s-1", "1Gi").unwrap();
     let err = p.prepare(&claim_ref("u2"), &claim("u2", &[2])).unwrap_err();
     assert!(
         matches!(&err, ClaimError::DeviceInUse(e) if e.device == "gpu-2-ts"),
@@ -257,11 +252,7 @@ fn a_failed_interval_rolls_the_share_back() {
 
     // An unprepare whose reset fails keeps the record for the kubelet's retry.
     node.fail_smi(false);
-    p.prepare(
-        &claim_ref("u1"),
-        &share("u1", "gpu-1-ts", Some("s-1"), "1Gi"),
-    )
-    .unwrap();
+    prepare_share(&p, "u1", "gpu-1-ts", "s-1", "1Gi").unwrap();
     node.fail_smi(true);
     assert!(p.unprepare("u1").is_err());
     assert!(p.checkpoint().get("u1").is_some());
@@ -295,22 +286,12 @@ fn a_crash_after_the_interval_is_undone_at_the_next_start() {
 fn a_crash_beside_a_live_share_leaves_the_interval_set() {
     let node = SharedNode::new(TimeSliceInterval::Medium);
     let p = node.start();
-    p.prepare(
-        &claim_ref("u1"),
-        &share("u1", "gpu-1-ts", Some("s-1"), "1Gi"),
-    )
-    .unwrap();
+    prepare_share(&p, "u1", "gpu-1-ts", "s-1", "1Gi").unwrap();
     drop(p);
     let p = node
         .start()
         .with_crash_hook(Arc::new(|at| at == CrashPoint::AfterStartedRecord));
-    assert!(
-        p.prepare(
-            &claim_ref("u2"),
-            &share("u2", "gpu-1-ts", Some("s-2"), "1Gi")
-        )
-        .is_err()
-    );
+    assert!(prepare_share(&p, "u2", "gpu-1-ts", "s-2", "1Gi").is_err());
     drop(p);
     let (p, report) = node.start_with_boot("boot-1");
     assert_eq!(report.rolled_back, ["u2"]);
@@ -322,30 +303,14 @@ fn a_crash_beside_a_live_share_leaves_the_interval_set() {
 fn a_reboot_sets_the_interval_again_at_the_first_prepare() {
     let node = SharedNode::new(TimeSliceInterval::Long);
     let p = node.start();
-    p.prepare(
-        &claim_ref("u1"),
-        &share("u1", "gpu-1-ts", Some("s-1"), "1Gi"),
-    )
-    .unwrap();
-    p.prepare(
-        &claim_ref("u2"),
-        &share("u2", "gpu-1-ts", Some("s-2"), "1Gi"),
-    )
-    .unwrap();
+    prepare_share(&p, "u1", "gpu-1-ts", "s-1", "1Gi").unwrap();
+    prepare_share(&p, "u2", "gpu-1-ts", "s-2", "1Gi").unwrap();
     drop(p);
     // The driver forgot the setting; both records wait to be prepared again.
     let (p, _) = node.start_with_boot("boot-2");
-    p.prepare(
-        &claim_ref("u2"),
-        &share("u2", "gpu-1-ts", Some("s-2"), "1Gi"),
-    )
-    .unwrap();
+    prepare_share(&p, "u2", "gpu-1-ts", "s-2", "1Gi").unwrap();
     assert_eq!(node.smi_calls(), [set(3), set(3)]);
-    p.prepare(
-        &claim_ref("u1"),
-        &share("u1", "gpu-1-ts", Some("s-1"), "1Gi"),
-    )
-    .unwrap();
+    prepare_share(&p, "u1", "gpu-1-ts", "s-1", "1Gi").unwrap();
     assert_eq!(node.smi_calls().len(), 2);
 }
 
@@ -353,16 +318,8 @@ fn a_reboot_sets_the_interval_again_at_the_first_prepare() {
 fn a_rebuilt_checkpoint_keeps_each_share() {
     let node = SharedNode::new(TimeSliceInterval::Long);
     let p = node.start();
-    p.prepare(
-        &claim_ref("u1"),
-        &share("u1", "gpu-1-ts", Some("s-1"), "20Gi"),
-    )
-    .unwrap();
-    p.prepare(
-        &claim_ref("u2"),
-        &share("u2", "gpu-1-ts", Some("s-2"), "20Gi"),
-    )
-    .unwrap();
+    prepare_share(&p, "u1", "gpu-1-ts", "s-1", "20Gi").unwrap();
+    prepare_share(&p, "u2", "gpu-1-ts", "s-2", "20Gi").unwrap();
     let before = p.checkpoint();
     drop(p);
     std::fs::write(
@@ -381,11 +338,7 @@ fn a_rebuilt_checkpoint_keeps_each_share() {
     }
     // A third share still prepares beside the rebuilt two, and the last
     // unprepare resets the interval.
-    p.prepare(
-        &claim_ref("u3"),
-        &share("u3", "gpu-1-ts", Some("s-3"), "20Gi"),
-    )
-    .unwrap();
+    prepare_share(&p, "u3", "gpu-1-ts", "s-3", "20Gi").unwrap();
     for uid in ["u1", "u2", "u3"] {
         p.unprepare(uid).unwrap();
     }
