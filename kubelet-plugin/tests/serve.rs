@@ -408,6 +408,47 @@ async fn a_crash_at_each_time_slice_step_then_a_restart_leaves_the_interval_as_t
     }
 }
 
+/// An XID that takes a time-sliced GPU down taints the GPU's exclusive device and
+/// its shared one in the published slice, so no new share lands there, and the
+/// other GPUs' shares stay untainted.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_xid_on_a_time_sliced_gpu_taints_its_shared_device() {
+    let mut yaml =
+        std::fs::read_to_string(topodra_fake_nvml::profiles_dir().join("l40s-pcie.yaml")).unwrap();
+    yaml.push_str("xid_events:\n  - {gpu_index: 3, xid: 79, after_ms: 500}\n");
+    let node = NodeDirs::new(&yaml, "node-a");
+    let (api, kubeconfig) = api_for(&node).await;
+    let mut plugin = Plugin::start(&node, &kubeconfig, &[("TOPODRA_TIME_SLICING", "true")]);
+    plugin.wait_live(Duration::from_secs(60)).await;
+    let taints_of = |name: &str| -> Option<serde_json::Value> {
+        api.slices()
+            .iter()
+            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+            .find(|d| d["name"] == name)
+            .map(|d| d["taints"].clone())
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let ts = taints_of("gpu-3-ts");
+        if ts
+            .as_ref()
+            .and_then(|t| t.as_array())
+            .is_some_and(|t| !t.is_empty())
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "gpu-3-ts not tainted: {ts:?}\n{}",
+            plugin.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(taints_of("gpu-3-ts"), taints_of("gpu-3"));
+    assert_eq!(taints_of("gpu-2-ts"), Some(serde_json::Value::Null));
+    plugin.terminate();
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn prepared_claims_survive_a_restart_and_a_corrupt_checkpoint() {
     let node = NodeDirs::profile("dgx-h100");
