@@ -950,6 +950,64 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     })
 }
 
+/// nvml.h: "Retrieves the current compute mode for the device". The mode lives
+/// in the state file ([`mig::state`]), so a mode one process set is what every
+/// other process sees, until it is set again or the file goes (a reboot: "Under
+/// Linux it is not persistent across reboots and always resets to Default").
+/// Errors as nvml.h lists them: INVALID_ARGUMENT for a null `mode`, GPU_IS_LOST
+/// off the bus. On a MIG handle, NOT_SUPPORTED, as for the other whole-GPU
+/// queries here (module docs); recent nvml.h also documents MIG device handles
+/// for this call and its setter, which this library does not model.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeMode(
+    device: nvmlDevice_t,
+    mode: *mut nvmlComputeMode_t,
+) -> nvmlReturn_t {
+    query_live(device, mode, mig::instances::compute_mode)
+}
+
+/// nvml.h: "Set the compute mode for the device", effective at once, with
+/// NVML_ERROR_INVALID_ARGUMENT "if device is invalid or mode is invalid" and
+/// NVML_ERROR_NOT_SUPPORTED "if the device does not support this feature".
+/// - DEFAULT (0), PROHIBITED (2) and EXCLUSIVE_PROCESS (3) are set; a value at
+///   or past `NVML_COMPUTEMODE_COUNT` is INVALID_ARGUMENT;
+/// - EXCLUSIVE_THREAD (1): nvml.h marks it "Support Removed" and
+///   `nvidia-smi -c 1` answers "Exclusive_Thread was deprecated! Setting
+///   Exclusive_Process instead" (quoted in NVIDIA/cudf#8465), swapping the value
+///   itself before it calls NVML. What NVML answers when given 1 is not
+///   documented; this library answers NOT_SUPPORTED, its choice, and sets
+///   nothing;
+/// - a GPU with MIG mode enabled (`current`) refuses any mode but DEFAULT with
+///   NOT_SUPPORTED: `nvidia-smi -c 3` on a MIG-enabled GPU prints "Setting compute
+///   mode to EXCLUSIVE_PROCESS is not supported on a MIG-enabled device" and
+///   "Unable to set the compute mode for GPU ...: Not Supported", NVML's error
+///   string (NVIDIA/go-nvml#61, NVIDIA/DCGM#82). Setting DEFAULT there succeeds
+///   and changes nothing (this library's reading);
+/// - "Requires root/admin permissions": permissions are not modelled;
+/// - MIG handles: NOT_SUPPORTED, as for [`nvmlDeviceGetComputeMode`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceSetComputeMode(
+    device: nvmlDevice_t,
+    mode: nvmlComputeMode_t,
+) -> nvmlReturn_t {
+    guard(|| {
+        let (m, g) = live_gpu(device)?;
+        match mode {
+            nvmlComputeMode_enum_NVML_COMPUTEMODE_DEFAULT
+            | nvmlComputeMode_enum_NVML_COMPUTEMODE_PROHIBITED
+            | nvmlComputeMode_enum_NVML_COMPUTEMODE_EXCLUSIVE_PROCESS => {}
+            nvmlComputeMode_enum_NVML_COMPUTEMODE_EXCLUSIVE_THREAD => return Err(NOT_SUPPORTED),
+            _ => return Err(INVALID_ARGUMENT),
+        }
+        if mode != nvmlComputeMode_enum_NVML_COMPUTEMODE_DEFAULT
+            && mig::instances::mig_enabled(m, g)?
+        {
+            return Err(NOT_SUPPORTED);
+        }
+        mig::instances::set_compute_mode(m, g, mode)
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetNumaNodeId(
     device: nvmlDevice_t,

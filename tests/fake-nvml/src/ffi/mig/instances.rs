@@ -70,6 +70,7 @@ fn current(s: &DriverState, g: &FakeGpu) -> GpuState {
             mig_mode: None,
             instances: state::boot_instances(&g.gpu, table(g)),
             uuids_made: 0,
+            compute_mode: None,
         })
 }
 
@@ -94,6 +95,24 @@ pub(in crate::ffi) fn mig_mode(m: &Machine, g: &FakeGpu) -> Ret<Option<state::Mo
 /// Whether MIG mode is on now (`current`).
 pub(in crate::ffi) fn mig_enabled(m: &Machine, g: &FakeGpu) -> Ret<bool> {
     Ok(mig_mode(m, g)?.is_some_and(|mode| mode.current))
+}
+
+/// The GPU's compute mode now (`NVML_COMPUTEMODE_*`): DEFAULT until
+/// `nvmlDeviceSetComputeMode` changed it, kept in the state file like the MIG
+/// mode, since it is the driver's, not one process's.
+pub(in crate::ffi) fn compute_mode(m: &Machine, g: &FakeGpu) -> Ret<u32> {
+    let s = state::read(state_path(m)?).map_err(report)?;
+    Ok(s.compute_mode(&g.gpu.uuid))
+}
+
+/// Makes `mode` the GPU's compute mode; DEFAULT is kept as no entry, the boot
+/// state.
+pub(in crate::ffi) fn set_compute_mode(m: &Machine, g: &FakeGpu, mode: u32) -> Ret<()> {
+    change(m, g, |c| {
+        c.gpu.compute_mode =
+            (mode != nvmlComputeMode_enum_NVML_COMPUTEMODE_DEFAULT).then_some(mode);
+        Ok(())
+    })
 }
 
 /// What a change sees: the GPU's state, the faults, the capabilities mirror.

@@ -1,7 +1,11 @@
 //! The simulated driver's MIG state: which GPU and compute instances exist on
 //! each GPU. Real MIG instances live in the kernel driver, not in the process
 //! that made them: they outlive a SIGKILLed client and vanish at reboot. So
-//! the state lives in a file, not in the library's memory:
+//! the state lives in a file, not in the library's memory. The other per-GPU
+//! settings that are the driver's rather than a process's live there too: the
+//! MIG mode `nvmlDeviceSetMigMode` set and the compute mode
+//! `nvmlDeviceSetComputeMode` set ([`GpuState::compute_mode`]).
+//!
 //!
 //! - the file is `TOPODRA_FAKE_NVML_STATE` if set, else `nvml-state.yaml`
 //!   next to the loaded library (where the profile sits);
@@ -81,6 +85,16 @@ impl DriverState {
         out
     }
 
+    /// The compute mode of GPU `uuid` as `nvmlDeviceGetComputeMode` answers it
+    /// (`NVML_COMPUTEMODE_*`): what `nvmlDeviceSetComputeMode` last set, or
+    /// `NVML_COMPUTEMODE_DEFAULT` for a GPU the file does not mention.
+    pub fn compute_mode(&self, uuid: &str) -> u32 {
+        self.gpus
+            .get(uuid)
+            .and_then(|g| g.compute_mode)
+            .unwrap_or(nvml_wrapper_sys::bindings::nvmlComputeMode_enum_NVML_COMPUTEMODE_DEFAULT)
+    }
+
     /// [`DriverState::spans`] of one GPU, without its UUID.
     pub fn spans_of(&self, gpu: &str) -> Vec<(u32, u32, usize)> {
         self.spans()
@@ -122,6 +136,15 @@ pub struct GpuState {
     /// Generated MIG UUIDs so far: makes each new one unique.
     #[serde(default)]
     pub uuids_made: u64,
+    /// The compute mode since `nvmlDeviceSetComputeMode`, as nvml.h numbers it
+    /// (`NVML_COMPUTEMODE_*`: 0 DEFAULT, 2 PROHIBITED, 3 EXCLUSIVE_PROCESS).
+    /// Absent means DEFAULT, which is what a GPU has at boot (nvml.h: "Under
+    /// Linux it is not persistent across reboots and always resets to
+    /// Default"), so removing the file resets it like a reboot, and files
+    /// written before the field existed still load. Setting DEFAULT again
+    /// removes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_mode: Option<u32>,
 }
 
 /// MIG mode as `nvmlDeviceGetMigMode` reports it.
@@ -257,6 +280,18 @@ pub fn read(path: &Path) -> Result<DriverState, StateError> {
         .map_err(|e| StateError(format!("{}: {e}", path.display())))?;
     *cache = Some((path, text, state.clone()));
     Ok(state)
+}
+
+/// The compute mode of GPU `uuid` in the state file `path` (the node's
+/// `nvml_state`, or the file next to an installed library): what a test reads
+/// to see what a plugin told NVML, from outside the plugin's process.
+/// [`DriverState::compute_mode`] of [`read`]; a missing file is the boot state,
+/// `NVML_COMPUTEMODE_DEFAULT` for every GPU.
+///
+/// # Errors
+/// As [`read`]: a file that cannot be read or parsed.
+pub fn compute_mode(path: &Path, uuid: &str) -> Result<u32, StateError> {
+    Ok(read(path)?.compute_mode(uuid))
 }
 
 /// Writes `state` so that a crash leaves the old or the new file.
@@ -433,6 +468,53 @@ mod tests {
         assert_ne!(a, b);
         assert_ne!(a, c);
         assert_eq!(a.len(), "MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx".len());
+    }
+
+    /// A file written before the compute mode was kept still loads, its GPUs
+    /// in DEFAULT; DEFAULT is written as no entry.
+    #[test]
+    fn compute_mode_is_optional_and_defaults() {
+        use nvml_wrapper_sys::bindings::{
+            nvmlComputeMode_enum_NVML_COMPUTEMODE_DEFAULT as DEFAULT,
+            nvmlComputeMode_enum_NVML_COMPUTEMODE_EXCLUSIVE_PROCESS as EXCLUSIVE_PROCESS,
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join(STATE_FILE_NAME);
+        std::fs::write(
+            &p,
+            "gpus:\n  GPU-1:\n    mig_mode: {current: false, pending: false}\n    \
+             instances: []\n    uuids_made: 0\nfaults: {}\n",
+        )
+        .expect("old file");
+        let old = read(&p).expect("an old file loads");
+        assert_eq!(old.gpus["GPU-1"].compute_mode, None);
+        assert_eq!(old.compute_mode("GPU-1"), DEFAULT);
+        assert_eq!(old.compute_mode("GPU-other"), DEFAULT);
+        assert_eq!(compute_mode(&p, "GPU-1").expect("read"), DEFAULT);
+        assert!(
+            !serde_saphyr::to_string(&old)
+                .expect("yaml")
+                .contains("compute_mode"),
+            "absent stays absent"
+        );
+
+        update::<(), ()>(&p, |s| {
+            s.gpus.get_mut("GPU-1").expect("gpu").compute_mode = Some(EXCLUSIVE_PROCESS);
+            Ok(())
+        })
+        .expect("io")
+        .expect("ok");
+        assert!(
+            std::fs::read_to_string(&p)
+                .expect("text")
+                .contains("compute_mode: 3")
+        );
+        assert_eq!(compute_mode(&p, "GPU-1").expect("read"), EXCLUSIVE_PROCESS);
+        assert_eq!(
+            compute_mode(&dir.path().join("none.yaml"), "GPU-1").expect("no file"),
+            DEFAULT,
+            "no file is the boot state"
+        );
     }
 
     #[test]
