@@ -25,10 +25,17 @@
 //! - in `usr/bin`, the driver's tools ([`BINARIES`]) as tiny static executables
 //!   that print one line. `nvidia-smi` also carries out `compute-policy -i <GPU
 //!   UUID> --set-timeslice <n>`, the call a GPU kubelet plugin makes to set time
-//!   slicing, for the root's GPUs, and records it (see [`NVIDIA_SMI_SOURCE`]);
+//!   slicing, for the root's GPUs, and records it (see [`NVIDIA_SMI_SOURCE`]).
+//!   `nvidia-cuda-mps-control -d` starts a stand-in MPS control daemon for the
+//!   pipe directory of its environment, which `echo quit |
+//!   nvidia-cuda-mps-control` stops, and both are recorded (see
+//!   [`MPS_CONTROL_SOURCE`]);
 //! - `var/log/`, where that `nvidia-smi` appends the calls it carried out
 //!   ([`NVIDIA_SMI_CALLS`], read back with [`DriverRoot::nvidia_smi_calls`] or
-//!   [`nvidia_smi_calls`]); a rebuild starts it empty;
+//!   [`nvidia_smi_calls`]) and the MPS control daemons their starts and quits
+//!   ([`MPS_CONTROL_CALLS`], [`DriverRoot::mps_control_calls`] or
+//!   [`mps_control_calls`]; [`mps_daemon_pid`] finds a running daemon); a
+//!   rebuild starts both empty;
 //! - `lib/firmware/nvidia/<version>/gsp_ga10x.bin` and `gsp_tu10x.bin`;
 //! - with [`Options::graphics`], the EGL platform libraries, the loader
 //!   configuration files (EGL, Vulkan, OpenCL, X), `nvidia-xconfig`, the X driver
@@ -271,6 +278,89 @@ pub fn nvidia_smi_calls(root: &Path) -> io::Result<Vec<String>> {
     match std::fs::read_to_string(&path) {
         Ok(text) => Ok(text.lines().map(str::to_owned).collect()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(at("reading", &path, e)),
+    }
+}
+
+/// Where the root's `nvidia-cuda-mps-control` records the control daemons it
+/// started and stopped, relative to the root: one line per event,
+/// [`mps_start_call`]'s or [`mps_quit_call`]'s text and a newline, in the order
+/// they happened. A real node keeps no such file; see [`MPS_CONTROL_SOURCE`].
+pub const MPS_CONTROL_CALLS: &str = "var/log/nvidia-cuda-mps-control.calls";
+
+/// The variable naming the directory of the MPS control daemon's pipes (the MPS
+/// guide, "CUDA_MPS_PIPE_DIRECTORY").
+pub const MPS_PIPE_DIRECTORY_ENV: &str = "CUDA_MPS_PIPE_DIRECTORY";
+/// Its default: "The default directory for these pipes and sockets is
+/// /tmp/nvidia-mps".
+pub const MPS_DEFAULT_PIPE_DIRECTORY: &str = "/tmp/nvidia-mps";
+/// The variable naming the directory of the daemon's `control.log` (the MPS
+/// guide, "CUDA_MPS_LOG_DIRECTORY").
+pub const MPS_LOG_DIRECTORY_ENV: &str = "CUDA_MPS_LOG_DIRECTORY";
+/// Its default: "By default these log files are stored in the directory
+/// /var/log/nvidia-mps".
+pub const MPS_DEFAULT_LOG_DIRECTORY: &str = "/var/log/nvidia-mps";
+/// The daemon's command pipe in the pipe directory (a FIFO here).
+pub const MPS_CONTROL_PIPE: &str = "control";
+/// The daemon's log in the log directory.
+pub const MPS_CONTROL_LOG: &str = "control.log";
+/// The file in the pipe directory that holds the daemon's PID.
+pub const MPS_PID_FILE: &str = "nvidia-cuda-mps-control.pid";
+
+/// The line [`MPS_CONTROL_CALLS`] holds, without its newline, once the root's
+/// `nvidia-cuda-mps-control -d` started a daemon: `start pipe=<pipe_dir>
+/// log=<log_dir> visible=<visible>`, each as the daemon's environment gave it
+/// (`CUDA_MPS_PIPE_DIRECTORY`, `CUDA_MPS_LOG_DIRECTORY`, `CUDA_VISIBLE_DEVICES`;
+/// the defaults for the directories, and an empty `visible`, where unset).
+pub fn mps_start_call(pipe_dir: &Path, log_dir: &Path, visible: &str) -> String {
+    format!(
+        "start pipe={} log={} visible={visible}",
+        pipe_dir.display(),
+        log_dir.display()
+    )
+}
+
+/// The line [`MPS_CONTROL_CALLS`] holds, without its newline, once the daemon of
+/// `pipe_dir` quit: `quit pipe=<pipe_dir>`.
+pub fn mps_quit_call(pipe_dir: &Path) -> String {
+    format!("quit pipe={}", pipe_dir.display())
+}
+
+/// [`MPS_CONTROL_CALLS`] under the driver root `root`.
+pub fn mps_control_calls_path(root: &Path) -> PathBuf {
+    root.join(MPS_CONTROL_CALLS)
+}
+
+/// The starts and quits the `nvidia-cuda-mps-control` of the driver root `root`
+/// recorded, oldest first, each without its newline; empty when it recorded none.
+///
+/// # Errors
+/// Reading the file fails other than by its absence, naming the path.
+pub fn mps_control_calls(root: &Path) -> io::Result<Vec<String>> {
+    let path = mps_control_calls_path(root);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(text.lines().map(str::to_owned).collect()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(at("reading", &path, e)),
+    }
+}
+
+/// The PID of the control daemon of `pipe_dir`, from its [`MPS_PID_FILE`]; `None`
+/// when there is no such file (no daemon started there, or it quit). A daemon
+/// killed without `quit` leaves the file behind: check that the process lives.
+///
+/// # Errors
+/// The file cannot be read, or does not hold a PID, naming the path.
+pub fn mps_daemon_pid(pipe_dir: &Path) -> io::Result<Option<u32>> {
+    let path = pipe_dir.join(MPS_PID_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => text.trim().parse().map(Some).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: {text:?} is not a PID: {e}", path.display()),
+            )
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(at("reading", &path, e)),
     }
 }
@@ -547,17 +637,18 @@ impl DriverRoot {
             install_binary(&root.join(&rel), name, version, options)?;
             binaries.push(format!("/{rel}"));
         }
-        // nvidia-smi opens its record with O_CREAT, which makes the file but not
-        // its directory. A rebuilt root is a fresh install, so the calls made to
-        // the one it replaces go with it.
-        let calls = nvidia_smi_calls_path(&root);
-        if let Some(dir) = calls.parent() {
-            mkdir(dir)?;
-        }
-        match std::fs::remove_file(&calls) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(at("replacing", &calls, e)),
+        // nvidia-smi and nvidia-cuda-mps-control open their records with
+        // O_CREAT, which makes the file but not its directory. A rebuilt root is
+        // a fresh install, so the calls made to the one it replaces go with it.
+        for calls in [nvidia_smi_calls_path(&root), mps_control_calls_path(&root)] {
+            if let Some(dir) = calls.parent() {
+                mkdir(dir)?;
+            }
+            match std::fs::remove_file(&calls) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(at("replacing", &calls, e)),
+            }
         }
 
         let mut firmware = Vec::new();
@@ -624,6 +715,15 @@ impl DriverRoot {
     /// As [`nvidia_smi_calls`].
     pub fn nvidia_smi_calls(&self) -> io::Result<Vec<String>> {
         nvidia_smi_calls(&self.root)
+    }
+
+    /// What this root's `nvidia-cuda-mps-control` has recorded:
+    /// [`mps_control_calls`].
+    ///
+    /// # Errors
+    /// As [`mps_control_calls`].
+    pub fn mps_control_calls(&self) -> io::Result<Vec<String>> {
+        mps_control_calls(&self.root)
     }
 
     /// The installed library whose file name starts with `name` (`libcuda.so`).
@@ -1390,16 +1490,613 @@ fn nvidia_smi_source(banner: &str, options: &Options) -> String {
     )
 }
 
+/// The C source of the root's `nvidia-cuda-mps-control`. [`DriverRoot::build`]
+/// prepends `#define`s of its banner (`TOPODRA_BANNER`), the record's path in the
+/// root (`TOPODRA_CALLS`, [`MPS_CONTROL_CALLS`]), the directories' defaults
+/// (`TOPODRA_PIPE_DEFAULT`, `TOPODRA_LOG_DEFAULT`) and the names of the files in
+/// them (`TOPODRA_CONTROL`, `TOPODRA_CONTROL_LOG`, `TOPODRA_PID_FILE`).
+///
+/// It stands in for what a GPU kubelet plugin runs to share a GPU through CUDA
+/// MPS: `nvidia-cuda-mps-control -d` from the driver root with
+/// `CUDA_VISIBLE_DEVICES=<GPU UUID>`, `CUDA_MPS_PIPE_DIRECTORY` and
+/// `CUDA_MPS_LOG_DIRECTORY` in its environment to start one control daemon per
+/// GPU, and `echo quit | nvidia-cuda-mps-control` with the same pipe directory to
+/// stop it. NVIDIA's Multi-Process Service guide
+/// (<https://docs.nvidia.com/deploy/mps/>), "Appendix: Tools and Interface
+/// Reference", documents what it follows: `-d` starts the daemon "in background
+/// process", `echo quit | nvidia-cuda-mps-control` shuts it down; the daemon and
+/// its clients talk through named pipes in `CUDA_MPS_PIPE_DIRECTORY`, default
+/// `/tmp/nvidia-mps`; the daemon keeps `control.log` in `CUDA_MPS_LOG_DIRECTORY`,
+/// default `/var/log/nvidia-mps`, "set in the MPS control daemon's environment";
+/// it "creates a nvidia-cuda-mps-control.pid file that contains the PID of the
+/// control daemon process in the CUDA_MPS_PIPE_DIRECTORY". What it does:
+/// - `-d` (alone): checks, makes the daemon's files, forks, and exits 0 once the
+///   daemon is set up and recorded; the child calls `setsid`, puts its stdio on
+///   `/dev/null`, closes every other descriptor it inherited, and lives on. The
+///   daemon creates in the pipe directory (made, with its parents, if missing) a
+///   FIFO named `control` and the PID file (`<pid>` and a newline), appends a
+///   start line to `control.log` in the log directory, and appends
+///   [`mps_start_call`]'s line to `<root>/`[`MPS_CONTROL_CALLS`]. An unset or
+///   empty variable takes the documented default, and `CUDA_VISIBLE_DEVICES`
+///   unset is recorded as `visible=`. Then it reads commands from the FIFO, which
+///   it holds open for reading and writing, so a client closing its end is no end
+///   of file. On a line `quit` it appends [`mps_quit_call`]'s line to the record
+///   and a line to `control.log`, removes the PID file and then the FIFO, and
+///   exits 0; other lines are logged to `control.log` and ignored (the real
+///   daemon has more commands, e.g. `get_server_list`);
+/// - one daemon per pipe directory: a second `-d` while one runs prints "An
+///   instance of this daemon is already running" on stderr and exits 1, the
+///   words and status public scripts check for from the real tool (where the
+///   real tool prints them is not documented). The stand-in knows a running
+///   daemon by an exclusive `flock` on the pipe directory that the daemon holds
+///   for its life, rather than by the PID file naming a live process: the kernel
+///   drops the lock however the daemon ends, a reused PID cannot fool it, and two
+///   `-d` run at once cannot both win. A daemon killed without `quit` leaves its
+///   FIFO and PID file behind; the next `-d` takes them over, as is reported of
+///   the real one;
+/// - no arguments: a client. It sends each non-blank line of stdin to
+///   `<CUDA_MPS_PIPE_DIRECTORY>/control` (a write-only, non-blocking open: with
+///   no daemon the FIFO is missing or nobody reads it, ENXIO). Without a daemon
+///   it prints "Cannot find MPS control daemon process" on stderr and exits 1,
+///   as the real client does. After `quit` it waits (up to 10 s) until the daemon
+///   has removed its FIFO, so that the daemon's record is complete when `echo
+///   quit | nvidia-cuda-mps-control` returns; whether the real client waits for
+///   the daemon to go is not documented. With nothing on stdin (a container
+///   running it bare, stdin at end of file) it prints the banner and exits 0, as
+///   before it knew any command;
+/// - any other arguments print the banner and exit 0;
+/// - illustrative, not the real tool's: the FIFO (the real daemon's `control` is
+///   a named pipe or, in recent releases, a unix socket, and its protocol is its
+///   own), the contents of `control.log` (the guide's "MPS Logging Format" has
+///   timestamps this program cannot read), the other messages and the exit
+///   status 1 for this program's own failures. It starts no MPS server, so CUDA
+///   clients never connect to it, and it needs no privilege;
+/// - the record: one `write(2)` per line on an `O_APPEND` descriptor, so daemons
+///   of several GPUs never interleave within a line. `<root>` is `/proc/self/exe`
+///   less `usr/bin/nvidia-cuda-mps-control`, as for [`NVIDIA_SMI_SOURCE`]; where
+///   it cannot record (a copy outside a root, a read-only `var/log`) `-d` exits 1
+///   and starts nothing.
+///
+/// x86_64 and aarch64 only; elsewhere the root's `nvidia-cuda-mps-control` is the
+/// banner script the other tools get, which implements no command.
+pub const MPS_CONTROL_SOURCE: &str = r#"/* topodra fake driver root: nvidia-cuda-mps-control. With -d it starts a control
+ * daemon for CUDA_MPS_PIPE_DIRECTORY that records its start and its quit; with no
+ * arguments it sends each line of stdin to that daemon. Static, without libc: raw
+ * system calls, so it runs in any container of the same architecture. */
+#ifndef TOPODRA_BANNER
+#error "define TOPODRA_BANNER (the line printed for what is not implemented)"
+#endif
+/* Where the starts and quits are recorded, relative to the root. */
+#ifndef TOPODRA_CALLS
+#error "define TOPODRA_CALLS (the record's path in the root)"
+#endif
+/* The defaults of CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY, and the
+ * names of the files the daemon keeps in them. */
+#if !defined(TOPODRA_PIPE_DEFAULT) || !defined(TOPODRA_LOG_DEFAULT)
+#error "define TOPODRA_PIPE_DEFAULT and TOPODRA_LOG_DEFAULT"
+#endif
+#if !defined(TOPODRA_CONTROL) || !defined(TOPODRA_CONTROL_LOG) || !defined(TOPODRA_PID_FILE)
+#error "define TOPODRA_CONTROL, TOPODRA_CONTROL_LOG and TOPODRA_PID_FILE"
+#endif
+
+static const char banner[] = TOPODRA_BANNER;
+/* This program's path relative to the root, which is how it finds the root. */
+#define SELF "usr/bin/nvidia-cuda-mps-control"
+#define ME "topodra fake nvidia-cuda-mps-control: "
+
+/* What the real tool prints, and its exit status 1, where public callers match
+ * on it: a second -d on a pipe directory whose daemon runs, and a client with no
+ * daemon to talk to. The other messages are illustrative. */
+#define ALREADY_RUNNING "An instance of this daemon is already running"
+#define NO_DAEMON "Cannot find MPS control daemon process"
+
+#define AT_FDCWD (-100)
+/* asm-generic/fcntl.h; x86_64 and aarch64 share these values (not O_DIRECTORY,
+ * which is why it is not used). */
+#define O_RDONLY 0
+#define O_WRONLY 01
+#define O_RDWR 02
+#define O_CREAT 0100
+#define O_TRUNC 01000
+#define O_APPEND 02000
+#define O_NONBLOCK 04000
+#define O_CLOEXEC 02000000
+#define S_IFIFO 0010000
+#define LOCK_EX 2
+#define LOCK_NB 4
+#define SIGKILL 9
+#define SIGCHLD 17
+#define F_OK 0
+#define ENOENT 2
+#define EINTR 4
+#define EAGAIN 11
+
+#if defined(__x86_64__)
+#define NR_READ 0
+#define NR_WRITE 1
+#define NR_CLOSE 3
+#define NR_NANOSLEEP 35
+#define NR_GETPID 39
+#define NR_CLONE 56
+#define NR_KILL 62
+#define NR_FLOCK 73
+#define NR_GETPPID 110
+#define NR_SETSID 112
+#define NR_GETSID 124
+#define NR_EXIT_GROUP 231
+#define NR_OPENAT 257
+#define NR_MKDIRAT 258
+#define NR_MKNODAT 259
+#define NR_UNLINKAT 263
+#define NR_READLINKAT 267
+#define NR_FACCESSAT 269
+#define NR_DUP3 292
+static long sys4(long n, long a, long b, long c, long d) {
+    register long r10 __asm__("r10") = d;
+    long r;
+    __asm__ volatile("syscall" : "=a"(r) : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10) : "rcx", "r11", "memory");
+    return r;
+}
+/* The kernel starts the program with argc at the stack pointer, argv and the
+ * environment above it; a C function's prologue would move the stack first, so
+ * the entry point is assembly that hands that address on, aligned. */
+__asm__(".text\n.global _start\n_start:\n"
+        "  xor %ebp, %ebp\n"
+        "  mov %rsp, %rdi\n"
+        "  and $-16, %rsp\n"
+        "  call mps_main\n"
+        "  hlt\n");
+#elif defined(__aarch64__)
+#define NR_DUP3 24
+#define NR_FLOCK 32
+#define NR_MKNODAT 33
+#define NR_MKDIRAT 34
+#define NR_UNLINKAT 35
+#define NR_FACCESSAT 48
+#define NR_OPENAT 56
+#define NR_CLOSE 57
+#define NR_READ 63
+#define NR_WRITE 64
+#define NR_READLINKAT 78
+#define NR_EXIT_GROUP 94
+#define NR_NANOSLEEP 101
+#define NR_KILL 129
+#define NR_GETSID 156
+#define NR_SETSID 157
+#define NR_GETPID 172
+#define NR_GETPPID 173
+#define NR_CLONE 220
+static long sys4(long n, long a, long b, long c, long d) {
+    register long x8 __asm__("x8") = n;
+    register long x0 __asm__("x0") = a;
+    register long x1 __asm__("x1") = b;
+    register long x2 __asm__("x2") = c;
+    register long x3 __asm__("x3") = d;
+    __asm__ volatile("svc #0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2), "r"(x3) : "memory");
+    return x0;
+}
+/* As above; the kernel leaves sp 16-byte aligned here, as the ABI wants it. */
+__asm__(".text\n.global _start\n_start:\n"
+        "  mov x29, #0\n"
+        "  mov x30, #0\n"
+        "  mov x0, sp\n"
+        "  bl mps_main\n"
+        "  brk #0\n");
+#else
+#error "no syscall stub for this architecture"
+#endif
+
+static unsigned long len(const char *s) {
+    unsigned long n = 0;
+    while (s[n]) n++;
+    return n;
+}
+
+static int same(const char *a, const char *b) {
+    while (*a && *a == *b) { a++; b++; }
+    return *a == *b;
+}
+
+/* A line or path is built whole and written with one call, so that concurrent
+ * writers to the same file cannot interleave inside it. Copies stop at the NUL
+ * rather than count bytes, which keeps compilers from turning them into memcpy
+ * calls that nothing here could link. */
+struct buf { char b[4200]; unsigned long n; int overflow; };
+
+static void clear(struct buf *o) {
+    o->n = 0;
+    o->overflow = 0;
+    o->b[0] = 0;
+}
+
+static void add(struct buf *o, const char *s) {
+    while (*s) {
+        if (o->n + 1 >= sizeof o->b) { o->overflow = 1; return; }
+        o->b[o->n++] = *s++;
+    }
+    o->b[o->n] = 0;
+}
+
+static void add_num(struct buf *o, unsigned long v) {
+    char digits[24];
+    int i = (int)sizeof digits - 1;
+    digits[i] = 0;
+    do { digits[--i] = (char)('0' + v % 10); v /= 10; } while (v && i > 0);
+    add(o, digits + i);
+}
+
+/* DIR/NAME. */
+static void join(struct buf *o, const char *dir, const char *name) {
+    clear(o);
+    add(o, dir);
+    if (o->n == 0 || o->b[o->n - 1] != '/') add(o, "/");
+    add(o, name);
+}
+
+__attribute__((noreturn)) static void leave(int code) {
+    for (;;) sys4(NR_EXIT_GROUP, code, 0, 0, 0);
+}
+
+static void say(long fd, const char *a, const char *b, const char *c) {
+    struct buf o;
+    clear(&o);
+    add(&o, a);
+    add(&o, b);
+    add(&o, c);
+    add(&o, "\n");
+    sys4(NR_WRITE, fd, (long)o.b, (long)o.n, 0);
+}
+
+__attribute__((noreturn)) static void fail(const char *a, const char *b, const char *c) {
+    say(2, a, b, c);
+    leave(1);
+}
+
+static void nap_ms(long ms) {
+    long ts[2] = { ms / 1000, (ms % 1000) * 1000000 };
+    sys4(NR_NANOSLEEP, (long)ts, 0, 0, 0);
+}
+
+static long unlink_path(const char *path) {
+    return sys4(NR_UNLINKAT, AT_FDCWD, (long)path, 0, 0);
+}
+
+/* Appends LINE to PATH with one write on an O_APPEND descriptor, so concurrent
+ * writers never interleave within a line. 0, or a negative errno. */
+static long append(const char *path, const struct buf *line) {
+    long fd = sys4(NR_OPENAT, AT_FDCWD, (long)path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return fd;
+    long wrote = sys4(NR_WRITE, fd, (long)line->b, (long)line->n, 0);
+    sys4(NR_CLOSE, fd, 0, 0, 0);
+    if (wrote < 0) return wrote;
+    return wrote == (long)line->n ? 0 : -EAGAIN;
+}
+
+/* The value of NAME in the environment; unset and empty are the same here. */
+static const char *env(char **envp, const char *name) {
+    for (; *envp; envp++) {
+        const char *e = *envp, *n = name;
+        while (*n && *e == *n) { e++; n++; }
+        if (!*n && *e == '=') return e[1] ? e + 1 : 0;
+    }
+    return 0;
+}
+
+/* Creates DIR and its missing parents, as `mkdir -p`; failures show later, when
+ * the files in it cannot be made. */
+static void make_dirs(const char *dir) {
+    struct buf p;
+    clear(&p);
+    add(&p, dir);
+    for (unsigned long i = 1; i < p.n; i++) {
+        if (p.b[i] != '/') continue;
+        p.b[i] = 0;
+        sys4(NR_MKDIRAT, AT_FDCWD, (long)p.b, 0755, 0);
+        p.b[i] = '/';
+    }
+    sys4(NR_MKDIRAT, AT_FDCWD, (long)p.b, 0755, 0);
+}
+
+/* The record's path: the root is where the kernel says this program is, less
+ * SELF (through a merged /usr's bin link the path is already resolved). */
+static void record_path(struct buf *path) {
+    long got = sys4(NR_READLINKAT, AT_FDCWD, (long)"/proc/self/exe", (long)path->b, sizeof path->b - 64);
+    if (got <= 0 || got >= (long)sizeof path->b - 64)
+        fail(ME, "cannot read /proc/self/exe", "");
+    path->b[got] = 0;
+    unsigned long self_len = len(SELF);
+    if ((unsigned long)got <= self_len || path->b[got - self_len - 1] != '/' ||
+        !same(path->b + got - self_len, SELF))
+        fail(ME "no driver root to record in: ", path->b, " is not <root>/" SELF);
+    path->n = (unsigned long)got - self_len;
+    path->overflow = 0;
+    add(path, TOPODRA_CALLS);
+}
+
+/* One command the daemon read, without its newline or surrounding blanks. */
+static char *trim(char *s, unsigned long n) {
+    while (n && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\r')) n--;
+    s[n] = 0;
+    while (*s == ' ' || *s == '\t') s++;
+    return s;
+}
+
+/* The daemon: reads commands from the control pipe until `quit`. It holds the
+ * pipe open for reading and writing, so a client closing its end is never an
+ * end of file, and the pipe directory's lock, which ends with the process. */
+__attribute__((noreturn)) static void serve(long fifo_fd, const char *pipe_dir,
+                                            const struct buf *fifo, const struct buf *pid_file,
+                                            const struct buf *control_log, const struct buf *calls) {
+    unsigned long pid = (unsigned long)sys4(NR_GETPID, 0, 0, 0, 0);
+    char in[4096];
+    struct buf cmd, out;
+    clear(&cmd);
+    for (;;) {
+        long n = sys4(NR_READ, fifo_fd, (long)in, sizeof in, 0);
+        if (n == -EINTR) continue;
+        if (n <= 0) leave(1);
+        for (long i = 0; i < n; i++) {
+            if (in[i] != '\n') {
+                if (cmd.n + 1 < sizeof cmd.b) cmd.b[cmd.n++] = in[i];
+                else cmd.overflow = 1;
+                continue;
+            }
+            char *c = trim(cmd.b, cmd.n);
+            int overflow = cmd.overflow;
+            clear(&out);
+            add(&out, "[Control ");
+            add_num(&out, pid);
+            add(&out, "] ");
+            if (overflow) {
+                add(&out, "command too long, ignored\n");
+                append(control_log->b, &out);
+            } else if (same(c, "quit")) {
+                /* The record first, the pipe last: a client waits for the pipe to
+                 * go, and then finds everything else done. */
+                struct buf line;
+                clear(&line);
+                add(&line, "quit pipe=");
+                add(&line, pipe_dir);
+                add(&line, "\n");
+                append(calls->b, &line);
+                add(&out, "quit: control daemon exiting\n");
+                append(control_log->b, &out);
+                unlink_path(pid_file->b);
+                unlink_path(fifo->b);
+                leave(0);
+            } else if (*c) {
+                add(&out, "command not implemented by this stand-in, ignored: ");
+                add(&out, c);
+                add(&out, "\n");
+                append(control_log->b, &out);
+            }
+            clear(&cmd);
+        }
+    }
+}
+
+/* `-d`: check, make the pipe, fork, and return 0 once the daemon is recorded. */
+__attribute__((noreturn)) static void start(char **envp) {
+    const char *pipe_dir = env(envp, "CUDA_MPS_PIPE_DIRECTORY");
+    const char *log_dir = env(envp, "CUDA_MPS_LOG_DIRECTORY");
+    const char *visible = env(envp, "CUDA_VISIBLE_DEVICES");
+    if (!pipe_dir) pipe_dir = TOPODRA_PIPE_DEFAULT;
+    if (!log_dir) log_dir = TOPODRA_LOG_DEFAULT;
+    if (!visible) visible = "";
+
+    static struct buf calls, fifo, pid_file, control_log, line;
+    record_path(&calls);
+    join(&fifo, pipe_dir, TOPODRA_CONTROL);
+    join(&pid_file, pipe_dir, TOPODRA_PID_FILE);
+    join(&control_log, log_dir, TOPODRA_CONTROL_LOG);
+    clear(&line);
+    add(&line, "start pipe=");
+    add(&line, pipe_dir);
+    add(&line, " log=");
+    add(&line, log_dir);
+    add(&line, " visible=");
+    add(&line, visible);
+    add(&line, "\n");
+    if (calls.overflow || fifo.overflow || pid_file.overflow || control_log.overflow || line.overflow)
+        fail(ME, "path too long", "");
+
+    make_dirs(pipe_dir);
+    make_dirs(log_dir);
+    /* The files written once the daemon runs are opened first, so that a place
+     * this cannot write fails -d before anything was made. */
+    long calls_fd = sys4(NR_OPENAT, AT_FDCWD, (long)calls.b, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (calls_fd < 0) fail(ME "cannot open ", calls.b, " to record the start");
+    long log_fd = sys4(NR_OPENAT, AT_FDCWD, (long)control_log.b, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (log_fd < 0) fail(ME "cannot open ", control_log.b, "");
+    /* One daemon per pipe directory: an exclusive lock on the directory, held by
+     * the daemon for its life and released by the kernel however it ends. A
+     * daemon that died without `quit` leaves its pipe and PID file behind and no
+     * lock, so the next one takes the directory over. */
+    long dir_fd = sys4(NR_OPENAT, AT_FDCWD, (long)pipe_dir, O_RDONLY | O_CLOEXEC, 0);
+    if (dir_fd < 0) fail(ME "cannot open the pipe directory ", pipe_dir, "");
+    if (sys4(NR_FLOCK, dir_fd, LOCK_EX | LOCK_NB, 0, 0) != 0) fail(ALREADY_RUNNING, "", "");
+    unlink_path(fifo.b);
+    unlink_path(pid_file.b);
+    if (sys4(NR_MKNODAT, AT_FDCWD, (long)fifo.b, S_IFIFO | 0600, 0) != 0)
+        fail(ME "cannot make the control pipe ", fifo.b, "");
+    long fifo_fd = sys4(NR_OPENAT, AT_FDCWD, (long)fifo.b, O_RDWR | O_CLOEXEC, 0);
+    if (fifo_fd < 0) {
+        unlink_path(fifo.b);
+        fail(ME "cannot open the control pipe ", fifo.b, "");
+    }
+
+    long parent = sys4(NR_GETPID, 0, 0, 0, 0);
+    /* fork(): clone with only the exit signal, on a copy of this stack. */
+    long child = sys4(NR_CLONE, SIGCHLD, 0, 0, 0);
+    if (child < 0) {
+        unlink_path(fifo.b);
+        fail(ME, "cannot fork the daemon", "");
+    }
+    if (child == 0) {
+        /* The daemon: its own session, no terminal, stdio on /dev/null so that
+         * whoever ran -d and reads its output is not kept waiting. */
+        sys4(NR_SETSID, 0, 0, 0, 0);
+        long null_fd = sys4(NR_OPENAT, AT_FDCWD, (long)"/dev/null", O_RDWR | O_CLOEXEC, 0);
+        for (long fd = 0; fd < 3; fd++) {
+            if (null_fd >= 0) sys4(NR_DUP3, null_fd, fd, 0, 0);
+            else sys4(NR_CLOSE, fd, 0, 0, 0);
+        }
+        /* Nor any other descriptor it was started with (a caller's pipe passed
+         * down without close-on-exec), but the pipe and the directory's lock. */
+        for (long fd = 3; fd < 1024; fd++)
+            if (fd != fifo_fd && fd != dir_fd) sys4(NR_CLOSE, fd, 0, 0, 0);
+        /* Serve once the parent has recorded the start and left, so that the
+         * record's start line always comes before the quit line. */
+        while (sys4(NR_GETPPID, 0, 0, 0, 0) == parent) nap_ms(1);
+        serve(fifo_fd, pipe_dir, &fifo, &pid_file, &control_log, &calls);
+    }
+
+    /* Return once the daemon is on its own, a session leader (it lets go of
+     * the caller's descriptors right after). */
+    for (int tries = 0; sys4(NR_GETSID, child, 0, 0, 0) != child; tries++) {
+        if (tries == 5000) {
+            sys4(NR_KILL, child, SIGKILL, 0, 0);
+            unlink_path(fifo.b);
+            fail(ME, "the daemon did not start", "");
+        }
+        nap_ms(1);
+    }
+
+    struct buf pid_text, log_line;
+    clear(&pid_text);
+    add_num(&pid_text, (unsigned long)child);
+    add(&pid_text, "\n");
+    clear(&log_line);
+    add(&log_line, "[Control ");
+    add_num(&log_line, (unsigned long)child);
+    add(&log_line, "] starting control daemon on ");
+    add(&log_line, fifo.b);
+    add(&log_line, " for CUDA_VISIBLE_DEVICES=");
+    add(&log_line, visible);
+    add(&log_line, "\n");
+    long pid_fd = sys4(NR_OPENAT, AT_FDCWD, (long)pid_file.b, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    long wrote = pid_fd < 0 ? pid_fd : sys4(NR_WRITE, pid_fd, (long)pid_text.b, (long)pid_text.n, 0);
+    if (pid_fd >= 0) sys4(NR_CLOSE, pid_fd, 0, 0, 0);
+    const char *what = 0;
+    if (wrote != (long)pid_text.n) what = pid_file.b;
+    else if (sys4(NR_WRITE, log_fd, (long)log_line.b, (long)log_line.n, 0) != (long)log_line.n)
+        what = control_log.b;
+    else if (sys4(NR_WRITE, calls_fd, (long)line.b, (long)line.n, 0) != (long)line.n)
+        what = calls.b;
+    if (what) {
+        sys4(NR_KILL, child, SIGKILL, 0, 0);
+        unlink_path(pid_file.b);
+        unlink_path(fifo.b);
+        fail(ME "cannot write ", what, "");
+    }
+    leave(0);
+}
+
+/* Client: each line of stdin to the daemon of CUDA_MPS_PIPE_DIRECTORY. */
+static long client_fd = -1;
+static struct buf client_fifo;
+
+static void send(char *cmd) {
+    if (!*cmd) return;
+    if (client_fd < 0) {
+        /* Without a daemon there is no pipe (ENOENT) or nobody reads it (ENXIO:
+         * a write-only, non-blocking open of a FIFO no one has open for reading). */
+        client_fd = sys4(NR_OPENAT, AT_FDCWD, (long)client_fifo.b, O_WRONLY | O_NONBLOCK | O_CLOEXEC, 0);
+        if (client_fd < 0) fail(NO_DAEMON, "", "");
+    }
+    struct buf line;
+    clear(&line);
+    add(&line, cmd);
+    add(&line, "\n");
+    if (line.overflow) fail(ME, "command too long", "");
+    long wrote;
+    for (int tries = 0; (wrote = sys4(NR_WRITE, client_fd, (long)line.b, (long)line.n, 0)) == -EAGAIN && tries < 1000; tries++)
+        nap_ms(10);
+    if (wrote != (long)line.n) fail(ME "cannot write to ", client_fifo.b, "");
+    if (!same(cmd, "quit")) return;
+    /* The daemon removes its pipe last when it quits: wait for that, so that the
+     * caller finds the daemon gone when this returns. */
+    sys4(NR_CLOSE, client_fd, 0, 0, 0);
+    client_fd = -1;
+    for (int tries = 0; tries < 1000; tries++) {
+        if (sys4(NR_FACCESSAT, AT_FDCWD, (long)client_fifo.b, F_OK, 0) == -ENOENT) return;
+        nap_ms(10);
+    }
+    fail(ME "the daemon did not quit: ", client_fifo.b, " is still there");
+}
+
+__attribute__((noreturn)) static void client(char **envp) {
+    const char *pipe_dir = env(envp, "CUDA_MPS_PIPE_DIRECTORY");
+    if (!pipe_dir) pipe_dir = TOPODRA_PIPE_DEFAULT;
+    join(&client_fifo, pipe_dir, TOPODRA_CONTROL);
+    if (client_fifo.overflow) fail(ME, "path too long", "");
+    static struct buf cmd;
+    static char in[4096];
+    int commands = 0;
+    clear(&cmd);
+    for (;;) {
+        long n = sys4(NR_READ, 0, (long)in, sizeof in, 0);
+        if (n == -EINTR) continue;
+        if (n < 0) fail(ME, "cannot read stdin", "");
+        for (long i = 0; i <= n; i++) {
+            /* A newline ends a command, and so does the end of input. */
+            if (i < n && in[i] != '\n') {
+                if (cmd.n + 1 < sizeof cmd.b) cmd.b[cmd.n++] = in[i];
+                else cmd.overflow = 1;
+                continue;
+            }
+            if (i == n && n > 0) break;
+            if (cmd.overflow) fail(ME, "command too long", "");
+            char *c = trim(cmd.b, cmd.n);
+            if (*c) commands++;
+            send(c);
+            clear(&cmd);
+        }
+        if (n == 0) break;
+    }
+    /* No command at all: the banner, as before this tool did anything. */
+    if (!commands) sys4(NR_WRITE, 1, (long)banner, sizeof banner - 1, 0);
+    leave(0);
+}
+
+__attribute__((noreturn, used)) void mps_main(long *sp) {
+    long argc = sp[0];
+    char **argv = (char **)(sp + 1);
+    char **envp = argv + argc + 1;
+    if (argc == 2 && same(argv[1], "-d")) start(envp);
+    if (argc == 1) client(envp);
+    sys4(NR_WRITE, 1, (long)banner, sizeof banner - 1, 0);
+    leave(0);
+}
+"#;
+
+/// [`MPS_CONTROL_SOURCE`] with its `#define`s.
+fn mps_control_source(banner: &str) -> String {
+    format!(
+        "#define TOPODRA_BANNER {}\n#define TOPODRA_CALLS {}\n\
+         #define TOPODRA_PIPE_DEFAULT {}\n#define TOPODRA_LOG_DEFAULT {}\n\
+         #define TOPODRA_CONTROL {}\n#define TOPODRA_CONTROL_LOG {}\n\
+         #define TOPODRA_PID_FILE {}\n{MPS_CONTROL_SOURCE}",
+        c_string(banner),
+        c_string(MPS_CONTROL_CALLS),
+        c_string(MPS_DEFAULT_PIPE_DIRECTORY),
+        c_string(MPS_DEFAULT_LOG_DIRECTORY),
+        c_string(MPS_CONTROL_PIPE),
+        c_string(MPS_CONTROL_LOG),
+        c_string(MPS_PID_FILE),
+    )
+}
+
 fn install_binary(dest: &Path, name: &str, version: &str, options: &Options) -> io::Result<()> {
     if let Some(dir) = dest.parent() {
         mkdir(dir)?;
     }
     let message = binary_message(name, version, options);
     if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
-        let source = if name == "nvidia-smi" {
-            nvidia_smi_source(&message, options)
-        } else {
-            tiny_program(&message)
+        let source = match name {
+            "nvidia-smi" => nvidia_smi_source(&message, options),
+            "nvidia-cuda-mps-control" => mps_control_source(&message),
+            _ => tiny_program(&message),
         };
         compile(
             dest,

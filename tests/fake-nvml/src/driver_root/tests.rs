@@ -1,4 +1,5 @@
 use std::ffi::{CString, c_int, c_uint};
+use std::io::Write as _;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
 use object::read::elf::ElfFile64;
@@ -693,6 +694,407 @@ fn nvidia_smi_outside_a_root_cannot_record() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert!(text(&out.stdout).starts_with("NVIDIA-SMI "), "{out:?}");
     assert_eq!(root.nvidia_smi_calls().unwrap(), Vec::<String>::new());
+}
+
+/// A root for the `nvidia-cuda-mps-control` tests, and the program's path in it.
+fn mps_root() -> (tempfile::TempDir, DriverRoot, PathBuf) {
+    let (dir, root) = build(
+        Layout::Debian,
+        &Options {
+            device_nodes: false,
+            graphics: false,
+            ..Options::default()
+        },
+    );
+    let exe = root.host_path("/usr/bin/nvidia-cuda-mps-control");
+    (dir, root, exe)
+}
+
+/// State and parent of a process, from `/proc/<pid>/stat`: `None` once it is
+/// gone or a zombie (a daemon's new parent may be slow to reap it, or, in a
+/// container whose init does not reap, never).
+fn proc_stat(pid: u32) -> Option<(char, u32, u32)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // pid (comm) state ppid pgrp session ...: comm may hold spaces.
+    let rest = &text[text.rfind(')')? + 2..];
+    let mut fields = rest.split(' ');
+    let state = fields.next()?.chars().next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    let _pgrp = fields.next()?;
+    let session = fields.next()?.parse().ok()?;
+    (state != 'Z' && state != 'X').then_some((state, ppid, session))
+}
+
+fn alive(pid: u32) -> bool {
+    proc_stat(pid).is_some()
+}
+
+/// Waits up to 10 s for the daemon `pid` to be gone.
+fn wait_gone(pid: u32) -> bool {
+    for _ in 0..1000 {
+        if !alive(pid) {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    false
+}
+
+/// The daemons a test started through `exe`, killed when the test ends however
+/// it ends, so that no process outlives `cargo test`. Each pipe directory's PID
+/// file is read again at the end, for a daemon started after it was noted; a
+/// PID is killed only while it is still this program, never a process that
+/// took a reused PID.
+struct Daemons {
+    exe: PathBuf,
+    pipes: Vec<PathBuf>,
+    pids: Vec<u32>,
+}
+
+impl Daemons {
+    fn new(exe: &Path) -> Self {
+        Self {
+            exe: std::fs::canonicalize(exe).unwrap(),
+            pipes: Vec::new(),
+            pids: Vec::new(),
+        }
+    }
+
+    /// Runs `-d` with only these variables set (`None`: unset) and, when it
+    /// succeeds, notes the daemon it started.
+    fn start(
+        &mut self,
+        pipe: &Path,
+        log: Option<&Path>,
+        visible: Option<&str>,
+    ) -> (std::process::Output, u32) {
+        self.pipes.push(pipe.to_owned());
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg("-d")
+            .env_clear()
+            .env(MPS_PIPE_DIRECTORY_ENV, pipe)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(log) = log {
+            cmd.env(MPS_LOG_DIRECTORY_ENV, log);
+        }
+        if let Some(v) = visible {
+            cmd.env("CUDA_VISIBLE_DEVICES", v);
+        }
+        let child = cmd.spawn().unwrap();
+        let starter = child.id();
+        let out = child.wait_with_output().unwrap();
+        if out.status.success()
+            && let Some(pid) = mps_daemon_pid(pipe).unwrap()
+        {
+            self.pids.push(pid);
+        }
+        (out, starter)
+    }
+
+    fn is_ours(&self, pid: u32) -> bool {
+        std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|p| p == self.exe)
+    }
+}
+
+impl Drop for Daemons {
+    fn drop(&mut self) {
+        let late = self
+            .pipes
+            .iter()
+            .filter_map(|p| mps_daemon_pid(p).ok().flatten());
+        let pids: Vec<u32> = self.pids.iter().copied().chain(late).collect();
+        for pid in pids {
+            if self.is_ours(pid)
+                && let Ok(pid) = libc::pid_t::try_from(pid)
+            {
+                // SAFETY: plain system call on a PID that is this test's daemon.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+/// `printf <input> | nvidia-cuda-mps-control` with `CUDA_MPS_PIPE_DIRECTORY`.
+fn mps_client(exe: &Path, pipe: &Path, input: &str) -> std::process::Output {
+    let mut child = Command::new(exe)
+        .env_clear()
+        .env(MPS_PIPE_DIRECTORY_ENV, pipe)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// The plugin's sequence on one GPU: `-d` returns at once while the daemon runs
+/// on in a session of its own, with its FIFO, PID file and log; a second `-d`
+/// on the same pipe directory is refused; `echo quit |` stops it and removes
+/// its files, and the record holds both ends.
+#[test]
+fn mps_control_daemon_starts_and_quits() {
+    let (dir, root, exe) = mps_root();
+    let mut daemons = Daemons::new(&exe);
+    // Neither directory exists yet: the daemon makes them.
+    let pipe = dir.path().join("mps/GPU-0/pipe");
+    let log = dir.path().join("mps/GPU-0/log");
+    let uuid = CudaGpu::placeholder(0).uuid;
+
+    let (out, starter) = daemons.start(&pipe, Some(&log), Some(&uuid));
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(out.stdout.is_empty() && out.stderr.is_empty(), "{out:?}");
+    let pid = mps_daemon_pid(&pipe).unwrap().expect("a PID file");
+    let (_, ppid, session) = proc_stat(pid).expect("the daemon outlives -d");
+    assert_ne!(ppid, starter, "-d's process has exited");
+    assert_ne!(ppid, std::process::id());
+    assert_eq!(session, pid, "setsid: a session of its own");
+    assert!(daemons.is_ours(pid));
+    let fifo = pipe.join(MPS_CONTROL_PIPE);
+    assert!(
+        std::fs::symlink_metadata(&fifo)
+            .unwrap()
+            .file_type()
+            .is_fifo()
+    );
+    assert_eq!(
+        std::fs::read_to_string(pipe.join(MPS_PID_FILE)).unwrap(),
+        format!("{pid}\n")
+    );
+    let control_log = std::fs::read_to_string(log.join(MPS_CONTROL_LOG)).unwrap();
+    assert_eq!(control_log.lines().count(), 1, "{control_log}");
+    assert!(control_log.contains(&uuid), "{control_log}");
+    let start = mps_start_call(&pipe, &log, &uuid);
+    assert_eq!(
+        start,
+        format!(
+            "start pipe={} log={} visible={uuid}",
+            pipe.display(),
+            log.display()
+        )
+    );
+    assert_eq!(
+        root.mps_control_calls().unwrap(),
+        std::slice::from_ref(&start)
+    );
+
+    // One daemon per pipe directory, whatever the other variables say.
+    let other_log = dir.path().join("other-log");
+    let (again, _) = daemons.start(&pipe, Some(&other_log), Some("GPU-other"));
+    assert_eq!(again.status.code(), Some(1), "{again:?}");
+    assert!(
+        text(&again.stderr).contains("An instance of this daemon is already running"),
+        "{again:?}"
+    );
+    assert_eq!(mps_daemon_pid(&pipe).unwrap(), Some(pid));
+    assert!(alive(pid));
+    assert_eq!(
+        root.mps_control_calls().unwrap(),
+        std::slice::from_ref(&start)
+    );
+
+    // A command the stand-in does not implement is logged and ignored.
+    let out = mps_client(&exe, &pipe, "get_server_list\n");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = mps_client(&exe, &pipe, "quit\n");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(out.stdout.is_empty() && out.stderr.is_empty(), "{out:?}");
+    // The client returns once the daemon removed its FIFO, its last act.
+    assert!(!fifo.exists());
+    assert!(!pipe.join(MPS_PID_FILE).exists());
+    assert_eq!(mps_daemon_pid(&pipe).unwrap(), None);
+    assert!(wait_gone(pid), "the daemon exits after quit");
+    let quit = mps_quit_call(&pipe);
+    assert_eq!(quit, format!("quit pipe={}", pipe.display()));
+    assert_eq!(root.mps_control_calls().unwrap(), [start, quit]);
+    assert_eq!(mps_control_calls(&root.root).unwrap().len(), 2);
+    let control_log = std::fs::read_to_string(log.join(MPS_CONTROL_LOG)).unwrap();
+    assert_eq!(control_log.lines().count(), 3, "{control_log}");
+    assert!(control_log.contains("get_server_list"), "{control_log}");
+
+    // A rebuilt root is a fresh install: no calls yet.
+    let again = DriverRoot::build(
+        &root.root,
+        Layout::Debian,
+        R570_VERSION,
+        &Options {
+            device_nodes: false,
+            graphics: false,
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(again.mps_control_calls().unwrap(), Vec::<String>::new());
+}
+
+/// The client with no daemon to talk to fails as the real one does, whether
+/// the pipe is missing or left behind by a daemon that died; with nothing to
+/// send, and with arguments it does not implement, it prints the banner.
+#[test]
+fn mps_control_client_without_a_daemon_fails() {
+    let (dir, root, exe) = mps_root();
+    let pipe = dir.path().join("pipe");
+    for input in ["quit\n", "get_server_list"] {
+        let out = mps_client(&exe, &pipe, input);
+        assert_eq!(out.status.code(), Some(1), "{input:?}: {out:?}");
+        assert!(
+            text(&out.stderr).contains("Cannot find MPS control daemon process"),
+            "{out:?}"
+        );
+        assert!(out.stdout.is_empty(), "{out:?}");
+    }
+    // A FIFO nobody reads: the non-blocking open answers ENXIO.
+    std::fs::create_dir_all(&pipe).unwrap();
+    mknod(&pipe.join(MPS_CONTROL_PIPE), libc::S_IFIFO | 0o600, 0).unwrap();
+    let out = mps_client(&exe, &pipe, "quit\n");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        text(&out.stderr).contains("Cannot find MPS control daemon process"),
+        "{out:?}"
+    );
+
+    let banner = binary_message("nvidia-cuda-mps-control", R570_VERSION, &Options::default());
+    for input in ["", "\n  \n"] {
+        let out = mps_client(&exe, &pipe, input);
+        assert_eq!(out.status.code(), Some(0), "{input:?}: {out:?}");
+        assert_eq!(text(&out.stdout), banner, "{input:?}");
+    }
+    for args in [&["-h"][..], &["-d", "-f"], &["-f"], &["quit"]] {
+        let out = Command::new(&exe)
+            .args(args)
+            .env_clear()
+            .env(MPS_PIPE_DIRECTORY_ENV, dir.path().join("unused"))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {out:?}");
+        assert_eq!(text(&out.stdout), banner, "{args:?}");
+    }
+    assert!(!dir.path().join("unused").exists(), "nothing was started");
+
+    // Outside a driver root there is nowhere to record: -d starts nothing.
+    let copy = dir.path().join("opt/nvidia-cuda-mps-control");
+    std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
+    std::fs::copy(&exe, &copy).unwrap();
+    let mut daemons = Daemons::new(&copy);
+    let elsewhere = dir.path().join("elsewhere");
+    let (out, _) = daemons.start(&elsewhere, Some(&dir.path().join("log")), None);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        text(&out.stderr).contains("usr/bin/nvidia-cuda-mps-control"),
+        "{out:?}"
+    );
+    assert!(!elsewhere.join(MPS_CONTROL_PIPE).exists());
+    assert_eq!(mps_daemon_pid(&elsewhere).unwrap(), None);
+    assert_eq!(root.mps_control_calls().unwrap(), Vec::<String>::new());
+}
+
+/// One daemon per GPU: daemons on two pipe directories run side by side and
+/// quit one at a time; `-d` run at once on one directory starts one daemon.
+#[test]
+fn mps_control_daemons_on_two_pipe_dirs_coexist() {
+    let (dir, root, exe) = mps_root();
+    let mut daemons = Daemons::new(&exe);
+    let uuids = [CudaGpu::placeholder(0).uuid, CudaGpu::placeholder(1).uuid];
+    let pipes = [dir.path().join("pipe-0"), dir.path().join("pipe-1")];
+    let log = dir.path().join("log");
+    let mut pids = Vec::new();
+    for (pipe, uuid) in pipes.iter().zip(&uuids) {
+        let (out, _) = daemons.start(pipe, Some(&log), Some(uuid));
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        pids.push(mps_daemon_pid(pipe).unwrap().unwrap());
+    }
+    assert_ne!(pids[0], pids[1]);
+    assert!(pids.iter().all(|&p| alive(p)));
+
+    let out = mps_client(&exe, &pipes[0], "quit\n");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(wait_gone(pids[0]));
+    assert!(alive(pids[1]), "the other GPU's daemon runs on");
+    assert!(pipes[1].join(MPS_CONTROL_PIPE).exists());
+    let out = mps_client(&exe, &pipes[1], "quit\n");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(wait_gone(pids[1]));
+    assert_eq!(
+        root.mps_control_calls().unwrap(),
+        [
+            mps_start_call(&pipes[0], &log, &uuids[0]),
+            mps_start_call(&pipes[1], &log, &uuids[1]),
+            mps_quit_call(&pipes[0]),
+            mps_quit_call(&pipes[1]),
+        ]
+    );
+    // Both daemons logged to the one control.log, a line at a time.
+    let control_log = std::fs::read_to_string(log.join(MPS_CONTROL_LOG)).unwrap();
+    assert_eq!(control_log.lines().count(), 4, "{control_log}");
+
+    // Started together on one directory: exactly one wins.
+    let racy = dir.path().join("racy");
+    std::fs::create_dir_all(&racy).unwrap();
+    daemons.pipes.push(racy.clone());
+    let children: Vec<_> = (0..6)
+        .map(|_| {
+            Command::new(&exe)
+                .arg("-d")
+                .env_clear()
+                .env(MPS_PIPE_DIRECTORY_ENV, &racy)
+                .env(MPS_LOG_DIRECTORY_ENV, &log)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let won = children
+        .into_iter()
+        .map(|mut c| c.wait().unwrap().success())
+        .filter(|&ok| ok)
+        .count();
+    assert_eq!(won, 1);
+    let pid = mps_daemon_pid(&racy).unwrap().unwrap();
+    assert!(alive(pid));
+    let out = mps_client(&exe, &racy, "quit\n");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(wait_gone(pid));
+}
+
+/// A daemon killed without `quit` leaves its FIFO and PID file; the next `-d`
+/// takes the directory over. `CUDA_VISIBLE_DEVICES` unset or empty is recorded
+/// as `visible=`; a last command needs no newline.
+#[test]
+fn mps_control_takes_over_after_a_killed_daemon() {
+    let (dir, root, exe) = mps_root();
+    let mut daemons = Daemons::new(&exe);
+    let pipe = dir.path().join("pipe");
+    let log = dir.path().join("log");
+    let (out, _) = daemons.start(&pipe, Some(&log), None);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let first = mps_daemon_pid(&pipe).unwrap().unwrap();
+    // SAFETY: plain system call on the daemon this test started.
+    unsafe { libc::kill(libc::pid_t::try_from(first).unwrap(), libc::SIGKILL) };
+    assert!(wait_gone(first));
+    assert!(pipe.join(MPS_CONTROL_PIPE).exists(), "left behind");
+
+    let (out, _) = daemons.start(&pipe, Some(&log), Some(""));
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let second = mps_daemon_pid(&pipe).unwrap().unwrap();
+    assert_ne!(second, first);
+    assert!(alive(second));
+    let out = mps_client(&exe, &pipe, "quit");
+    assert_eq!(out.status.code(), Some(0), "{out:?}: no newline needed");
+    assert!(wait_gone(second));
+    let start = mps_start_call(&pipe, &log, "");
+    assert_eq!(
+        root.mps_control_calls().unwrap(),
+        [start.clone(), start, mps_quit_call(&pipe)]
+    );
+    assert!(root.mps_control_calls().unwrap()[0].ends_with(" visible="));
 }
 
 #[test]
