@@ -83,7 +83,15 @@ fn prepared_device() -> impl Strategy<Value = PreparedGpu> {
         prop::collection::vec(text(), 0..3),
         prop::option::of(text()),
         prop::option::of((text(), any::<u32>(), any::<u32>(), any::<u32>())),
-        prop::option::of((text(), text(), 0u8..4, prop::option::of(any::<u64>()))),
+        prop::option::of((
+            any::<bool>(),
+            (text(), text()),
+            0u8..4,
+            prop::option::of(any::<u64>()),
+            prop::option::of(any::<u32>()),
+            prop::option::of(text()),
+            prop::option::of(any::<u32>()),
+        )),
     )
         .prop_map(
             |(requests, pool, device, cdi_device_ids, share_id, mig, sharing)| PreparedGpu {
@@ -98,15 +106,32 @@ fn prepared_device() -> impl Strategy<Value = PreparedGpu> {
                     start,
                     size,
                 }),
-                sharing: sharing.map(|(gpu_device, gpu_uuid, timeslice, memory_bytes)| {
-                    ShareIntent {
-                        mode: ShareMode::TimeSlicing,
-                        gpu_device,
-                        gpu_uuid,
+                sharing: sharing.map(
+                    |(
+                        mps,
+                        (gpu_device, gpu_uuid),
                         timeslice,
                         memory_bytes,
-                    }
-                }),
+                        compute,
+                        pipe,
+                        prior,
+                    )| {
+                        ShareIntent {
+                            mode: if mps {
+                                ShareMode::Mps
+                            } else {
+                                ShareMode::TimeSlicing
+                            },
+                            gpu_device,
+                            gpu_uuid,
+                            timeslice,
+                            memory_bytes,
+                            compute_percent: compute,
+                            pipe_dir: pipe,
+                            prior_compute_mode: prior,
+                        }
+                    },
+                ),
             },
         )
 }

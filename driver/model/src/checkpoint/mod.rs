@@ -131,12 +131,21 @@ pub struct ShareIntent {
     pub timeslice: u8,
     /// The memory the claim's allocation consumed, in bytes.
     pub memory_bytes: Option<u64>,
+    /// MPS: the percentage of the GPU's SMs the allocation consumed.
+    pub compute_percent: Option<u32>,
+    /// MPS: the control daemon's pipe directory, where unprepare tells it to quit.
+    pub pipe_dir: Option<String>,
+    /// MPS: the GPU's compute mode before its first share set EXCLUSIVE_PROCESS
+    /// (nvml.h's numbering), which its last share's unprepare puts back. Every
+    /// share of the GPU carries it, so any of them can be the last.
+    pub prior_compute_mode: Option<u32>,
 }
 
 /// How a GPU is shared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ShareMode {
     TimeSlicing,
+    Mps,
 }
 
 impl PreparedGpu {
@@ -276,6 +285,18 @@ impl Checkpoint {
                 s.mode == ShareMode::TimeSlicing && s.gpu_uuid == gpu_uuid && s.timeslice != 0
             })
             .count()
+    }
+
+    /// An MPS share of GPU `gpu_uuid` that a claim other than `claim_uid` holds in
+    /// this boot (started or completed), if any: while there is one, the GPU's MPS
+    /// daemon runs and its compute mode stays EXCLUSIVE_PROCESS.
+    pub fn live_mps_share(&self, gpu_uuid: &str, claim_uid: &str) -> Option<&ShareIntent> {
+        self.claims
+            .values()
+            .filter(|r| r.uid != claim_uid && r.state != ClaimState::NeedsReprepare)
+            .flat_map(|r| r.devices.iter())
+            .filter_map(|d| d.sharing.as_ref())
+            .find(|s| s.mode == ShareMode::Mps && s.gpu_uuid == gpu_uuid)
     }
 
     /// The claim and device, if any, whose MIG instance would overlap `intent`.

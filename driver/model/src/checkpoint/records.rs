@@ -84,11 +84,19 @@ struct SharingV1 {
     timeslice: u8,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     memory_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    compute_percent: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pipe_dir: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    prior_compute_mode: Option<u32>,
 }
 
 #[derive(Serialize, Deserialize)]
 enum ShareModeV1 {
     TimeSlicing,
+    #[serde(rename = "MPS")]
+    Mps,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -179,11 +187,15 @@ impl From<&PreparedGpu> for DeviceV1 {
             sharing: d.sharing.as_ref().map(|s| SharingV1 {
                 mode: match s.mode {
                     ShareMode::TimeSlicing => ShareModeV1::TimeSlicing,
+                    ShareMode::Mps => ShareModeV1::Mps,
                 },
                 gpu_device: s.gpu_device.clone(),
                 gpu_uuid: s.gpu_uuid.clone(),
                 timeslice: s.timeslice,
                 memory_bytes: s.memory_bytes,
+                compute_percent: s.compute_percent,
+                pipe_dir: s.pipe_dir.clone(),
+                prior_compute_mode: s.prior_compute_mode,
             }),
         }
     }
@@ -206,11 +218,15 @@ impl From<DeviceV1> for PreparedGpu {
             sharing: d.sharing.map(|s| ShareIntent {
                 mode: match s.mode {
                     ShareModeV1::TimeSlicing => ShareMode::TimeSlicing,
+                    ShareModeV1::Mps => ShareMode::Mps,
                 },
                 gpu_device: s.gpu_device,
                 gpu_uuid: s.gpu_uuid,
                 timeslice: s.timeslice,
                 memory_bytes: s.memory_bytes,
+                compute_percent: s.compute_percent,
+                pipe_dir: s.pipe_dir,
+                prior_compute_mode: s.prior_compute_mode,
             }),
         }
     }

@@ -193,6 +193,9 @@ fn share_of(name: &str, claim: &str, share_id: &str, gpu: &str, timeslice: u8) -
             gpu_uuid: format!("GPU-{gpu}"),
             timeslice,
             memory_bytes: Some(1 << 30),
+            compute_percent: None,
+            pipe_dir: None,
+            prior_compute_mode: None,
         }),
         ..device("node-1", name, claim)
     }

@@ -39,7 +39,8 @@ pub use aliases::{
 pub(crate) use attributes::{allocatable_attributes, allocatable_capacity};
 pub use partitions::{DynamicDevice, DynamicMig, dynamic_devices, partition_device_name};
 pub use sharing::{
-    MEMORY_STEP, SharedDevice, Sharing, SharingMode, TimeSlicing, interval_name, shared_devices,
+    MEMORY_STEP, Mps, SharedDevice, Sharing, SharingMode, TimeSlicing, interval_name,
+    shared_devices,
 };
 pub(crate) use validate::validate_pool;
 

@@ -1,13 +1,16 @@
 //! Shared GPUs as devices (KEP-5075 consumable capacity on KEP-4815 counters): next
-//! to each GPU's exclusive device, a time-sliced device that many claims share.
+//! to each GPU's exclusive device, a time-sliced device and an MPS device that many
+//! claims share.
 //!
 //! The sharing mode is a device, so the scheduler decides it, never a late surprise
 //! at prepare:
-//! - the GPU gets a counter set, and the exclusive device and the shared one each
-//!   consume all of it: the scheduler hands out one or the other, never both;
-//! - the shared device allows multiple allocations and carries the GPU's memory as
-//!   a consumable capacity, so each claim gets a share of it (`memory`, with a
-//!   request policy) and the scheduler sums the shares. The 1.37.2 allocator
+//! - the GPU gets a counter set, and the exclusive device and each shared one
+//!   consume all of it: the scheduler hands out one of them, never two, so a GPU is
+//!   never time-sliced and under MPS at once;
+//! - a shared device allows multiple allocations and carries the GPU's memory as a
+//!   consumable capacity, so each claim gets a share of it (`memory`, with a request
+//!   policy) and the scheduler sums the shares; an MPS device also carries
+//!   `compute`, the percentage of the GPU's SMs a share may use. The 1.37.2 allocator
 //!   charges an allow-multiple device's counters once for all its shares (pinned by
 //!   `tests/e2e/shared_counters_test.go`), so a second share fits where the first
 //!   one's counters are already charged.
@@ -47,17 +50,37 @@ pub(crate) const GPU_COUNTER: &str = "gpu";
 /// claim's share is a number people read at a glance.
 pub const MEMORY_STEP: u64 = 1 << 30;
 
+/// The capacity name of an MPS device's share of the SMs, in percent.
+pub(crate) const COMPUTE: &str = "compute";
+
 /// Which ways of sharing this node's GPUs are published.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Sharing {
     /// Time-sliced devices, when on.
     pub time_slicing: Option<TimeSlicing>,
+    /// MPS devices, when on.
+    pub mps: Option<Mps>,
 }
 
 impl Sharing {
     /// Whether any shared device is published.
     pub fn is_on(&self) -> bool {
-        self.time_slicing.is_some()
+        self.time_slicing.is_some() || self.mps.is_some()
+    }
+}
+
+/// The node's MPS policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mps {
+    /// How many shares a GPU holds when claims ask for no amount: a share without
+    /// a request takes `memory / replicas` (whole GiB) and `100 / replicas` percent
+    /// of the SMs (the device plugin's MPS `replicas`).
+    pub replicas: u32,
+}
+
+impl Default for Mps {
+    fn default() -> Self {
+        Self { replicas: 4 }
     }
 }
 
@@ -86,6 +109,9 @@ impl Default for TimeSlicing {
 pub enum SharingMode {
     /// The GPU's own time-slicing between the contexts of all its shares.
     TimeSlicing,
+    /// One MPS server runs every share's work at once, each within its memory
+    /// and SM limits.
+    Mps,
 }
 
 impl SharingMode {
@@ -93,6 +119,7 @@ impl SharingMode {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::TimeSlicing => "TimeSlicing",
+            Self::Mps => "MPS",
         }
     }
 
@@ -100,6 +127,7 @@ impl SharingMode {
     fn suffix(self) -> &'static str {
         match self {
             Self::TimeSlicing => "ts",
+            Self::Mps => "mps",
         }
     }
 }
@@ -111,29 +139,30 @@ pub struct SharedDevice {
     pub name: String,
     pub gpu: Gpu,
     pub mode: SharingMode,
-    /// The interval its shares run at.
+    /// The interval its shares run at (time-sliced devices; Default for MPS).
     pub interval: TimeSliceInterval,
 }
 
 /// The shared devices of GPU `gpu` under `opts`: none where the GPU cannot be
 /// shared (in MIG mode, under dynamic MIG, memory unknown) or sharing is off.
 pub(crate) fn shared_of(gpu: &Gpu, opts: &SliceOptions) -> Vec<SharedDevice> {
-    let Some(ts) = opts.sharing.time_slicing else {
-        return Vec::new();
-    };
-    if !shareable(gpu, opts) {
+    if !opts.sharing.is_on() || !shareable(gpu, opts) {
         return Vec::new();
     }
-    vec![SharedDevice {
-        name: format!(
-            "{}-{}",
-            gpu.device_name(),
-            SharingMode::TimeSlicing.suffix()
-        ),
+    let device = |mode: SharingMode, interval| SharedDevice {
+        name: format!("{}-{}", gpu.device_name(), mode.suffix()),
         gpu: gpu.clone(),
-        mode: SharingMode::TimeSlicing,
-        interval: ts.interval,
-    }]
+        mode,
+        interval,
+    };
+    let mut out = Vec::new();
+    if let Some(ts) = opts.sharing.time_slicing {
+        out.push(device(SharingMode::TimeSlicing, ts.interval));
+    }
+    if opts.sharing.mps.is_some() {
+        out.push(device(SharingMode::Mps, TimeSliceInterval::Default));
+    }
+    out
 }
 
 /// Every shared device the slices publish under `opts`, for the plugin's prepare.
@@ -190,17 +219,25 @@ pub(crate) fn shared_device(
     };
     attrs.insert(attributes::TYPE.to_owned(), string(TYPE_SHARED));
     attrs.insert(SHARING.to_owned(), string(d.mode.as_str()));
-    attrs.insert(
-        TIME_SLICE_INTERVAL.to_owned(),
-        string(interval_name(d.interval)),
-    );
-    let replicas = opts.sharing.time_slicing.map_or(1, |t| t.replicas);
-    let capacity = d
+    let replicas = match d.mode {
+        SharingMode::TimeSlicing => {
+            attrs.insert(
+                TIME_SLICE_INTERVAL.to_owned(),
+                string(interval_name(d.interval)),
+            );
+            opts.sharing.time_slicing.map_or(1, |t| t.replicas)
+        }
+        SharingMode::Mps => opts.sharing.mps.map_or(1, |m| m.replicas),
+    };
+    let mut capacity = d
         .gpu
         .memory_bytes
         .map(|m| (attributes::MEMORY.to_owned(), memory_capacity(m, replicas)))
         .into_iter()
         .collect::<BTreeMap<_, _>>();
+    if d.mode == SharingMode::Mps {
+        capacity.insert(COMPUTE.to_owned(), compute_capacity(replicas));
+    }
     // A share of a GPU is a share of all of it: an XID or a lost GPU taints each.
     let taints = opts
         .device_taints
@@ -246,6 +283,26 @@ pub(crate) fn memory_capacity(memory: u64, replicas: u32) -> DeviceCapacity {
             valid_range: Some(CapacityRequestPolicyRange {
                 min: quantity::bytes(MEMORY_STEP),
                 step: Some(quantity::bytes(MEMORY_STEP)),
+                max: None,
+            }),
+            valid_values: None,
+        }),
+    }
+}
+
+/// An MPS device's SMs as a consumable capacity, in percent: shares of whole
+/// percents from 1, `100 / replicas` when a claim names no amount. MPS takes the
+/// percentage as `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`.
+pub(crate) fn compute_capacity(replicas: u32) -> DeviceCapacity {
+    let default = 100u32.checked_div(replicas).unwrap_or(100).clamp(1, 100);
+    let percent = |n: u32| Quantity(n.to_string());
+    DeviceCapacity {
+        value: percent(100),
+        request_policy: Some(CapacityRequestPolicy {
+            default: Some(percent(default)),
+            valid_range: Some(CapacityRequestPolicyRange {
+                min: percent(1),
+                step: Some(percent(1)),
                 max: None,
             }),
             valid_values: None,

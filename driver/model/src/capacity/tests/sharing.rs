@@ -8,6 +8,7 @@ fn shared_cluster(node: &str) -> Cluster {
     let opts = SliceOptions {
         sharing: Sharing {
             time_slicing: Some(TimeSlicing::default()),
+            ..Default::default()
         },
         ..SliceOptions::new(node)
     };

@@ -8,6 +8,7 @@ fn time_sliced(node: &str) -> SliceOptions {
     SliceOptions {
         sharing: Sharing {
             time_slicing: Some(TimeSlicing::default()),
+            mps: None,
         },
         ..SliceOptions::new(node)
     }
@@ -259,4 +260,88 @@ fn a_large_node_splits_shared_devices_at_the_counter_limit() {
             .count(),
         5
     );
+}
+
+fn with_mps(node: &str) -> SliceOptions {
+    SliceOptions {
+        sharing: Sharing {
+            time_slicing: Some(TimeSlicing::default()),
+            mps: Some(Mps { replicas: 8 }),
+        },
+        ..SliceOptions::new(node)
+    }
+}
+
+#[test]
+fn an_mps_device_shares_memory_and_sms_and_excludes_the_other_modes() {
+    let slices = build_slices(&dgx_h100(), &with_mps("n")).unwrap();
+    let mps = device(&slices, "gpu-4-mps");
+    let ts = device(&slices, "gpu-4-ts");
+    let whole = device(&slices, "gpu-4");
+    assert_eq!(mps.allow_multiple_allocations, Some(true));
+    let a = mps.attributes.as_ref().unwrap();
+    assert_eq!(a["type"], string("shared"));
+    assert_eq!(a["sharing"], string("MPS"));
+    assert!(!a.contains_key("timeSliceInterval"), "MPS has no interval");
+    let capacity = mps.capacity.as_ref().unwrap();
+    // 81559 MiB / 8 replicas = 10194 MiB: 9 whole GiB; 100 % / 8 = 12 %.
+    assert_eq!(
+        capacity["memory"].request_policy.as_ref().unwrap().default,
+        Some(Quantity("9Gi".to_owned()))
+    );
+    let compute = &capacity["compute"];
+    assert_eq!(compute.value.0, "100");
+    let policy = compute.request_policy.as_ref().unwrap();
+    assert_eq!(policy.default, Some(Quantity("12".to_owned())));
+    let range = policy.valid_range.as_ref().unwrap();
+    assert_eq!(
+        (
+            range.min.0.as_str(),
+            range.step.as_ref().map(|q| q.0.as_str())
+        ),
+        ("1", Some("1"))
+    );
+    // The GPU, its time-sliced device and its MPS device all take the whole set:
+    // one mode per GPU at a time.
+    for d in [whole, ts, mps] {
+        assert_eq!(d.consumes_counters, whole.consumes_counters, "{}", d.name);
+    }
+    let devs = shared_devices(&dgx_h100(), &with_mps("n"));
+    assert_eq!(devs.len(), 16);
+    assert_eq!(
+        devs.iter().filter(|d| d.mode == SharingMode::Mps).count(),
+        8
+    );
+}
+
+#[test]
+fn mps_alone_publishes_no_time_sliced_device() {
+    let opts = SliceOptions {
+        sharing: Sharing {
+            time_slicing: None,
+            mps: Some(Mps::default()),
+        },
+        ..SliceOptions::new("n")
+    };
+    let slices = build_slices(&dgx_h100(), &opts).unwrap();
+    let names: Vec<&str> = devices(&slices).iter().map(|d| d.name.as_str()).collect();
+    assert!(names.contains(&"gpu-0-mps"));
+    assert!(!names.iter().any(|n| n.ends_with("-ts")));
+}
+
+#[test]
+fn the_compute_policy_passes_the_api_rules_for_any_replicas() {
+    for replicas in [0, 1, 2, 3, 7, 100, 101, 1000] {
+        let d = Device {
+            name: "gpu-0-mps".to_owned(),
+            capacity: Some(BTreeMap::from([(
+                "compute".to_owned(),
+                compute_capacity(replicas),
+            )])),
+            allow_multiple_allocations: Some(true),
+            ..Default::default()
+        };
+        crate::slice::validate::check_device_for_tests(&d)
+            .unwrap_or_else(|e| panic!("{replicas} replicas: {e}"));
+    }
 }
