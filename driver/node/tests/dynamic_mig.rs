@@ -78,6 +78,7 @@ impl Node {
             carver: Some(Arc::new(Carver::new(nvml))),
             sharing: Default::default(),
             time_slicer: None,
+            mps: None,
         };
         let mut cdi = CdiConfig::default();
         cdi.dev_root.clone_from(&self.sim.dev_root);

@@ -39,6 +39,13 @@ pub(crate) const ANNOTATION_SHARING: &str = "topodra.dev/sharing";
 pub(crate) const ANNOTATION_SHARED_GPU: &str = "topodra.dev/shared-gpu";
 pub(crate) const ANNOTATION_TIMESLICE: &str = "topodra.dev/timeslice";
 pub(crate) const ANNOTATION_MEMORY_BYTES: &str = "topodra.dev/memory-bytes";
+pub(crate) const ANNOTATION_COMPUTE_PERCENT: &str = "topodra.dev/compute-percent";
+pub(crate) const ANNOTATION_MPS_PIPE_DIR: &str = "topodra.dev/mps-pipe-dir";
+pub(crate) const ANNOTATION_PRIOR_COMPUTE_MODE: &str = "topodra.dev/prior-compute-mode";
+
+/// Where an MPS share's container finds its GPU's daemon: the path NVIDIA's MPS
+/// documentation gives as `CUDA_MPS_PIPE_DIRECTORY`'s default, set explicitly too.
+pub(crate) const MPS_PIPE_DIR: &str = "/tmp/nvidia-mps";
 
 /// A share's environment, per device: the mode, the interval, and the memory the
 /// scheduler set aside for it, which a time-sliced GPU does not enforce (any share
@@ -320,26 +327,69 @@ pub fn claim_spec(
     Ok(spec)
 }
 
-/// A share's annotations and environment on its device.
+/// A share's annotations and environment on its device, and for MPS the mount of
+/// its GPU's daemon pipe directory.
 fn share_edits(device: &mut Device, share_id: &str, share: &ShareIntent) {
     let mode = match share.mode {
         ShareMode::TimeSlicing => "TimeSlicing",
+        ShareMode::Mps => "MPS",
     };
     let a = &mut device.annotations;
     a.insert(ANNOTATION_SHARE_ID.into(), share_id.to_owned());
     a.insert(ANNOTATION_SHARING.into(), mode.to_owned());
     a.insert(ANNOTATION_SHARED_GPU.into(), share.gpu_device.clone());
-    a.insert(ANNOTATION_TIMESLICE.into(), share.timeslice.to_string());
-    let env = &mut device.container_edits.env;
-    env.push(format!("{ENV_SHARING}={mode}"));
-    env.push(format!(
-        "{ENV_TIME_SLICE_INTERVAL}={}",
-        interval_name(timeslice_interval(share.timeslice))
-    ));
+    let edits = &mut device.container_edits;
+    edits.env.push(format!("{ENV_SHARING}={mode}"));
     if let Some(bytes) = share.memory_bytes {
         a.insert(ANNOTATION_MEMORY_BYTES.into(), bytes.to_string());
-        env.push(format!("{ENV_MEMORY_SHARE}={bytes}"));
-        env.push(format!("{ENV_MEMORY_SHARE_ENFORCED}=false"));
+        edits.env.push(format!("{ENV_MEMORY_SHARE}={bytes}"));
+    }
+    match share.mode {
+        ShareMode::TimeSlicing => {
+            a.insert(ANNOTATION_TIMESLICE.into(), share.timeslice.to_string());
+            edits.env.push(format!(
+                "{ENV_TIME_SLICE_INTERVAL}={}",
+                interval_name(timeslice_interval(share.timeslice))
+            ));
+            if share.memory_bytes.is_some() {
+                edits.env.push(format!("{ENV_MEMORY_SHARE_ENFORCED}=false"));
+            }
+        }
+        ShareMode::Mps => {
+            if let Some(pipe) = &share.pipe_dir {
+                a.insert(ANNOTATION_MPS_PIPE_DIR.into(), pipe.clone());
+                edits.mounts.push(Mount {
+                    host_path: pipe.clone(),
+                    container_path: MPS_PIPE_DIR.to_owned(),
+                    kind: Some("bind".to_owned()),
+                    options: ["rw", "nosuid", "nodev", "rbind"]
+                        .into_iter()
+                        .map(str::to_owned)
+                        .collect(),
+                });
+                edits
+                    .env
+                    .push(format!("CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_DIR}"));
+            }
+            if let Some(mode) = share.prior_compute_mode {
+                a.insert(ANNOTATION_PRIOR_COMPUTE_MODE.into(), mode.to_string());
+            }
+            if let Some(percent) = share.compute_percent {
+                a.insert(ANNOTATION_COMPUTE_PERCENT.into(), percent.to_string());
+                edits
+                    .env
+                    .push(format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={percent}"));
+            }
+            if let Some(bytes) = share.memory_bytes {
+                // MPS enforces it per device ordinal; a share's container sees its
+                // one GPU as ordinal 0. Whole MiB, rounded down, as MPS takes them.
+                edits.env.push(format!(
+                    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={}M",
+                    bytes >> 20
+                ));
+                edits.env.push(format!("{ENV_MEMORY_SHARE_ENFORCED}=true"));
+            }
+        }
     }
 }
 

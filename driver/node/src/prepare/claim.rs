@@ -46,19 +46,18 @@ impl Preparer {
         // The answer always comes from the claim as it is now: request names in
         // particular, which a checkpoint rebuilt from CDI specs by an older version
         // may lack, and which the kubelet needs to hand devices to containers.
-        let prepared: Vec<PreparedGpu> = plan
-            .devices
-            .iter()
-            .map(|d| PreparedGpu {
+        let mut prepared: Vec<PreparedGpu> = Vec::with_capacity(plan.devices.len());
+        for d in &plan.devices {
+            prepared.push(PreparedGpu {
                 requests: d.requests.clone(),
                 pool: self.pool.clone(),
                 device: d.device.clone(),
                 cdi_device_ids: vec![self.writer.kind().device_id(&claim_ref.uid, &d.device)],
                 share_id: d.share_id.clone(),
                 mig: self.intent_of(&d.device),
-                sharing: self.share_of(&d.device, d.memory_bytes),
-            })
-            .collect();
+                sharing: self.share_of(claim_ref, d)?,
+            });
+        }
 
         // From the claim's record, if any: whether it is prepared already (and its
         // answer stale), and the instances it named before this prepare, the only
@@ -123,8 +122,13 @@ impl Preparer {
             return Err(self.abandon(claim_ref, &prepared, &[], e));
         }
         #[cfg(feature = "crash-points")]
-        if prepared.iter().any(|d| d.sharing.is_some()) {
+        if time_slices(&prepared).next().is_some() {
             self.crash(CrashPoint::AfterTimeSlice)?;
+        }
+        // An MPS share's GPU goes into EXCLUSIVE_PROCESS and gets its daemon with
+        // its first share, the record above naming both.
+        if let Err(e) = self.start_mps(claim_ref, &prepared) {
+            return Err(self.abandon(claim_ref, &prepared, &[], e));
         }
 
         let spec = match early_spec {
@@ -289,7 +293,10 @@ impl Preparer {
         if let Err(remove) = self.writer.remove(&claim_ref.uid) {
             tracing::error!(claim = %claim_ref.uid, error = %remove, "removing the spec of a failed prepare");
         }
-        if let Err(why) = self.reset_time_slices(claim_ref, prepared) {
+        if let Err(why) = self
+            .reset_time_slices(claim_ref, prepared)
+            .and_then(|()| self.stop_mps(claim_ref, prepared))
+        {
             tracing::error!(claim = %claim_ref.uid, error = %why,
                 "the time slice of a failed share could not be reset; its record stays until an unprepare or the next start resets it");
             return error;
@@ -346,6 +353,7 @@ impl Preparer {
                 name: record.name.clone(),
             };
             self.reset_time_slices(&identity, &record.devices)?;
+            self.stop_mps(&identity, &record.devices)?;
             for d in &record.devices {
                 let Some(intent) = &d.mig else { continue };
                 self.carver_for(&identity, &d.device)?
@@ -404,7 +412,62 @@ impl Preparer {
             }
             self.time_slicer_for(claim_ref, d, share)?
                 .set(&share.gpu_uuid, value(share))
-                .map_err(|source| sharing_error(claim_ref, d, source))?;
+                .map_err(|source| sharing_error(claim_ref, &d.device, source))?;
+        }
+        Ok(())
+    }
+
+    /// For each MPS share of `prepared` whose GPU no other claim's MPS share holds
+    /// in this boot: EXCLUSIVE_PROCESS, then the GPU's control daemon. Called under
+    /// the GPU's lock, with the claim's record (naming the prior mode) saved.
+    fn start_mps(
+        &self,
+        claim_ref: &ClaimIdentity,
+        prepared: &[PreparedGpu],
+    ) -> Result<(), ClaimError> {
+        for (d, share) in mps_shares(prepared) {
+            if self
+                .state
+                .read(|cp| cp.live_mps_share(&share.gpu_uuid, &claim_ref.uid).is_some())
+            {
+                continue;
+            }
+            let mps = self.mps_for(claim_ref, &d.device)?;
+            let err = |e| sharing_error(claim_ref, &d.device, e);
+            mps.set_compute_mode(&share.gpu_uuid, crate::sharing::EXCLUSIVE_PROCESS)
+                .map_err(err)?;
+            #[cfg(feature = "crash-points")]
+            self.crash(CrashPoint::AfterComputeMode)?;
+            mps.start(&share.gpu_device, &share.gpu_uuid).map_err(err)?;
+            #[cfg(feature = "crash-points")]
+            self.crash(CrashPoint::AfterMpsDaemon)?;
+        }
+        Ok(())
+    }
+
+    /// For each MPS share of `devices` whose GPU no other claim's MPS share holds
+    /// in this boot: the daemon quits, then the GPU's compute mode goes back to
+    /// what it was before MPS. Both are idempotent, so a retry redoes them.
+    fn stop_mps(
+        &self,
+        claim_ref: &ClaimIdentity,
+        devices: &[PreparedGpu],
+    ) -> Result<(), ClaimError> {
+        for (d, share) in mps_shares(devices) {
+            if self
+                .state
+                .read(|cp| cp.live_mps_share(&share.gpu_uuid, &claim_ref.uid).is_some())
+            {
+                continue;
+            }
+            let mps = self.mps_for(claim_ref, &d.device)?;
+            let err = |e| sharing_error(claim_ref, &d.device, e);
+            if let Some(pipe) = &share.pipe_dir {
+                mps.stop(std::path::Path::new(pipe)).map_err(err)?;
+            }
+            if let Some(prior) = share.prior_compute_mode {
+                mps.set_compute_mode(&share.gpu_uuid, prior).map_err(err)?;
+            }
         }
         Ok(())
     }
@@ -440,15 +503,27 @@ pub(super) fn time_slices(
     })
 }
 
-fn sharing_error(
+/// The MPS shares among `devices`.
+pub(super) fn mps_shares(
+    devices: &[PreparedGpu],
+) -> impl Iterator<Item = (&PreparedGpu, &ShareIntent)> {
+    devices.iter().filter_map(|d| {
+        d.sharing
+            .as_ref()
+            .filter(|s| s.mode == ShareMode::Mps)
+            .map(|s| (d, s))
+    })
+}
+
+pub(super) fn sharing_error(
     claim_ref: &ClaimIdentity,
-    d: &PreparedGpu,
+    device: &str,
     source: crate::sharing::SharingError,
 ) -> ClaimError {
     ClaimError::Sharing {
         namespace: claim_ref.namespace.clone(),
         name: claim_ref.name.clone(),
-        device: d.device.clone(),
+        device: device.to_owned(),
         source: Box::new(source),
     }
 }

@@ -12,6 +12,10 @@ pub enum CrashPoint {
     AfterStartedRecord,
     /// A share's GPU runs at the node's time slice; no CDI spec yet.
     AfterTimeSlice,
+    /// An MPS share's GPU is in EXCLUSIVE_PROCESS; no daemon yet.
+    AfterComputeMode,
+    /// An MPS share's GPU has its control daemon; no CDI spec yet.
+    AfterMpsDaemon,
     /// A dynamic MIG partition's GPU instance exists, its compute instance not yet.
     AfterGpuInstance,
     /// A dynamic MIG partition's compute instance exists too.
@@ -31,13 +35,16 @@ impl std::str::FromStr for CrashPoint {
         match s {
             "after-started-record" => Ok(Self::AfterStartedRecord),
             "after-time-slice" => Ok(Self::AfterTimeSlice),
+            "after-compute-mode" => Ok(Self::AfterComputeMode),
+            "after-mps-daemon" => Ok(Self::AfterMpsDaemon),
             "after-gpu-instance" => Ok(Self::AfterGpuInstance),
             "after-compute-instance" => Ok(Self::AfterComputeInstance),
             "before-spec" => Ok(Self::BeforeSpec),
             "after-cdi-write" => Ok(Self::AfterCdiWrite),
             "before-answer" => Ok(Self::BeforeAnswer),
             other => Err(format!(
-                "unknown crash point {other:?}: after-started-record, after-time-slice, after-gpu-instance, \
+                "unknown crash point {other:?}: after-started-record, after-time-slice, after-compute-mode, \
+                 after-mps-daemon, after-gpu-instance, \
                  after-compute-instance, before-spec, after-cdi-write, before-answer"
             )),
         }

@@ -150,6 +150,16 @@ pub enum ClaimError {
         why: String,
     },
 
+    #[error(
+        "claim {namespace}/{name}: device {device} is an MPS share, but this plugin has no MPS control \
+         (nvidia-cuda-mps-control in the driver root, and NVML) to run its daemon"
+    )]
+    NoMpsControl {
+        namespace: String,
+        name: String,
+        device: String,
+    },
+
     #[error("recording the claim in the checkpoint: {0}")]
     Checkpoint(#[from] CheckpointError),
 
@@ -192,7 +202,9 @@ impl ClaimError {
             Self::Mig { source, .. } if source.is_conflict() => ClaimErrorKind::MigConflict,
             Self::Mig { .. } | Self::NoCarver { .. } => ClaimErrorKind::Mig,
             Self::NoShareId { .. } => ClaimErrorKind::Unsupported,
-            Self::Sharing { .. } | Self::NoTimeSlicer { .. } => ClaimErrorKind::Sharing,
+            Self::Sharing { .. } | Self::NoTimeSlicer { .. } | Self::NoMpsControl { .. } => {
+                ClaimErrorKind::Sharing
+            }
             Self::Checkpoint(_) => ClaimErrorKind::Checkpoint,
             Self::HandedOver { .. } => ClaimErrorKind::HandedOver,
             Self::StateUnusable { .. } => ClaimErrorKind::StateUnusable,

@@ -46,7 +46,7 @@ pub use recovery::StartupReport;
 use crate::cdi::{self, DeviceNodes, DriverFiles, SpecWriter};
 use crate::checkpoint::{CheckpointError, CheckpointStore, unix_now};
 use crate::dynamic_mig::Carver;
-use crate::sharing::TimeSlicer;
+use crate::sharing::{MpsControl, TimeSlicer};
 use topodra_model::checkpoint::{
     self, Checkpoint, ClaimIdentity, MigIntent, PreparedGpu, ShareIntent, ShareMode,
 };
@@ -81,6 +81,9 @@ pub struct PreparerConfig {
     /// is not Default, and wherever a record names a time slice: without it such
     /// a record cannot be undone and stays until a start with it.
     pub time_slicer: Option<Arc<TimeSlicer>>,
+    /// Sets MPS GPUs' compute mode and runs their control daemons. Needed with
+    /// MPS devices, and wherever a record names an MPS share.
+    pub mps: Option<Arc<MpsControl>>,
 }
 
 impl PreparerConfig {
@@ -108,6 +111,7 @@ pub struct Preparer {
     shared: BTreeMap<String, SharedDevice>,
     carver: Option<Arc<Carver>>,
     time_slicer: Option<Arc<TimeSlicer>>,
+    mps: Option<Arc<MpsControl>>,
     /// The MIG instances the checkpoint held at start (see
     /// [`Preparer::own_mig_instances`]).
     own_mig_instances: BTreeSet<(String, u32, u32)>,
@@ -155,6 +159,7 @@ impl Preparer {
             &config.node_name,
             config.carver.as_deref(),
             config.time_slicer.as_deref(),
+            config.mps.as_deref(),
         )?;
         let preparer = Self::assemble(
             config,
@@ -242,6 +247,7 @@ impl Preparer {
             shared,
             carver: config.carver.clone(),
             time_slicer: config.time_slicer.clone(),
+            mps: config.mps.clone(),
             own_mig_instances,
             writer,
             nodes,
@@ -265,17 +271,65 @@ impl Preparer {
         })
     }
 
-    /// What a prepare of shared device `device` records for this share.
-    fn share_of(&self, device: &str, memory_bytes: Option<u64>) -> Option<ShareIntent> {
-        let d = self.shared.get(device)?;
-        Some(ShareIntent {
+    /// What a prepare of shared device `device` records for claim `uid`'s share,
+    /// with what it consumed. For an MPS share, the GPU's compute mode before MPS
+    /// (the other live shares' record of it, or NVML's answer now, for the first
+    /// share: read before anything changes) and its daemon's pipe directory.
+    /// Called under the GPU's lock.
+    fn share_of(
+        &self,
+        claim_ref: &ClaimIdentity,
+        planned: &plan::PlannedDevice,
+    ) -> Result<Option<ShareIntent>, ClaimError> {
+        let Some(d) = self.shared.get(&planned.device) else {
+            return Ok(None);
+        };
+        let gpu_uuid = d.gpu.uuid.clone().unwrap_or_default();
+        let mut share = ShareIntent {
             mode: match d.mode {
                 SharingMode::TimeSlicing => ShareMode::TimeSlicing,
+                SharingMode::Mps => ShareMode::Mps,
             },
             gpu_device: d.gpu.device_name(),
-            gpu_uuid: d.gpu.uuid.clone().unwrap_or_default(),
+            gpu_uuid,
             timeslice: cdi::timeslice_value(d.interval),
-            memory_bytes,
+            memory_bytes: planned.memory_bytes,
+            compute_percent: None,
+            pipe_dir: None,
+            prior_compute_mode: None,
+        };
+        if share.mode == ShareMode::Mps {
+            let mps = self.mps_for(claim_ref, &planned.device)?;
+            // This claim's own record first: a retry must not read back the mode
+            // its first prepare set.
+            let live = self.state.read(|cp| {
+                let own = cp.get(&claim_ref.uid).and_then(|r| {
+                    r.devices
+                        .iter()
+                        .find(|p| p.device == planned.device)
+                        .and_then(|p| p.sharing.as_ref())
+                });
+                own.or_else(|| cp.live_mps_share(&share.gpu_uuid, &claim_ref.uid))
+                    .and_then(|s| s.prior_compute_mode)
+            });
+            let prior = match live {
+                Some(mode) => mode,
+                None => mps
+                    .compute_mode(&share.gpu_uuid)
+                    .map_err(|e| claim::sharing_error(claim_ref, &planned.device, e))?,
+            };
+            share.compute_percent = planned.compute_percent;
+            share.pipe_dir = Some(mps.dirs(&share.gpu_device).pipe.display().to_string());
+            share.prior_compute_mode = Some(prior);
+        }
+        Ok(Some(share))
+    }
+
+    fn mps_for(&self, claim_ref: &ClaimIdentity, device: &str) -> Result<&MpsControl, ClaimError> {
+        self.mps.as_deref().ok_or_else(|| ClaimError::NoMpsControl {
+            namespace: claim_ref.namespace.clone(),
+            name: claim_ref.name.clone(),
+            device: device.to_owned(),
         })
     }
 

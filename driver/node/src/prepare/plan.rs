@@ -22,6 +22,8 @@ pub(super) struct PlannedDevice {
     pub(super) share_id: Option<String>,
     /// The memory this share's allocation consumed, in bytes (shared devices).
     pub(super) memory_bytes: Option<u64>,
+    /// The percentage of the GPU's SMs this share's allocation consumed (MPS).
+    pub(super) compute_percent: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +49,14 @@ impl Context<'_> {
             (None, Some(s)) => s.gpu.numa_node,
             (None, None) => self.gpus.get(device).and_then(|g| g.gpu.numa_node),
         }
+    }
+}
+
+/// Two shares' amounts of one thing, added with `add`.
+fn sum<T>(a: Option<T>, b: Option<T>, add: impl FnOnce(T, T) -> T) -> Option<T> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(add(a, b)),
+        (a, b) => a.or(b),
     }
 }
 
@@ -130,12 +140,11 @@ pub(super) fn plan(
             });
         }
         let base = base_request(&result.request).to_owned();
-        let memory_bytes = result
-            .consumed_capacity
-            .as_ref()
-            .and_then(|c| c.get("memory"))
+        let consumed = |name: &str| result.consumed_capacity.as_ref().and_then(|c| c.get(name));
+        let memory_bytes = consumed("memory")
             .and_then(|q| q.0.parse::<MemoryQuantity>().ok())
             .map(|m| m.bytes());
+        let compute_percent = consumed("compute").and_then(|q| q.0.parse::<u32>().ok());
         match devices.iter_mut().find(|d| d.device == result.device) {
             Some(d) => {
                 if !d.requests.contains(&base) {
@@ -144,10 +153,9 @@ pub(super) fn plan(
                 // Two requests of one claim may each get a share of one device:
                 // the container gets the device once, with both shares' memory.
                 if d.share_id != result.share_id {
-                    d.memory_bytes = match (d.memory_bytes, memory_bytes) {
-                        (Some(a), Some(b)) => Some(a.saturating_add(b)),
-                        (a, b) => a.or(b),
-                    };
+                    d.memory_bytes = sum(d.memory_bytes, memory_bytes, u64::saturating_add);
+                    d.compute_percent =
+                        sum(d.compute_percent, compute_percent, u32::saturating_add);
                 }
             }
             None => devices.push(PlannedDevice {
@@ -155,6 +163,7 @@ pub(super) fn plan(
                 requests: vec![base],
                 share_id: result.share_id.clone(),
                 memory_bytes,
+                compute_percent,
             }),
         }
     }

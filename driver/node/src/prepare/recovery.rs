@@ -4,7 +4,7 @@
 use crate::cdi::{self, Spec, SpecWriter};
 use crate::checkpoint::{CheckpointStore, Quarantined, unix_now};
 use crate::dynamic_mig::Carver;
-use crate::sharing::TimeSlicer;
+use crate::sharing::{MpsControl, TimeSlicer};
 use topodra_model::checkpoint::{
     self, Checkpoint, ClaimRecord, ClaimState, MigIntent, PreparedGpu,
 };
@@ -52,6 +52,7 @@ pub(super) fn recover(
     pool: &str,
     carver: Option<&Carver>,
     time_slicer: Option<&TimeSlicer>,
+    mps: Option<&MpsControl>,
 ) -> Result<(Checkpoint, StartupReport), RecoveryError> {
     let loaded = store.load(boot_id)?;
     let mut checkpoint = loaded.checkpoint;
@@ -113,6 +114,7 @@ pub(super) fn recover(
         // A MIG instance is found by the placement its record names: whatever
         // steps the crashed prepare got through, nothing else of it is left.
         let undone = reset_time_slices(&checkpoint, &record, time_slicer)
+            .and_then(|()| stop_mps(&checkpoint, &record, mps))
             .and_then(|()| remove_instances(&record, carver));
         if let Err(why) = undone {
             // The record keeps the instance's slices, but leaves the started state:
@@ -167,6 +169,33 @@ fn reset_time_slices(
             .ok_or("no nvidia-smi to reset the time slice of a shared GPU")?
             .set(&share.gpu_uuid, 0)
             .map_err(|e| format!("{}: {e}", d.device))?;
+    }
+    Ok(())
+}
+
+/// Stops the MPS daemons of a record's MPS shares and puts their GPUs' compute
+/// mode back, where no other claim's MPS share holds them in this boot.
+fn stop_mps(
+    checkpoint: &Checkpoint,
+    record: &ClaimRecord,
+    mps: Option<&MpsControl>,
+) -> Result<(), String> {
+    for (d, share) in super::claim::mps_shares(&record.devices) {
+        if checkpoint
+            .live_mps_share(&share.gpu_uuid, &record.uid)
+            .is_some()
+        {
+            continue;
+        }
+        let mps = mps.ok_or("no MPS control to stop the daemon of a shared GPU")?;
+        if let Some(pipe) = &share.pipe_dir {
+            mps.stop(std::path::Path::new(pipe))
+                .map_err(|e| format!("{}: {e}", d.device))?;
+        }
+        if let Some(prior) = share.prior_compute_mode {
+            mps.set_compute_mode(&share.gpu_uuid, prior)
+                .map_err(|e| format!("{}: {e}", d.device))?;
+        }
     }
     Ok(())
 }
@@ -272,8 +301,10 @@ fn share_from_annotations(
     a: &std::collections::BTreeMap<String, String>,
 ) -> Option<topodra_model::checkpoint::ShareIntent> {
     use topodra_model::checkpoint::{ShareIntent, ShareMode};
+    let number = |key: &str| a.get(key).and_then(|v| v.parse::<u32>().ok());
     let mode = match a.get(cdi::ANNOTATION_SHARING)?.as_str() {
         "TimeSlicing" => ShareMode::TimeSlicing,
+        "MPS" => ShareMode::Mps,
         other => {
             tracing::warn!(
                 mode = other,
@@ -293,5 +324,8 @@ fn share_from_annotations(
         memory_bytes: a
             .get(cdi::ANNOTATION_MEMORY_BYTES)
             .and_then(|m| m.parse().ok()),
+        compute_percent: number(cdi::ANNOTATION_COMPUTE_PERCENT),
+        pipe_dir: a.get(cdi::ANNOTATION_MPS_PIPE_DIR).cloned(),
+        prior_compute_mode: number(cdi::ANNOTATION_PRIOR_COMPUTE_MODE),
     })
 }

@@ -77,6 +77,7 @@ impl Node {
             carver: None,
             sharing: Default::default(),
             time_slicer: None,
+            mps: None,
         }
     }
 

@@ -1,8 +1,13 @@
 //! What sharing a GPU changes on the node, and undoes: the time-slice interval
-//! ([`TimeSlicer`]). The scheduler has already decided the mode (it is a device,
+//! ([`TimeSlicer`]), and for MPS the compute mode and the control daemon
+//! ([`MpsControl`]). The scheduler has already decided the mode (it is a device,
 //! see `topodra_model::slice::sharing`); prepare only brings the GPU's settings in
 //! line with it.
 
+mod error;
+mod mps;
 mod timeslice;
 
-pub use timeslice::{SharingError, TimeSlicer};
+pub use error::SharingError;
+pub use mps::{EXCLUSIVE_PROCESS, MpsControl, MpsDirs};
+pub use timeslice::TimeSlicer;

@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::SharingError;
+
 /// Where a driver root keeps `nvidia-smi`: `/usr/bin` in the driver packages and
 /// the GPU Operator's driver container, `/bin` in a root without merged `/usr`.
 const CANDIDATES: &[&str] = &["usr/bin/nvidia-smi", "bin/nvidia-smi"];
@@ -22,31 +24,6 @@ const CANDIDATES: &[&str] = &["usr/bin/nvidia-smi", "bin/nvidia-smi"];
 /// `nvidia-smi` returns in well under a second on a healthy GPU; one that hangs
 /// (a GPU falling off the bus) must not hold a prepare forever.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Why a GPU's sharing setting could not be changed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum SharingError {
-    #[error(
-        "no nvidia-smi in the driver root {root} (looked for usr/bin/nvidia-smi and bin/nvidia-smi): \
-         time-slicing at an interval other than Default needs the driver's tools"
-    )]
-    NoNvidiaSmi { root: PathBuf },
-    #[error("running {program}: {source}")]
-    Spawn {
-        program: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("`{command}` failed ({status}): {output}")]
-    Failed {
-        command: String,
-        status: String,
-        output: String,
-    },
-    #[error("`{command}` did not finish within {timeout:?}; killed")]
-    TimedOut { command: String, timeout: Duration },
-}
 
 /// Sets and resets GPUs' time-slice intervals through the driver root's
 /// `nvidia-smi`.

@@ -510,6 +510,9 @@ fn a_share_says_what_it_got_and_that_memory_is_not_enforced() {
             gpu_uuid: "GPU-x".into(),
             timeslice: 3,
             memory_bytes: Some(20 << 30),
+            compute_percent: None,
+            pipe_dir: None,
+            prior_compute_mode: None,
         },
     ));
     let nodes = TableDeviceNodes::nvidia([2], 509);
@@ -537,4 +540,49 @@ fn a_share_says_what_it_got_and_that_memory_is_not_enforced() {
     assert_eq!(a["topodra.dev/memory-bytes"], "21474836480");
     // The GPU's own node, as for the whole GPU.
     assert_eq!(device.container_edits.device_nodes[0].path, "/dev/nvidia2");
+}
+
+#[test]
+fn an_mps_share_gets_its_daemons_pipe_directory_and_its_limits() {
+    let mut g = gpu(2, 0, "0-3");
+    g.device_name = "gpu-2-mps".into();
+    g.share = Some((
+        "5b1d7c1e-0000-4000-8000-000000000002".into(),
+        topodra_model::checkpoint::ShareIntent {
+            mode: topodra_model::checkpoint::ShareMode::Mps,
+            gpu_device: "gpu-2".into(),
+            gpu_uuid: "GPU-x".into(),
+            timeslice: 0,
+            memory_bytes: Some(10 << 30),
+            compute_percent: Some(30),
+            pipe_dir: Some("/var/lib/kubelet/plugins/gpu.topodra.dev/mps/gpu-2/pipe".into()),
+            prior_compute_mode: Some(0),
+        },
+    ));
+    let nodes = TableDeviceNodes::nvidia([2], 509);
+    let spec = claim_spec(&request(vec![g]), &nodes, &driver()).unwrap();
+    let device = &spec.devices[0];
+    assert_eq!(
+        device.container_edits.env,
+        [
+            "TOPODRA_SHARING=MPS",
+            "TOPODRA_GPU_MEMORY_SHARE=10737418240",
+            "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M",
+            "TOPODRA_GPU_MEMORY_SHARE_ENFORCED=true",
+        ]
+    );
+    let mounts = &device.container_edits.mounts;
+    assert_eq!(mounts.len(), 1);
+    assert_eq!(
+        mounts[0].host_path,
+        "/var/lib/kubelet/plugins/gpu.topodra.dev/mps/gpu-2/pipe"
+    );
+    assert_eq!(mounts[0].container_path, "/tmp/nvidia-mps");
+    let a = &device.annotations;
+    assert_eq!(a["topodra.dev/sharing"], "MPS");
+    assert_eq!(a["topodra.dev/compute-percent"], "30");
+    assert_eq!(a["topodra.dev/prior-compute-mode"], "0");
+    assert!(!a.contains_key("topodra.dev/timeslice"));
 }
