@@ -89,6 +89,23 @@ pub(crate) struct SharingFlags {
         value_parser = clap::value_parser!(u32).range(1..=1024)
     )]
     pub(crate) time_slicing_replicas: u32,
+
+    /// Publish an MPS device (`gpu-<minor>-mps`) per GPU beside its exclusive one:
+    /// claims of the MPS class each get a share of its memory and SMs, enforced
+    /// by the GPU's MPS server. The GPU's first share sets it to EXCLUSIVE_PROCESS
+    /// and starts its control daemon from the driver root; the last one stops it.
+    #[arg(long, env = "TOPODRA_MPS")]
+    pub(crate) mps: bool,
+
+    /// Shares per GPU when MPS claims ask for no amount: such a share takes the
+    /// GPU's memory divided by this (whole GiB) and 100 / this percent of its SMs.
+    #[arg(
+        long,
+        env = "TOPODRA_MPS_REPLICAS",
+        default_value_t = 4,
+        value_parser = clap::value_parser!(u32).range(1..=100)
+    )]
+    pub(crate) mps_replicas: u32,
 }
 
 impl SharingFlags {
@@ -98,6 +115,9 @@ impl SharingFlags {
             time_slicing: self.time_slicing.then_some(slice::TimeSlicing {
                 interval: self.time_slice_interval,
                 replicas: self.time_slicing_replicas,
+            }),
+            mps: self.mps.then_some(slice::Mps {
+                replicas: self.mps_replicas,
             }),
         }
     }

@@ -107,6 +107,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         .map(|nvml| Arc::new(Carver::new(nvml)))
         .context("opening NVML for MIG instances")?;
     let time_slicer = time_slicer(&args, &d.nvml_lib)?;
+    let mps = mps_control(&args, &d.nvml_lib)?;
     if args.dynamic_mig {
         tracing::info!(
             gpus = inventory
@@ -155,6 +156,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         boot_id: &boot_id,
         carver: &carver,
         time_slicer,
+        mps,
         client: &client,
         metrics: &metrics,
         lifecycle: &lifecycle,
@@ -300,6 +302,42 @@ fn time_slicer(
         )),
         Err(e) => {
             tracing::debug!(error = %e, "no nvidia-smi: shared GPUs run at the Default interval only");
+            Ok(None)
+        }
+    }
+}
+
+/// The driver root's MPS control program and an NVML session for compute modes,
+/// keeping the daemons' pipe and log directories under the state directory (on
+/// the host at the same path, so containers can mount them). Needed with `--mps`,
+/// which fails the start without it; elsewhere only for records of an earlier
+/// configuration.
+fn mps_control(
+    args: &ServeArgs,
+    nvml_lib: &std::path::Path,
+) -> Result<Option<Arc<topodra_node::sharing::MpsControl>>> {
+    let root = args
+        .cdi
+        .driver_root_local
+        .as_ref()
+        .unwrap_or(&args.cdi.driver_root);
+    let found = discovery::NvmlSource::new(Some(nvml_lib.to_owned()))
+        .open()
+        .map_err(|e| anyhow::anyhow!("opening NVML for compute modes: {e}"))
+        .and_then(|nvml| {
+            topodra_node::sharing::MpsControl::find(
+                nvml,
+                root,
+                Some(nvml_lib),
+                args.state_dir().join("mps"),
+            )
+            .map_err(anyhow::Error::new)
+        });
+    match found {
+        Ok(m) => Ok(Some(Arc::new(m))),
+        Err(e) if args.sharing.mps => Err(e.context("--mps needs the driver's MPS tools and NVML")),
+        Err(e) => {
+            tracing::debug!(error = %e, "no MPS control: MPS shares cannot be served");
             Ok(None)
         }
     }

@@ -37,6 +37,9 @@ pub(super) struct Setup<'a> {
     /// The driver root's nvidia-smi, for shared GPUs' time slices; `None` where
     /// the root has none (then only the Default interval can be served).
     pub(super) time_slicer: Option<Arc<topodra_node::sharing::TimeSlicer>>,
+    /// Compute modes and MPS control daemons, for MPS shares; `None` where the
+    /// driver root has no MPS control program (then no MPS share can be served).
+    pub(super) mps: Option<Arc<topodra_node::sharing::MpsControl>>,
     pub(super) client: &'a kube::Client,
     pub(super) metrics: &'a Arc<Metrics>,
     pub(super) lifecycle: &'a Lifecycle,
@@ -119,6 +122,7 @@ impl Setup<'_> {
             carver: Some(Arc::clone(self.carver)),
             sharing: self.args.sharing.sharing(),
             time_slicer: self.time_slicer.clone(),
+            mps: self.mps.clone(),
         }
     }
 
