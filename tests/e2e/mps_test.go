@@ -1,0 +1,213 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// mpsTemplate is a claim template for one MPS share with `memory` and `compute`
+// percent of a GPU.
+func mpsTemplate(ns, name, memory string, compute int) string {
+	return fmt.Sprintf(`apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: %s
+  namespace: %s
+spec:
+  spec:
+    devices:
+      requests:
+        - name: gpus
+          exactly:
+            deviceClassName: mps.topodra.dev
+            capacity:
+              requests:
+                memory: %s
+                compute: "%d"
+`, name, ns, memory, compute)
+}
+
+// mpsDaemons lists the MPS control daemons the plugin's state directory names, as
+// "<gpu device> <pid>" for those whose process runs.
+func (e *env) mpsDaemons() []string {
+	e.t.Helper()
+	files, _ := filepath.Glob(filepath.Join(e.kubeletRoot, "plugins", driverName, "mps", "*", "pipe", "nvidia-cuda-mps-control.pid"))
+	var out []string
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || syscall.Kill(pid, 0) != nil {
+			continue
+		}
+		if stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err != nil || strings.Contains(string(stat), ") Z ") {
+			continue
+		}
+		gpu := filepath.Base(filepath.Dir(filepath.Dir(f)))
+		out = append(out, fmt.Sprintf("%s %d", gpu, pid))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// killMPSDaemons kills whatever MPS daemon is left, so none outlives its test.
+func (e *env) killMPSDaemons() {
+	for _, d := range e.mpsDaemons() {
+		if pid, err := strconv.Atoi(strings.Fields(d)[1]); err == nil {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// computeMode is the simulated driver's compute mode of GPU `uuid` (the fake
+// NVML's state file; absent means DEFAULT, 0).
+func (e *env) computeMode(uuid string) int {
+	e.t.Helper()
+	raw, err := os.ReadFile(filepath.Join(e.dir, "sim", "nvml", "nvml-state.yaml"))
+	if os.IsNotExist(err) {
+		return 0
+	}
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var s struct {
+		GPUs map[string]struct {
+			ComputeMode *int `json:"compute_mode"`
+		} `json:"gpus"`
+	}
+	if err := yaml.Unmarshal(raw, &s); err != nil {
+		e.t.Fatal(err)
+	}
+	if g, ok := s.GPUs[uuid]; ok && g.ComputeMode != nil {
+		return *g.ComputeMode
+	}
+	return 0
+}
+
+// TestMPS: an L40S node with the plugin's --mps and the real 1.37.2 scheduler. Pods
+// in two namespaces share one GPU through MPS: the GPU goes into EXCLUSIVE_PROCESS
+// and gets one control daemon from the driver root, each container gets the
+// daemon's pipe directory and its own limits from its allocation, a restart of the
+// plugin leaves the daemon and the pods running, and after the last share the
+// daemon quits and the compute mode is back. A share asking for more SMs than a GPU
+// has left waits with an Event.
+func TestMPS(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOptions{profile: "l40s-pcie", pluginArgs: []string{"--mps"}})
+	t.Cleanup(e.killMPSDaemons)
+	e.waitRegistered(2 * time.Minute)
+	devices := e.waitDevices(16, 2*time.Minute)
+	mps, ok := devices["gpu-0-mps"]
+	if !ok {
+		t.Fatalf("no gpu-0-mps among %d devices", len(devices))
+	}
+	if c, ok := mps.Capacity["compute"]; !ok || c.Value.String() != "100" {
+		t.Errorf("gpu-0-mps compute capacity %+v, want 100 percent", mps.Capacity)
+	}
+
+	ctx := context.Background()
+	var pods []*v1.Pod
+	for i, ns := range []string{"team-a", "team-b"} {
+		e.createNamespace(ns)
+		e.kubectlApply(mpsTemplate(ns, "share", fmt.Sprintf("%dGi", 10*(i+1)), 30+10*i))
+		e.createPod(ns, "share", "share")
+	}
+	var shared []string
+	for i, ns := range []string{"team-a", "team-b"} {
+		pod := e.waitPodRunning(ns, "share", 2*time.Minute)
+		pods = append(pods, pod)
+		_, devs := e.allocation(pod)
+		if len(devs) != 1 || !strings.HasSuffix(devs[0], "-mps") {
+			t.Fatalf("%s/share got %v, want one MPS device", ns, devs)
+		}
+		shared = append(shared, devs[0])
+		env := injectedEnv(t, e, pod)
+		for _, want := range []string{
+			"TOPODRA_SHARING=MPS",
+			"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+			fmt.Sprintf("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=%d", 30+10*i),
+			fmt.Sprintf("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=%dM", 10240*(i+1)),
+		} {
+			if !slices.Contains(env, want) {
+				t.Errorf("%s/share: env %v lacks %s", ns, env, want)
+			}
+		}
+		rec, err := readRecord(e, pod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mounted := false
+		for _, m := range rec.Containers[0].Mounts {
+			if m.Destination == "/tmp/nvidia-mps" && strings.HasSuffix(m.Source, "/mps/"+strings.TrimSuffix(devs[0], "-mps")+"/pipe") {
+				mounted = true
+			}
+		}
+		if !mounted {
+			t.Errorf("%s/share: no mount of its GPU's pipe directory at /tmp/nvidia-mps: %+v", ns, rec.Containers[0].Mounts)
+		}
+	}
+	if shared[0] != shared[1] {
+		t.Errorf("the two shares went to %v, want one GPU", shared)
+	}
+	gpu := strings.TrimSuffix(shared[0], "-mps")
+	uuid := strings.Join(attrValues(devices[gpu], "uuid"), "")
+	daemons := e.mpsDaemons()
+	if len(daemons) != 1 || !strings.HasPrefix(daemons[0], gpu+" ") {
+		t.Fatalf("MPS daemons %v, want one for %s", daemons, gpu)
+	}
+	if got := e.computeMode(uuid); got != 3 {
+		t.Errorf("%s compute mode %d, want EXCLUSIVE_PROCESS (3) while MPS runs", gpu, got)
+	}
+	t.Logf("two namespaces share %s through MPS daemon %s", shared[0], daemons[0])
+
+	// More SMs than the GPU has left (30 + 40 in use): the share waits.
+	e.kubectlApply(mpsTemplate("team-b", "big", "1Gi", 40))
+	e.createPod("team-b", "big", "big")
+	_, bigDevs := e.allocation(e.waitPodRunning("team-b", "big", 2*time.Minute))
+	if bigDevs[0] == shared[0] {
+		t.Errorf("a 40 %% share landed on %s, where 70 %% are taken", shared[0])
+	}
+	e.kubectlApply(mpsTemplate("team-b", "too-big", "1Gi", 101))
+	e.createPod("team-b", "too-big", "too-big")
+	msg := e.waitEvent("team-b", "too-big", "FailedScheduling", regexp.MustCompile(`.`), 2*time.Minute)
+	t.Logf("too-big FailedScheduling: %s", msg)
+
+	// A plugin restart leaves the daemons (and the pods) running.
+	e.plugin.stop(t)
+	if got := e.mpsDaemons(); len(got) != 2 {
+		t.Errorf("after the plugin stopped: daemons %v, want both still running", got)
+	}
+	e.plugin = e.startPlugin(e.pluginKubeconfig)
+	e.waitRegistered(time.Minute)
+
+	for _, p := range append(pods, e.waitPodRunning("team-b", "big", time.Minute)) {
+		if err := e.admin.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		e.waitPodGone(p.Namespace, p.Name, 2*time.Minute)
+	}
+	eventually(t, time.Minute, func() error {
+		if d := e.mpsDaemons(); len(d) != 0 {
+			return fmt.Errorf("daemons still running: %v", d)
+		}
+		if m := e.computeMode(uuid); m != 0 {
+			return fmt.Errorf("%s compute mode %d", gpu, m)
+		}
+		return nil
+	})
+}
