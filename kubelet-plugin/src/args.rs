@@ -106,6 +106,14 @@ pub(crate) struct SharingFlags {
         value_parser = clap::value_parser!(u32).range(1..=100)
     )]
     pub(crate) mps_replicas: u32,
+
+    /// Start MPS control daemons in the host's mount and cgroup namespaces (those
+    /// of PID 1, so the pod needs `hostPID`), in a cgroup of their own where the
+    /// host uses cgroup v2, so they and their clients outlive the plugin's
+    /// container. The driver's MPS tools run by their path on the host
+    /// (--driver-root). Without it a daemon lives in the plugin's namespaces.
+    #[arg(long, env = "TOPODRA_MPS_HOST_NAMESPACES", requires = "mps")]
+    pub(crate) mps_host_namespaces: bool,
 }
 
 impl SharingFlags {

@@ -333,6 +333,16 @@ fn mps_control(
             )
             .map_err(anyhow::Error::new)
         });
+    let found = found.and_then(|m| {
+        if !args.sharing.mps_host_namespaces {
+            return Ok(m);
+        }
+        m.in_host_namespaces(topodra_node::sharing::HostNamespaces {
+            host_root: args.cdi.driver_root.clone(),
+            local_root: root.clone(),
+        })
+        .map_err(anyhow::Error::new)
+    });
     match found {
         Ok(m) => Ok(Some(Arc::new(m))),
         Err(e) if args.sharing.mps => Err(e.context("--mps needs the driver's MPS tools and NVML")),

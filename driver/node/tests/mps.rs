@@ -326,3 +326,38 @@ fn a_daemon_killed_behind_the_plugins_back_does_not_block_unprepare() {
     p.unprepare("u1").unwrap();
     assert_eq!(node.compute_mode(0), 0);
 }
+
+/// With the host's namespaces (the chart's `--mps-host-namespaces`): the daemon
+/// enters PID 1's mount and cgroup namespaces before it runs. Only where this
+/// process may enter them and they are its own (a plain host, not a sandbox whose
+/// PID 1 is someone else's), so the driver root's paths mean the same there.
+#[test]
+fn a_daemon_starts_in_the_hosts_namespaces_where_they_can_be_entered() {
+    let own = |ns: &str| std::fs::read_link(format!("/proc/self/ns/{ns}")).ok();
+    let init = |ns: &str| std::fs::read_link(format!("/proc/1/ns/{ns}")).ok();
+    if ["mnt", "cgroup"]
+        .iter()
+        .any(|ns| init(ns).is_none() || init(ns) != own(ns))
+    {
+        eprintln!(
+            "skipped: PID 1's mount or cgroup namespace is not readable or not this process's"
+        );
+        return;
+    }
+    let node = Node::new();
+    let nvml = Nvml::builder()
+        .lib_path(node.sim.nvml_lib.as_os_str())
+        .init()
+        .unwrap();
+    let mps = MpsControl::find(nvml, &node.sim.driver_root, None, node.mps_dir())
+        .unwrap()
+        .in_host_namespaces(topodra_node::sharing::HostNamespaces {
+            host_root: node.sim.driver_root.clone(),
+            local_root: node.sim.driver_root.clone(),
+        })
+        .unwrap();
+    let dirs = mps.start("gpu-0", &node.uuid(0)).unwrap();
+    assert!(node.daemon_alive("gpu-0"));
+    mps.stop(&dirs.pipe).unwrap();
+    assert!(!node.daemon_alive("gpu-0"));
+}

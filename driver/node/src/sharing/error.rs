@@ -37,6 +37,10 @@ pub enum SharingError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "{path} is not under the driver root {root}, so the host cannot run it by its host path"
+    )]
+    NotUnderRoot { path: PathBuf, root: PathBuf },
     #[error("GPU {gpu}: {mode} is no compute mode (nvml.h numbers them 0 to 3)")]
     BadComputeMode { gpu: String, mode: u32 },
     #[error("GPU {gpu}: {step}: {source}")]

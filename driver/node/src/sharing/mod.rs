@@ -5,9 +5,11 @@
 //! line with it.
 
 mod error;
+mod host;
 mod mps;
 mod timeslice;
 
 pub use error::SharingError;
+pub use host::{DAEMON_CGROUP, HostNamespaces};
 pub use mps::{EXCLUSIVE_PROCESS, MpsControl, MpsDirs};
 pub use timeslice::TimeSlicer;

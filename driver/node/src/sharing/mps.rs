@@ -26,6 +26,7 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::ComputeMode;
 
 use super::SharingError;
+use super::host::HostNamespaces;
 
 /// Where a driver root keeps the MPS control program.
 const CANDIDATES: &[&str] = &[
@@ -62,6 +63,9 @@ pub struct MpsControl {
     /// The plugin's MPS directory: `<dir>/<gpu device>/{pipe,log}`.
     dir: PathBuf,
     timeout: Duration,
+    /// Daemons start in the host's namespaces (the plugin in a container with
+    /// `hostPID`), so they outlive the container.
+    host: Option<HostNamespaces>,
 }
 
 impl std::fmt::Debug for MpsControl {
@@ -96,7 +100,21 @@ impl MpsControl {
             lib_dir: nvml_lib.and_then(Path::parent).map(Path::to_owned),
             dir,
             timeout: DEFAULT_TIMEOUT,
+            host: None,
         })
+    }
+
+    /// The same, starting daemons in the host's namespaces ([`HostNamespaces`]):
+    /// the program and its libraries by their paths on the host.
+    pub fn in_host_namespaces(mut self, host: HostNamespaces) -> Result<Self, SharingError> {
+        if host.host_path(&self.program).is_none() {
+            return Err(SharingError::NotUnderRoot {
+                path: self.program.clone(),
+                root: host.local_root.clone(),
+            });
+        }
+        self.host = Some(host);
+        Ok(self)
     }
 
     /// The directories of GPU `gpu_device`'s daemon.
@@ -149,18 +167,36 @@ impl MpsControl {
                 source,
             })?;
         }
-        let mut cmd = self.command(&dirs.pipe)?;
+        let mut cmd = match &self.host {
+            Some(host) => {
+                let program = host.host_path(&self.program).unwrap_or_default();
+                let lib_dir = self.lib_dir.as_deref().and_then(|l| host.host_path(l));
+                self.command_of(&program, lib_dir.as_deref(), &dirs.pipe)?
+            }
+            None => self.command(&dirs.pipe)?,
+        };
         cmd.arg("-d")
             .env("CUDA_VISIBLE_DEVICES", uuid)
             .env("CUDA_MPS_LOG_DIRECTORY", &dirs.log)
             .stdin(Stdio::null());
-        // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::setsid();
-                Ok(())
-            });
-        }
+        // Held open until the command is spawned: its namespaces are entered by fd.
+        let _namespaces = match &self.host {
+            Some(host) => host.apply(&mut cmd).map_err(|source| SharingError::Spawn {
+                program: self.program.clone(),
+                source,
+            })?,
+            None => {
+                // SAFETY: setsid is async-signal-safe and touches no memory of the
+                // parent.
+                unsafe {
+                    cmd.pre_exec(|| {
+                        libc::setsid();
+                        Ok(())
+                    });
+                }
+                Vec::new()
+            }
+        };
         self.run(cmd, "-d", None)?;
         tracing::info!(gpu = uuid, pipe = %dirs.pipe.display(), "MPS control daemon started");
         Ok(dirs)
@@ -194,7 +230,17 @@ impl MpsControl {
     /// beside it: not a pipe, which a daemon forked off `-d` would hold open (and
     /// a read to its end would wait for the daemon's exit).
     fn command(&self, pipe: &Path) -> Result<Command, SharingError> {
-        let mut cmd = Command::new(&self.program);
+        self.command_of(&self.program, self.lib_dir.as_deref(), pipe)
+    }
+
+    /// [`MpsControl::command`] of `program`, with `lib_dir` on its library path.
+    fn command_of(
+        &self,
+        program: &Path,
+        lib_dir: Option<&Path>,
+        pipe: &Path,
+    ) -> Result<Command, SharingError> {
+        let mut cmd = Command::new(program);
         let out = self.output_path(pipe);
         let file = |p: &Path| {
             std::fs::File::create(p).map_err(|source| SharingError::Dir {
@@ -210,7 +256,7 @@ impl MpsControl {
         cmd.env("CUDA_MPS_PIPE_DIRECTORY", pipe)
             .stdout(stdout)
             .stderr(stderr);
-        if let Some(dir) = &self.lib_dir {
+        if let Some(dir) = lib_dir {
             cmd.env("LD_LIBRARY_PATH", dir);
         }
         Ok(cmd)
