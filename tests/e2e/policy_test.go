@@ -200,11 +200,11 @@ func TestOpaqueConfigPolicy(t *testing.T) {
 	for len(big.Spec.Devices.Config) < 32 {
 		big.Spec.Devices.Config = append(big.Spec.Devices.Config, big.Spec.Devices.Config[1])
 	}
-	// MPS is not implemented yet, so the policy refuses it, but only as its last rule:
+	// MPS in a config is refused (the device decides it), but only as the last rule:
 	// every field of all 32 configs is still checked first, and a refusal naming the
 	// strategy (not a CEL cost error) shows that fits the budget.
 	if _, err := e.admin.ResourceV1().ResourceClaims(ns).Create(ctx, big, dryRun); err == nil ||
-		!strings.Contains(err.Error(), "spec.devices.config[1].opaque.parameters.sharing.strategy: MPS sharing is not implemented yet") {
+		!strings.Contains(err.Error(), "spec.devices.config[1].opaque.parameters.sharing.strategy: MPS is chosen by the device, not the config") {
 		t.Errorf("a claim with 32 configs of 64 per-device limits each: %v, want refused naming config[1]'s strategy", err)
 	}
 	minimal := []byte(`{"apiVersion": "gpu.topodra.dev/v1alpha1", "kind": "GpuConfig"}`)

@@ -343,7 +343,7 @@ mod tests {
                     json!({"strategy": "MPS", "mps": {"defaultActiveThreadPercentage": 25}}),
                 ),
                 "sharing.strategy",
-                "MPS sharing is not implemented yet",
+                "MPS is chosen by the device, not the config",
             ),
             (
                 time_slicing("Long"),

@@ -60,8 +60,8 @@ pub enum ConfigError {
         message: String,
     },
 
-    /// A field decodes, but its setting is not implemented yet by this version of the
-    /// plugin (MPS, a time-slice interval other than Default).
+    /// A field decodes, but a claim cannot set it: MPS is the device the scheduler
+    /// allocates, a time-slice interval other than Default the node's setting.
     #[error("{path}: {message}")]
     NotImplemented {
         /// Dotted path from the top of `parameters`, e.g. `sharing.strategy`.

@@ -16,9 +16,12 @@
 //! `sharing.strategy` is `Exclusive` (default), `TimeSlicing` (with an optional
 //! `timeSlicing: {interval: Default | Short | Medium | Long}`) or `MPS` (with an
 //! optional `mps` block); only the block that matches the strategy may be present.
-//! MPS and an interval other than `Default` decode, so the schema is the one they will
-//! have, but are not implemented yet: converting to `EffectiveConfig` refuses them,
-//! naming the field (and the chart's admission policy refuses them at `kubectl apply`).
+//! MPS and an interval other than `Default` decode, so configs written for this
+//! schema keep their shape, but a claim cannot have them: a GPU's sharing mode is
+//! the device the scheduler allocates (MPS: the class `mps.<domain>`) and its interval
+//! is the node's. Converting to `EffectiveConfig` refuses them, naming the field and
+//! what to do instead (and the chart's admission policy refuses them at `kubectl
+//! apply`).
 //!
 //! Decoding is strict: an unknown field, a wrong type, an unserved apiVersion or kind,
 //! or a value out of range refuses the claim with a message that names the field

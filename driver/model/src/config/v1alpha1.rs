@@ -328,7 +328,7 @@ impl GpuConfig {
     }
 
     /// The normalized form the driver acts on. Refuses, naming the field, what the
-    /// schema accepts but a claim cannot have: MPS, not implemented yet, and a
+    /// schema accepts but a claim cannot have: MPS, which the device decides, and a
     /// time-slice interval other than Default, which is the node's to set (a GPU
     /// runs all its shares at one interval, so claims may not fight over it; they
     /// select it as a device attribute). Refused here, every caller refuses it the
@@ -354,7 +354,7 @@ impl GpuConfig {
             SharingStrategy::Mps => {
                 return Err(ConfigError::NotImplemented {
                     path: "sharing.strategy".into(),
-                    message: "MPS sharing is not implemented yet; use Exclusive or TimeSlicing"
+                    message: "MPS is chosen by the device, not the config: ask for the class mps.topodra.dev, with the memory and compute of the share in capacity.requests"
                         .into(),
                 });
             }
