@@ -408,6 +408,49 @@ async fn a_crash_at_each_time_slice_step_then_a_restart_leaves_the_interval_as_t
     }
 }
 
+/// An MPS share, the process killed after each step of its prepare: the next
+/// start quits the daemon and puts the compute mode back where the crash left
+/// them, the kubelet's retry sets both up again, and the last unprepare undoes
+/// them; no daemon is left running.
+#[cfg_attr(
+    not(feature = "crash-points"),
+    ignore = "needs --features topodra-kubelet-plugin/crash-points"
+)]
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crash_at_each_mps_step_then_a_restart_leaves_no_daemon() {
+    let mps = [("TOPODRA_MPS", "true")];
+    for point in ["after-compute-mode", "after-mps-daemon", "after-cdi-write"] {
+        let node = NodeDirs::profile("l40s-pcie");
+        let (api, kubeconfig) = api_for(&node).await;
+        let mut claim = claim_json("u1", "node-a", &["gpu-4-mps"], None);
+        let result = &mut claim["status"]["allocation"]["devices"]["results"][0];
+        result["shareID"] = "7f1e5d3c-0000-4000-8000-000000000002".into();
+        result["consumedCapacity"] = serde_json::json!({"memory": "4Gi", "compute": "20"});
+        api.put_claim(claim);
+        let uuid = "GPU-5c6d7e8f-9a0b-4c1d-8e2f-3a4b5c6d7e04";
+        let mode = || {
+            topodra_fake_nvml::ffi::mig::state::compute_mode(&node.sim.nvml_state, uuid).unwrap()
+        };
+        let pipe = node.path("plugins").join(DRIVER).join("mps/gpu-4/pipe");
+        let daemon = || topodra_fake_nvml::driver_root::mps_daemon_pid(&pipe).unwrap();
+
+        prepare_until_crash(&node, &kubeconfig, &mps, point).await;
+        assert_eq!(mode(), 3, "{point}: EXCLUSIVE_PROCESS before the crash");
+
+        let mut plugin = Plugin::start(&node, &kubeconfig, &mps);
+        plugin.wait_live(Duration::from_secs(60)).await;
+        let resp = prepare(&node, &["u1"]).await;
+        assert_eq!(resp.claims["u1"].error, "", "{point}");
+        assert_eq!(mode(), 3, "{point}");
+        assert!(daemon().is_some(), "{point}: the daemon runs");
+        let un = unprepare(&node, &["u1"]).await;
+        assert_eq!(un.claims["u1"].error, "");
+        assert_eq!(mode(), 0, "{point}");
+        assert_eq!(daemon(), None, "{point}: the daemon quit");
+        plugin.terminate();
+    }
+}
+
 /// An XID that takes a time-sliced GPU down taints the GPU's exclusive device and
 /// its shared one in the published slice, so no new share lands there, and the
 /// other GPUs' shares stay untainted.
