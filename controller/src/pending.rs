@@ -154,6 +154,7 @@ pub fn demands(
                 unjudged: Vec::new(),
                 cpus: None,
                 mig: Vec::new(),
+                shares: Vec::new(),
             };
             match classes.extended_kind(&resource) {
                 Some(ClassKind::Mig {

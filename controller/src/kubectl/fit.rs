@@ -40,6 +40,7 @@ pub(crate) fn demand(count: u32, align: Option<Level>) -> Demand {
         unjudged: Vec::new(),
         cpus: None,
         mig: Vec::new(),
+        shares: Vec::new(),
     }
 }
 

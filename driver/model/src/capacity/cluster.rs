@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::api::resource::v1::{DeviceTaintRule, ResourceClaim, ResourceSlice};
 
+use super::consumable;
 use super::device::{self, Counters, DeviceRecord, SliceDevices};
 use super::problems::{Finding, PoolProblem};
 use super::summary::{Counts, NodeSummary, State};
@@ -27,6 +28,25 @@ impl ClaimKey {
             name: claim.metadata.name.clone().unwrap_or_default(),
         }
     }
+}
+
+/// One device a claim's allocation holds, and what the result says it consumes of
+/// the device's capacities (a share of a shared device: `consumedCapacity`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Held {
+    pool: String,
+    device: String,
+    /// By capacity name without the driver's domain. A value the model cannot read
+    /// counts as all there is: the device is not promised to anyone else.
+    consumed: BTreeMap<String, u64>,
+}
+
+/// The claims holding one device: how many allocation results name it, and the
+/// capacities they consume together (summed wide, so no number of shares wraps).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct Holders {
+    pub(super) results: u32,
+    pub(super) consumed: BTreeMap<String, u128>,
 }
 
 /// What the model keeps of a slice until its pool is complete.
@@ -85,10 +105,10 @@ pub struct Cluster {
     /// Slice names by pool, to find a pool's slices without a scan.
     pool_slices: HashMap<String, BTreeSet<String>>,
     pools: BTreeMap<String, PoolView>,
-    claims: HashMap<ClaimKey, Vec<(String, String)>>,
-    /// (pool, device) → number of claims that hold it (more than one only for
-    /// devices that allow multiple allocations, or in a transient inconsistency).
-    allocated: HashMap<(String, String), u32>,
+    claims: HashMap<ClaimKey, Vec<Held>>,
+    /// (pool, device) → the claims that hold it (more than one only for devices
+    /// that allow multiple allocations, or in a transient inconsistency).
+    allocated: HashMap<(String, String), Holders>,
     rules: HashMap<String, RuleSelector>,
     summaries: BTreeMap<String, NodeSummary>,
     /// Complete pools left out, and why.
@@ -190,7 +210,8 @@ impl Cluster {
     /// what the model had for it.
     pub fn apply_claim(&mut self, claim: &ResourceClaim) -> BTreeSet<String> {
         let key = ClaimKey::of(claim);
-        let results: Vec<(String, String)> = claim
+        let driver = self.driver.as_str();
+        let results: Vec<Held> = claim
             .status
             .as_ref()
             .and_then(|s| s.allocation.as_ref())
@@ -199,25 +220,44 @@ impl Cluster {
                 d.results
                     .iter()
                     .flatten()
-                    .filter(|r| r.driver == self.driver)
-                    .map(|r| (r.pool.clone(), r.device.clone()))
+                    .filter(|r| r.driver == driver)
+                    .map(|r| Held {
+                        pool: r.pool.clone(),
+                        device: r.device.clone(),
+                        consumed: r
+                            .consumed_capacity
+                            .iter()
+                            .flatten()
+                            .map(|(name, q)| {
+                                let v = consumable::amount(q).unwrap_or(u64::MAX);
+                                (consumable::local_name(name, driver).to_owned(), v)
+                            })
+                            .collect(),
+                    })
                     .collect()
             })
             .unwrap_or_default();
-        let mut pools: BTreeSet<String> = results.iter().map(|(p, _)| p.clone()).collect();
+        let mut pools: BTreeSet<String> = results.iter().map(|h| h.pool.clone()).collect();
         if let Some(old) = self.claims.remove(&key) {
             if old == results {
                 self.claims.insert(key, old);
                 return BTreeSet::new();
             }
-            for (pool, dev) in old {
-                self.release(&pool, &dev);
-                pools.insert(pool);
+            for h in &old {
+                self.release(h);
+                pools.insert(h.pool.clone());
             }
         }
-        for r in &results {
-            let n = self.allocated.entry(r.clone()).or_default();
-            *n = n.saturating_add(1);
+        for h in &results {
+            let holders = self
+                .allocated
+                .entry((h.pool.clone(), h.device.clone()))
+                .or_default();
+            holders.results = holders.results.saturating_add(1);
+            for (name, v) in &h.consumed {
+                let sum = holders.consumed.entry(name.clone()).or_default();
+                *sum = sum.saturating_add(u128::from(*v));
+            }
         }
         if !results.is_empty() {
             self.claims.insert(key, results);
@@ -230,9 +270,9 @@ impl Cluster {
             return BTreeSet::new();
         };
         let mut pools = BTreeSet::new();
-        for (pool, dev) in old {
-            self.release(&pool, &dev);
-            pools.insert(pool);
+        for h in &old {
+            self.release(h);
+            pools.insert(h.pool.clone());
         }
         self.resummarize(pools)
     }

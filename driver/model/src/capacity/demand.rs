@@ -1,8 +1,12 @@
 //! What a claim asks of our GPUs, in the terms the model can judge.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::resource::v1::ResourceClaimSpec;
 
 use super::Level;
+use super::consumable::{amount, amount_text, local_name};
+use super::device::SHARING;
 use super::mixed::CpuDemand;
 
 /// The part of a claim that the model can check against free GPUs: how many of our
@@ -23,6 +27,9 @@ pub struct Demand {
     /// MIG devices by profile, from requests of a MIG class whose profile the class
     /// or the request's selectors name.
     pub mig: Vec<MigWant>,
+    /// Shares of shared GPUs, from requests of a class of shared devices (the
+    /// time-sliced class), each with the capacities it asks for.
+    pub shares: Vec<ShareWant>,
 }
 
 /// Some MIG devices of one profile.
@@ -32,9 +39,63 @@ pub struct MigWant {
     pub count: u32,
 }
 
+/// Some shares of shared GPUs, all alike: of one mode, each asking for the same
+/// capacities. `count` shares are judged as shares of that size, several of which
+/// may go to one GPU.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ShareWant {
+    /// The mode (the devices' `sharing` attribute) the class or a selector names;
+    /// `None`: any shared device.
+    pub sharing: Option<String>,
+    pub count: u32,
+    /// Each share's request by capacity name, without the driver's domain
+    /// (`memory`: bytes). A capacity not named here takes the device's default
+    /// (its request policy's `default`, read from the slice).
+    pub capacity: BTreeMap<String, u64>,
+}
+
+impl ShareWant {
+    /// "1 time-sliced share (20Gi memory)", "2 MPS shares (10Gi memory, 30 compute
+    /// each)", "1 time-sliced share (of the default size)".
+    pub fn describe(&self) -> String {
+        let s = if self.count == 1 { "" } else { "s" };
+        let size = if self.capacity.is_empty() {
+            "of the default size".to_owned()
+        } else {
+            let each = if self.count == 1 { "" } else { " each" };
+            format!("{}{each}", self.sizes().join(", "))
+        };
+        format!(
+            "{} {} share{s} ({size})",
+            self.count,
+            mode_words(self.sharing.as_deref())
+        )
+    }
+
+    /// Each capacity asked for as people read it, memory first: `20Gi memory`,
+    /// `30 compute`.
+    pub fn sizes(&self) -> Vec<String> {
+        let mut named: Vec<(&String, &u64)> = self.capacity.iter().collect();
+        named.sort_by_key(|(n, _)| (n.as_str() != "memory", n.as_str()));
+        named
+            .into_iter()
+            .map(|(name, v)| format!("{} {name}", amount_text(name, *v)))
+            .collect()
+    }
+}
+
+/// A sharing mode as a message says it: `time-sliced`, `MPS`; `shared` for any.
+pub fn mode_words(sharing: Option<&str>) -> String {
+    match sharing {
+        None | Some("") => "shared".to_owned(),
+        Some("TimeSlicing") => "time-sliced".to_owned(),
+        Some(other) => other.to_owned(),
+    }
+}
+
 /// What a device class of ours hands out, as far as its CEL selectors say it in the
 /// forms our chart writes (`device.attributes["<driver>"].type == "gpu"`,
-/// `... .profile == "1g.10gb"`).
+/// `... .profile == "1g.10gb"`, `... .sharing == "TimeSlicing"`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum ClassKind {
     /// Any device of the driver (no type selector the model reads).
@@ -44,12 +105,15 @@ pub enum ClassKind {
     Gpus,
     /// MIG devices, of one profile when a selector names it.
     Mig { profile: Option<String> },
+    /// Shares of shared devices (`type == "shared"`), of one mode when a selector
+    /// names it (`sharing == "TimeSlicing"`).
+    Shared { sharing: Option<String> },
 }
 
 impl ClassKind {
     /// The kind the selector expressions `exprs` pick out of our driver's devices,
     /// and whether every one of them was read in full (a conjunction of the driver,
-    /// type and profile comparisons and nothing else).
+    /// type, profile and sharing comparisons and nothing else).
     pub fn of_selectors<'a>(
         exprs: impl IntoIterator<Item = &'a str>,
         driver: &str,
@@ -68,6 +132,8 @@ impl ClassKind {
                         ("gpu", _) => ClassKind::Gpus,
                         ("mig", ClassKind::Mig { profile }) => ClassKind::Mig { profile },
                         ("mig", _) => ClassKind::Mig { profile: None },
+                        ("shared", ClassKind::Shared { sharing }) => ClassKind::Shared { sharing },
+                        ("shared", _) => ClassKind::Shared { sharing: None },
                         (_, k) => {
                             understood = false;
                             k
@@ -76,6 +142,10 @@ impl ClassKind {
                 } else if let Some(v) = equals(t, driver, "profile") {
                     kind = ClassKind::Mig {
                         profile: Some(v.to_owned()),
+                    };
+                } else if let Some(v) = equals(t, driver, SHARING) {
+                    kind = ClassKind::Shared {
+                        sharing: Some(v.to_owned()),
                     };
                 } else if t != format!("device.driver==\"{driver}\"") {
                     understood = false;
@@ -91,6 +161,11 @@ impl ClassKind {
             (ClassKind::Mig { profile: Some(p) }, ClassKind::Mig { profile: None }) => {
                 ClassKind::Mig {
                     profile: Some(p.clone()),
+                }
+            }
+            (ClassKind::Shared { sharing: Some(m) }, ClassKind::Shared { sharing: None }) => {
+                ClassKind::Shared {
+                    sharing: Some(m.clone()),
                 }
             }
             (k, ClassKind::Any) => k.clone(),
@@ -136,7 +211,8 @@ impl Demand {
 
     /// [`Self::of_claim_with_aliases`] with what each class of ours hands out: a
     /// request for MIG devices of a known profile is counted in [`Self::mig`], one
-    /// for whole GPUs (or any device) in [`Self::count`].
+    /// for shares of shared devices in [`Self::shares`] with the capacities it
+    /// asks for, one for whole GPUs (or any device) in [`Self::count`].
     pub fn of_claim_classified(
         spec: &ResourceClaimSpec,
         driver: &str,
@@ -151,6 +227,7 @@ impl Demand {
             unjudged: Vec::new(),
             cpus: None,
             mig: Vec::new(),
+            shares: Vec::new(),
         };
         let of =
             |class: &str,
@@ -169,8 +246,10 @@ impl Demand {
             };
         for req in devices.requests.as_deref().unwrap_or_default() {
             let wanted = if let Some(e) = &req.exactly {
-                of(&e.device_class_name, e.selectors.as_ref())
-                    .map(|(kind, opaque)| (e.allocation_mode.as_deref(), e.count, kind, opaque))
+                of(&e.device_class_name, e.selectors.as_ref()).map(|(kind, opaque)| {
+                    let mode = e.allocation_mode.as_deref();
+                    (mode, e.count, kind, opaque, e.capacity.as_ref())
+                })
             } else {
                 req.first_available
                     .as_deref()
@@ -178,12 +257,13 @@ impl Demand {
                     .iter()
                     .filter_map(|s| {
                         of(&s.device_class_name, s.selectors.as_ref()).map(|(kind, opaque)| {
-                            (s.allocation_mode.as_deref(), s.count, kind, opaque)
+                            let mode = s.allocation_mode.as_deref();
+                            (mode, s.count, kind, opaque, s.capacity.as_ref())
                         })
                     })
-                    .min_by_key(|(_, count, _, _)| count.unwrap_or(1))
+                    .min_by_key(|(_, count, _, _, _)| count.unwrap_or(1))
             };
-            let Some((mode, count, kind, opaque)) = wanted else {
+            let Some((mode, count, kind, opaque, capacity)) = wanted else {
                 continue;
             };
             if mode == Some("All") {
@@ -212,6 +292,32 @@ impl Demand {
                         req.name
                     ));
                     continue;
+                }
+                ClassKind::Shared { sharing } => {
+                    let mut want = ShareWant {
+                        sharing,
+                        count,
+                        capacity: BTreeMap::new(),
+                    };
+                    let requested = capacity.and_then(|c| c.requests.as_ref());
+                    for (name, q) in requested.into_iter().flatten() {
+                        match amount(q) {
+                            Some(v) => {
+                                want.capacity.insert(local_name(name, driver).to_owned(), v);
+                            }
+                            None => demand
+                                .unjudged
+                                .push(format!("capacity {name} of request {} ({})", req.name, q.0)),
+                        }
+                    }
+                    match demand
+                        .shares
+                        .iter_mut()
+                        .find(|w| w.sharing == want.sharing && w.capacity == want.capacity)
+                    {
+                        Some(w) => w.count = w.count.saturating_add(count),
+                        None => demand.shares.push(want),
+                    }
                 }
                 ClassKind::Gpus | ClassKind::Any => {
                     demand.count = demand.count.saturating_add(count);
@@ -262,8 +368,32 @@ impl Demand {
         }
     }
 
+    /// "1 time-sliced share (20Gi memory) on one NUMA node": the shares of the
+    /// demand.
+    pub fn describe_shares(&self) -> String {
+        let what = self
+            .shares
+            .iter()
+            .map(ShareWant::describe)
+            .collect::<Vec<_>>()
+            .join(" and ");
+        match self.level {
+            Some(l) => format!("{what} on {}", l.one()),
+            None => what,
+        }
+    }
+
+    /// Whether the demand is shares of shared GPUs and nothing the model judges
+    /// besides: no whole GPUs, no MIG devices.
+    pub fn shares_only(&self) -> bool {
+        self.count == 0 && self.mig.is_empty() && !self.shares.is_empty()
+    }
+
     /// "4 GPUs on one NUMA node", "1 GPU", "4 GPUs and 32 CPUs on one NUMA node".
     pub fn describe(&self) -> String {
+        if self.shares_only() {
+            return self.describe_shares();
+        }
         if self.count == 0 && !self.mig.is_empty() {
             return self.describe_mig();
         }

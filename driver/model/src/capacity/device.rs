@@ -6,20 +6,40 @@ use k8s_openapi::api::resource::v1::{CounterSet, Device, DeviceAttribute, Device
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::Level;
+use super::consumable::{self, Capacity};
 use super::values::{self, InvalidValue};
 use crate::slice::attributes::{PARENT_UUID, PROFILE, TYPE, TYPE_GPU, TYPE_MIG, UUID};
+
+/// The `type` of a shared device and the attribute naming its mode, as the slice
+/// builder writes them (`slice::sharing`, private to the slice module; the tests
+/// here read slices that builder made, so the two cannot drift apart unseen).
+pub(crate) const TYPE_SHARED: &str = "shared";
+pub(crate) const SHARING: &str = "sharing";
 
 /// Counter values by counter set, then counter: what a pool's shared counters hold,
 /// or what one device consumes from them (KEP-4815 partitionable devices).
 pub(crate) type Counters = BTreeMap<String, BTreeMap<String, u128>>;
 
 /// Whole GPUs are what the figures count; MIG devices are counted apart, since one
-/// is a slice of a GPU and never part of an aligned set of GPUs.
+/// is a slice of a GPU and never part of an aligned set of GPUs; shared devices
+/// (a GPU offered to many claims at once) have figures of their own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum DeviceKind {
     Gpu,
     Mig,
+    Shared,
     Other,
+}
+
+/// What a shared device offers its shares.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ShareOffer {
+    /// How it is shared: the `sharing` attribute (`TimeSlicing`, `MPS`); empty when
+    /// the device does not say.
+    pub(crate) mode: String,
+    /// Its consumable capacities (`memory`, `compute`), by name without the
+    /// driver's domain.
+    pub(crate) capacities: BTreeMap<String, Capacity>,
 }
 
 /// One device of a slice, reduced to what placement depends on.
@@ -40,6 +60,8 @@ pub(crate) struct DeviceRecord {
     /// The shared counters the device consumes; empty for a device that consumes
     /// none. A counter value that is not a whole number is left out.
     pub(crate) consumes: Counters,
+    /// A shared device's mode and capacities; `None` for any other device.
+    pub(crate) share: Option<ShareOffer>,
 }
 
 impl DeviceRecord {
@@ -56,6 +78,7 @@ impl DeviceRecord {
         let kind = match get(TYPE).and_then(|a| a.string.as_deref()) {
             Some(TYPE_GPU) => DeviceKind::Gpu,
             Some(TYPE_MIG) => DeviceKind::Mig,
+            Some(TYPE_SHARED) => DeviceKind::Shared,
             _ => DeviceKind::Other,
         };
         let mut invalid = Vec::new();
@@ -91,6 +114,10 @@ impl DeviceRecord {
             profile: (kind == DeviceKind::Mig).then(|| text(PROFILE)).flatten(),
             gpu_uuid,
             consumes,
+            share: (kind == DeviceKind::Shared).then(|| ShareOffer {
+                mode: text(SHARING).unwrap_or_default(),
+                capacities: consumable::capacities(dev.capacity.as_ref(), driver),
+            }),
         };
         (record, invalid)
     }

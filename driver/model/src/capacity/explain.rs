@@ -1,5 +1,7 @@
 //! Why a claim cannot be allocated, in topology terms.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use super::{Cluster, Demand, NodeSummary};
@@ -15,6 +17,10 @@ pub struct Candidate {
     /// Free CPUs of the CPU driver in the group, for a demand that couples them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub free_cpus: Option<u64>,
+    /// For shares of shared GPUs (`free` then counts the shares the place can
+    /// take): the most left of each capacity on one GPU there, by capacity name.
+    #[serde(rename = "largestFree", skip_serializing_if = "Option::is_none")]
+    pub largest_free: Option<BTreeMap<String, u64>>,
 }
 
 impl Candidate {
@@ -65,6 +71,9 @@ pub struct Explanation {
 const NAMED: usize = 3;
 
 pub fn explain(cluster: &Cluster, demand: &Demand) -> Explanation {
+    if demand.shares_only() {
+        return super::shares::explain_shares(cluster, demand);
+    }
     if demand.count == 0 && !demand.mig.is_empty() {
         return super::mig::explain_mig(cluster, demand);
     }
@@ -75,12 +84,14 @@ pub fn explain(cluster: &Cluster, demand: &Demand) -> Explanation {
             group: Some(l.group_name(&g.key)),
             free: g.counts.free,
             free_cpus: None,
+            largest_free: None,
         }),
         None => (s.gpus.free > 0).then(|| Candidate {
             node: s.node.clone(),
             group: None,
             free: s.gpus.free,
             free_cpus: None,
+            largest_free: None,
         }),
     };
     let mut all: Vec<Candidate> = cluster.nodes().filter_map(candidate).collect();
@@ -162,6 +173,14 @@ pub(super) fn push_caveats(message: &mut String, cluster: &Cluster, demand: &Dem
     let mut unjudged = demand.unjudged.clone();
     if demand.count > 0 && !demand.mig.is_empty() {
         unjudged.push(format!("{} beside the GPUs", demand.describe_mig()));
+    }
+    if !demand.shares.is_empty() && !demand.shares_only() {
+        let beside = if demand.count > 0 {
+            "the GPUs"
+        } else {
+            "the MIG devices"
+        };
+        unjudged.push(format!("{} beside {beside}", demand.describe_shares()));
     }
     if !unjudged.is_empty() {
         message.push_str(&format!(" (not checked: {})", unjudged.join(", ")));

@@ -110,6 +110,7 @@ fn candidates(s: &NodeSummary, demand: &Demand, numa: bool) -> Vec<Candidate> {
                 group: None,
                 free,
                 free_cpus: None,
+                largest_free: None,
             })
             .into_iter()
             .collect();
@@ -122,6 +123,7 @@ fn candidates(s: &NodeSummary, demand: &Demand, numa: bool) -> Vec<Candidate> {
                 group: Some(Level::NumaNode.group_name(g.numa_node.as_deref()?)),
                 free: g.available,
                 free_cpus: None,
+                largest_free: None,
             })
         })
         .collect()

@@ -145,6 +145,7 @@ fn candidates(
                     group: Some(Level::NumaNode.group_name(&id.to_string())),
                     free: free_gpus,
                     free_cpus: Some(counts.free()),
+                    largest_free: None,
                 },
                 cpus.fits(&counts),
             ));

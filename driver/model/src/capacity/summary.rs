@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::Level;
 use super::device::{DeviceKind, DeviceRecord};
+use super::shared::SharedGroup;
 
 /// GPUs by state. Every GPU is in exactly one of allocated, unhealthy, blocked and
 /// free, so `total = allocated + unhealthy + blocked + free`; an allocated GPU that is
@@ -24,6 +25,10 @@ pub struct Counts {
     /// with dynamic MIG; left out of JSON when zero.
     #[serde(skip_serializing_if = "is_zero")]
     pub blocked: u32,
+    /// Of `blocked`, GPUs blocked by shares: one of their shared devices (time-sliced,
+    /// MPS) holds shares, so the GPU is no claim's whole. Left out of JSON when zero.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub shared: u32,
     pub free: u32,
 }
 
@@ -41,9 +46,18 @@ impl Counts {
             State::Allocated => &mut self.allocated,
             State::Unhealthy => &mut self.unhealthy,
             State::Blocked => &mut self.blocked,
+            State::Shared => {
+                self.shared = self.shared.saturating_add(1);
+                &mut self.blocked
+            }
             State::Free => &mut self.free,
         };
         *n = n.saturating_add(1);
+    }
+
+    /// Blocked GPUs that shares do not hold: carved into partitions (dynamic MIG).
+    pub fn carved(&self) -> u32 {
+        self.blocked.saturating_sub(self.shared)
     }
 
     pub(super) fn merge(&mut self, other: &Counts) {
@@ -51,6 +65,7 @@ impl Counts {
         self.allocated = self.allocated.saturating_add(other.allocated);
         self.unhealthy = self.unhealthy.saturating_add(other.unhealthy);
         self.blocked = self.blocked.saturating_add(other.blocked);
+        self.shared = self.shared.saturating_add(other.shared);
         self.free = self.free.saturating_add(other.free);
     }
 }
@@ -60,6 +75,9 @@ pub(super) enum State {
     Allocated,
     Unhealthy,
     Blocked,
+    /// A whole GPU blocked by the shares one of its shared devices holds: counted
+    /// as blocked, and apart as shared.
+    Shared,
     Free,
 }
 
@@ -114,9 +132,13 @@ pub struct NodeSummary {
     /// node without MIG devices.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub profiles: Vec<ProfileGroup>,
-    /// Each whole GPU's state by UUID, for the per-profile figures.
+    /// Shared GPUs by sharing mode and NUMA node (mode, then NUMA node in key order);
+    /// empty on a node without shared devices.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shared: Vec<SharedGroup>,
+    /// Each whole GPU's state by UUID, for the per-profile and per-mode figures.
     #[serde(skip)]
-    gpu_states: BTreeMap<String, State>,
+    pub(super) gpu_states: BTreeMap<String, State>,
 }
 
 impl NodeSummary {
@@ -140,7 +162,7 @@ impl NodeSummary {
                     mig_devices.add(state);
                     continue;
                 }
-                DeviceKind::Other => continue,
+                DeviceKind::Shared | DeviceKind::Other => continue,
             }
             for level in Level::ALL {
                 if let Some(key) = dev.group(level) {
@@ -173,6 +195,7 @@ impl NodeSummary {
             levels,
             numa_nodes: None,
             profiles: Vec::new(),
+            shared: Vec::new(),
             gpu_states,
         }
     }
@@ -294,11 +317,11 @@ impl NodeSummary {
 pub(super) struct GroupKey {
     textual: bool,
     number: Option<i64>,
-    text: String,
+    pub(super) text: String,
 }
 
 impl GroupKey {
-    fn new(key: &str) -> Self {
+    pub(super) fn new(key: &str) -> Self {
         let number = key.parse().ok();
         Self {
             textual: number.is_none(),

@@ -104,6 +104,7 @@ fn a_dgx_h100_has_two_numa_nodes_of_four() {
             allocated: 0,
             unhealthy: 0,
             blocked: 0,
+            shared: 0,
             free: 8
         }
     );
@@ -364,6 +365,7 @@ fn a_claim_that_fits_says_where() {
             group: Some("NUMA 1".into()),
             free: 4,
             free_cpus: None,
+            largest_free: None,
         }
     );
     assert!(

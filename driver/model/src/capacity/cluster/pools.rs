@@ -4,14 +4,22 @@
 
 use std::collections::BTreeSet;
 
+use super::super::device::DeviceKind;
+use super::super::shared::ShareFacts;
 use super::*;
 
 impl Cluster {
-    pub(super) fn release(&mut self, pool: &str, dev: &str) {
-        let key = (pool.to_owned(), dev.to_owned());
-        if let Some(n) = self.allocated.get_mut(&key) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
+    /// Takes one allocation result off its device's holders.
+    pub(super) fn release(&mut self, held: &Held) {
+        let key = (held.pool.clone(), held.device.clone());
+        if let Some(h) = self.allocated.get_mut(&key) {
+            h.results = h.results.saturating_sub(1);
+            for (name, v) in &held.consumed {
+                if let Some(sum) = h.consumed.get_mut(name) {
+                    *sum = sum.saturating_sub(u128::from(*v));
+                }
+            }
+            if h.results == 0 {
                 self.allocated.remove(&key);
             }
         }
@@ -112,23 +120,33 @@ impl Cluster {
 
     /// Recomputes one node's summary from all its pools; true when it changed.
     pub(super) fn summarize(&mut self, node: &str) -> bool {
-        // Per pool: each device with its state, and the counters left.
-        let pools: Vec<(Vec<(&DeviceRecord, State)>, Counters)> = self
+        let pools: Vec<PoolStates<'_>> = self
             .pools
             .iter()
             .filter(|(_, v)| v.node == node)
             .map(|(pool, v)| {
-                let left = self.counters_left(pool, v);
+                let (left, shared) = self.counters_left(pool, v);
                 let states = v
                     .devices
                     .values()
-                    .map(|d| (d, self.state(pool, d, &left)))
+                    .map(|d| (d, self.state(pool, d, &left, &shared)))
                     .collect();
-                (states, left)
+                PoolStates { pool, states, left }
             })
             .collect();
         let partitions = partitions(&pools);
-        let devices = pools.iter().flat_map(|(states, _)| states.iter().copied());
+        let shared = pools.iter().flat_map(|p| {
+            p.states
+                .iter()
+                .filter(|(d, _)| d.kind == DeviceKind::Shared)
+                .map(|(d, state)| ShareFacts {
+                    device: d,
+                    state: *state,
+                    tainted: self.is_tainted(p.pool, d),
+                    holders: self.allocated.get(&(p.pool.to_owned(), d.name.clone())),
+                })
+        });
+        let devices = pools.iter().flat_map(|p| p.states.iter().copied());
         let numa_nodes = union(
             self.pools
                 .values()
@@ -137,7 +155,8 @@ impl Cluster {
         );
         let summary = NodeSummary::build(node, devices)
             .with_numa_nodes(numa_nodes)
-            .with_partitions(partitions);
+            .with_partitions(partitions)
+            .with_shared(shared);
         if self.summaries.get(node) == Some(&summary) {
             return false;
         }
@@ -146,14 +165,27 @@ impl Cluster {
     }
 
     /// A device's state, `left` being its pool's counters that allocated devices
-    /// have not consumed.
-    pub(super) fn state(&self, pool: &str, dev: &DeviceRecord, left: &Counters) -> State {
+    /// have not consumed, and `shared` the counter sets that allocated shared
+    /// devices consume (a GPU blocked by them is held by shares, not carved).
+    pub(super) fn state(
+        &self,
+        pool: &str,
+        dev: &DeviceRecord,
+        left: &Counters,
+        shared: &BTreeSet<&str>,
+    ) -> State {
         if self.is_allocated(pool, dev) {
             State::Allocated
         } else if self.is_tainted(pool, dev) {
             State::Unhealthy
         } else if !dev.fits(left) {
-            State::Blocked
+            let by_shares = dev.kind == DeviceKind::Gpu
+                && dev.consumes.keys().any(|set| shared.contains(set.as_str()));
+            if by_shares {
+                State::Shared
+            } else {
+                State::Blocked
+            }
         } else {
             State::Free
         }
@@ -172,15 +204,21 @@ impl Cluster {
                 .any(|r| r.matches(&self.driver, pool, &dev.name))
     }
 
-    /// The pool's shared counters less what its allocated devices consume.
-    fn counters_left(&self, pool: &str, view: &PoolView) -> Counters {
+    /// The pool's shared counters less what its allocated devices consume, and the
+    /// counter sets allocated shared devices consume. A shared device is charged its
+    /// counters once however many shares it holds, as the scheduler charges it.
+    fn counters_left<'a>(&self, pool: &str, view: &'a PoolView) -> (Counters, BTreeSet<&'a str>) {
         let mut left = view.counters.clone();
+        let mut shared = BTreeSet::new();
         for d in view.devices.values() {
             if !d.consumes.is_empty() && self.is_allocated(pool, d) {
                 device::take(&mut left, &d.consumes);
+                if d.kind == DeviceKind::Shared {
+                    shared.extend(d.consumes.keys().map(String::as_str));
+                }
             }
         }
-        left
+        (left, shared)
     }
 }
 
@@ -191,9 +229,9 @@ impl Cluster {
 /// profile are of one size and aligned to it, so two overlap only where they are
 /// the same span, and any order takes as many). `pools`: each pool's devices with
 /// their states, and its counters left.
-fn partitions(pools: &[(Vec<(&DeviceRecord, State)>, Counters)]) -> Vec<PartitionFacts> {
+fn partitions(pools: &[PoolStates<'_>]) -> Vec<PartitionFacts> {
     let mut out = Vec::new();
-    for (states, left) in pools {
+    for PoolStates { states, left, .. } in pools {
         // One profile at a time, each starting from what the allocations left.
         let mut by_profile: BTreeMap<&str, Vec<(&DeviceRecord, State)>> = BTreeMap::new();
         for (d, state) in states {
@@ -221,6 +259,14 @@ fn partitions(pools: &[(Vec<(&DeviceRecord, State)>, Counters)]) -> Vec<Partitio
         }
     }
     out
+}
+
+/// One pool of a node in the summary's pass: each device with its state, and the
+/// counters its allocated devices left.
+struct PoolStates<'a> {
+    pool: &'a str,
+    states: Vec<(&'a DeviceRecord, State)>,
+    left: Counters,
 }
 
 /// One MIG device or partition, for the per-profile figures: its profile, NUMA
