@@ -10,7 +10,8 @@ use topodra_model::capacity::ClassKind;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OurClasses {
     /// Each class and what its selectors say it hands out (whole GPUs, MIG devices
-    /// of a profile); [`ClassKind::Any`] where they say neither.
+    /// of a profile, shares of a sharing mode); [`ClassKind::Any`] where they say
+    /// none of these.
     names: BTreeMap<String, ClassKind>,
     /// Extended resources (`nvidia.com/gpu`, `nvidia.com/mig-1g.10gb`) that a class of
     /// ours serves through DRA, with that class's kind.
@@ -158,6 +159,7 @@ mod tests {
         let d = r#"device.driver == "gpu.topodra.dev""#;
         let t = |v: &str| format!(r#"device.attributes["gpu.topodra.dev"].type == "{v}""#);
         let p = r#"device.attributes["gpu.topodra.dev"].profile == "1g.10gb""#;
+        let ts = r#"device.attributes["gpu.topodra.dev"].sharing == "TimeSlicing""#;
         let with = |name: &str, sel: &[&str], ext: Option<&str>| {
             let mut c = class(name, d, ext);
             if let Some(spec) = c.spec.as_mut() {
@@ -181,6 +183,11 @@ mod tests {
                 &[d, &t("mig"), p],
                 Some("nvidia.com/mig-1g.10gb"),
             ),
+            with(
+                "time-sliced.topodra.dev",
+                &[d, &t("shared"), ts],
+                Some("nvidia.com/gpu.shared"),
+            ),
         ];
         let ours = OurClasses::from_classes(&classes, "gpu.topodra.dev", &[]);
         assert_eq!(ours.kind("gpu.topodra.dev"), Some(ClassKind::Gpus));
@@ -193,5 +200,10 @@ mod tests {
         };
         assert_eq!(ours.kind("mig-1g.10gb.topodra.dev"), Some(one.clone()));
         assert_eq!(ours.extended_kind("nvidia.com/mig-1g.10gb"), Some(&one));
+        let shared = ClassKind::Shared {
+            sharing: Some("TimeSlicing".to_owned()),
+        };
+        assert_eq!(ours.kind("time-sliced.topodra.dev"), Some(shared.clone()));
+        assert_eq!(ours.extended_kind("nvidia.com/gpu.shared"), Some(&shared));
     }
 }

@@ -11,6 +11,9 @@ use topodra_ops::metrics::Registry;
 use topodra_ops::requests::RequestCounter;
 
 use crate::state::Kind;
+use sharing::SharingMetrics;
+
+mod sharing;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
@@ -68,6 +71,7 @@ pub(crate) struct Metrics {
     invalid_values: Family<LevelLabels, Counter>,
     pool_skips: Family<ReasonLabels, Counter>,
     skipped_pools: Gauge,
+    sharing: SharingMetrics,
 }
 
 impl Metrics {
@@ -91,11 +95,12 @@ impl Metrics {
             invalid_values: Family::default(),
             pool_skips: Family::default(),
             skipped_pools: Gauge::default(),
+            sharing: SharingMetrics::default(),
         };
         let registry = m.registry.registry_mut();
         registry.register(
             "gpus",
-            "Whole GPUs of the cluster by state (total, allocated, unhealthy, carved, free; carved: partitions of it allocated, dynamic MIG)",
+            "Whole GPUs of the cluster by state (total, allocated, unhealthy, carved, shared, free; carved: partitions of it allocated, dynamic MIG; shared: shares of it allocated)",
             m.gpus.clone(),
         );
         registry.register(
@@ -173,6 +178,7 @@ impl Metrics {
             "Complete ResourceSlice pools left out of the model now",
             m.skipped_pools.clone(),
         );
+        m.sharing.register(registry);
         m
     }
 
@@ -201,13 +207,15 @@ impl Metrics {
             ("total", t.total),
             ("allocated", t.allocated),
             ("unhealthy", t.unhealthy),
-            ("carved", t.blocked),
+            ("carved", t.carved()),
+            ("shared", t.shared),
             ("free", t.free),
         ] {
             self.gpus
                 .get_or_create(&StateLabels { state })
                 .set(i64::from(n));
         }
+        self.sharing.observe(cluster);
         self.nodes.set(cluster.nodes().count() as i64);
         self.skipped_pools
             .set(cluster.skipped_pools().count() as i64);
@@ -300,6 +308,37 @@ mod tests {
     use topodra_model::capacity::{InvalidValue, PoolProblem};
 
     use super::*;
+
+    /// Shared GPUs per mode, only while some node publishes them: a cluster without
+    /// sharing has no such series, and they go when sharing does.
+    #[test]
+    fn shared_gpus_have_series_per_mode_while_published() {
+        let m = Metrics::new(&RequestCounter::new());
+        m.observe_cluster(&crate::kubectl::fixtures::time_sliced_dgx());
+        let text = m.encode();
+        for line in [
+            "topodra_controller_gpus{state=\"shared\"} 3",
+            "topodra_controller_gpus{state=\"carved\"} 0",
+            "topodra_controller_gpus{state=\"free\"} 3",
+            "topodra_controller_shared_gpus{sharing=\"TimeSlicing\",state=\"total\"} 8",
+            "topodra_controller_shared_gpus{sharing=\"TimeSlicing\",state=\"usable\"} 6",
+            "topodra_controller_shared_gpus{sharing=\"TimeSlicing\",state=\"in_use\"} 3",
+            "topodra_controller_shares{sharing=\"TimeSlicing\"} 4",
+            // 140Gi held by shares; 81559Mi left on gpu-2, gpu-3 and gpu-4.
+            "topodra_controller_shared_memory_bytes{sharing=\"TimeSlicing\",state=\"allocated\"} 150323855360",
+            "topodra_controller_shared_memory_bytes{sharing=\"TimeSlicing\",state=\"largest_free\"} 85520809984",
+        ] {
+            assert!(text.contains(line), "{line} not in\n{text}");
+        }
+        assert!(
+            !text.contains("topodra_controller_shared_compute{"),
+            "{text}"
+        );
+        m.observe_cluster(&Cluster::new("gpu.topodra.dev"));
+        let text = m.encode();
+        assert!(!text.contains("sharing=\""), "{text}");
+        assert!(text.contains("topodra_controller_gpus{state=\"shared\"} 0"));
+    }
 
     #[test]
     fn findings_are_counted_by_level_and_reason() {

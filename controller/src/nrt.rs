@@ -6,7 +6,7 @@
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
-use topodra_model::capacity::{Counts, CpuCounts, Level, MAX_NUMA_NODE, NodeSummary};
+use topodra_model::capacity::{Counts, CpuCounts, Level, MAX_NUMA_NODE, NodeSummary, amount_text};
 
 pub const GROUP: &str = "topology.node.k8s.io";
 pub const VERSION: &str = "v1alpha2";
@@ -53,6 +53,38 @@ fn mig_prefix(gpu_resource: &str) -> Option<String> {
         .map(|domain| format!("{domain}/mig-"))
 }
 
+/// The name of one capacity of shared GPUs beside a GPU resource `<domain>/gpu`:
+/// `<domain>/<mode>-<capacity>`, the mode in lower case with words split by `-`
+/// (`nvidia.com/time-slicing-memory`, `nvidia.com/mps-compute`). The device plugin
+/// has no name for shared memory; the mode is in the name because a GPU's memory
+/// goes to the shares of one mode at a time. `None` for a resource named
+/// otherwise, or a mode or capacity (both from slices) that would not make a valid
+/// resource name.
+fn shared_name(gpu_resource: &str, mode: &str, capacity: &str) -> Option<String> {
+    let domain = gpu_resource.strip_suffix("/gpu")?;
+    let name = format!("{}-{}", kebab(mode)?, kebab(capacity)?);
+    // A resource name's part after the domain is at most 63 characters.
+    (name.len() <= 63).then(|| format!("{domain}/{name}"))
+}
+
+/// `TimeSlicing` as `time-slicing`, `MPS` as `mps`; `None` for anything but ASCII
+/// letters and digits.
+fn kebab(word: &str) -> Option<String> {
+    if word.is_empty() || !word.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return None;
+    }
+    let mut out = String::with_capacity(word.len().saturating_add(4));
+    let mut prev_lower = false;
+    for c in word.chars() {
+        if c.is_ascii_uppercase() && prev_lower {
+            out.push('-');
+        }
+        prev_lower = c.is_ascii_lowercase() || c.is_ascii_digit();
+        out.push(c.to_ascii_lowercase());
+    }
+    Some(out)
+}
+
 /// The fields we own in a node's object, as sent by server-side apply. Zones are the
 /// node's NUMA nodes that have GPUs or CPUs of the CPU driver, named `node-<id>` as
 /// the kubelet and the NFD updater name them (consumers parse the id from it). The
@@ -63,7 +95,11 @@ fn mig_prefix(gpu_resource: &str) -> Option<String> {
 /// the kubelet's exclusive CPUs. Each MIG profile the zone's GPUs offer, under the
 /// device plugin's name for it ([`mig_prefix`]): available the devices of the
 /// profile the zone can still hand out together, capacity and allocatable those plus
-/// the ones allocated (with dynamic MIG this moves as GPUs are carved).
+/// the ones allocated (with dynamic MIG this moves as GPUs are carved). Each
+/// capacity of the zone's shared GPUs, per sharing mode ([`shared_name`]): capacity
+/// all of it, allocatable what shares hold plus what is left on the GPUs that can
+/// take another share (not allocated whole, carved or tainted), available what is
+/// left there. A node without shared GPUs gets none of these.
 /// `None` when the node's GPUs carry no NUMA node: no zone can be said.
 ///
 /// The capacity model only groups by NUMA node ids a kernel can have; a summary made
@@ -113,6 +149,24 @@ pub fn desired(
                         "capacity": held,
                         "allocatable": held,
                         "available": g.available.to_string(),
+                    }));
+                }
+            }
+            for g in summary
+                .shared
+                .iter()
+                .filter(|g| g.numa_node.as_deref().and_then(numa_id) == Some(id))
+            {
+                for (capacity, f) in &g.capacity {
+                    let Some(name) = shared_name(&opts.resource_name, &g.sharing, capacity) else {
+                        continue;
+                    };
+                    let amount = |v: u64| amount_text(capacity, v);
+                    resources.push(json!({
+                        "name": name,
+                        "capacity": amount(f.total),
+                        "allocatable": amount(f.allocated.saturating_add(f.free)),
+                        "available": amount(f.free),
                     }));
                 }
             }
@@ -274,6 +328,53 @@ mod tests {
         );
         assert_eq!(find(1, "nvidia.com/mig-7g.80gb")["available"], "1");
         assert_eq!(find(1, "nvidia.com/mig-1g.10gb.me")["available"], "4");
+    }
+
+    /// With time-slicing each zone also has the memory of its time-sliced GPUs:
+    /// all of it, what shares hold or can still take, and what they can still take.
+    #[test]
+    fn zones_count_the_memory_shares_can_take() {
+        let c = crate::kubectl::fixtures::time_sliced_dgx();
+        let v = desired(
+            c.node("dgx-h100-t").unwrap(),
+            &BTreeMap::new(),
+            "uid-1",
+            &nrt_options(),
+        )
+        .unwrap();
+        assert_eq!(
+            v["zones"],
+            json!([
+                {"name": "node-0", "type": "Node", "resources": [
+                    {"name": "nvidia.com/gpu", "capacity": "4", "allocatable": "4", "available": "2"},
+                    // gpu-0 and gpu-1 are allocated whole: only two GPUs take shares.
+                    {"name": "nvidia.com/time-slicing-memory", "capacity": "326236Mi",
+                     "allocatable": "163118Mi", "available": "163118Mi"}]},
+                {"name": "node-1", "type": "Node", "resources": [
+                    // gpu-5, gpu-6 and gpu-7 hold shares: neither allocated nor free.
+                    {"name": "nvidia.com/gpu", "capacity": "4", "allocatable": "4", "available": "1"},
+                    // 140Gi of shares; 182876Mi left on the four GPUs.
+                    {"name": "nvidia.com/time-slicing-memory", "capacity": "326236Mi",
+                     "allocatable": "326236Mi", "available": "182876Mi"}]},
+            ])
+        );
+    }
+
+    #[test]
+    fn shared_resources_are_named_by_mode_and_capacity() {
+        let name = |r: &str, m: &str, c: &str| shared_name(r, m, c);
+        assert_eq!(
+            name("nvidia.com/gpu", "TimeSlicing", "memory").as_deref(),
+            Some("nvidia.com/time-slicing-memory")
+        );
+        assert_eq!(
+            name("nvidia.com/gpu", "MPS", "compute").as_deref(),
+            Some("nvidia.com/mps-compute")
+        );
+        assert_eq!(name("gpu.example.com/device", "MPS", "memory"), None);
+        for bad in ["", "Time Slicing", "a/b", "x\n", &"A".repeat(60)] {
+            assert_eq!(name("nvidia.com/gpu", bad, "memory"), None, "{bad:?}");
+        }
     }
 
     #[test]

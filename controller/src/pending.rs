@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use topodra_model::capacity::{
-    ClassKind, Cluster, CpuDemand, CpuPools, Demand, Explanation, MigWant, explain_mixed,
+    ClassKind, Cluster, CpuDemand, CpuPools, Demand, Explanation, MigWant, ShareWant, explain_mixed,
 };
 
 use crate::classes::OurClasses;
@@ -171,6 +171,15 @@ pub fn demands(
                     demand
                         .unjudged
                         .push(format!("{resource} asks for MIG devices of any profile"));
+                }
+                // `nvidia.com/gpu.shared: 2`: two shares of the default size.
+                Some(ClassKind::Shared { sharing }) => {
+                    demand.count = 0;
+                    demand.shares.push(ShareWant {
+                        sharing: sharing.clone(),
+                        count,
+                        capacity: BTreeMap::new(),
+                    });
                 }
                 _ => {}
             }

@@ -172,6 +172,48 @@ pub(crate) fn carved_dgx() -> Cluster {
     c
 }
 
+/// A claim in `default` holding one share of a shared device, as the scheduler
+/// writes it: a share id and the memory the share consumes.
+pub(crate) fn share_claim(name: &str, node: &str, device: &str, memory: &str) -> ResourceClaim {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "time-sliced.topodra.dev",
+            "capacity": {"requests": {"memory": memory}}}}]}},
+        "status": {"allocation": {"devices": {"results": [{
+            "request": "gpu", "driver": DRIVER, "pool": node, "device": device,
+            "shareID": format!("{name}-0"), "consumedCapacity": {"memory": memory}}]}}},
+    }))
+    .unwrap()
+}
+
+/// A DGX H100 with time-slicing (`dgx-h100-t`, 81559Mi per GPU, 19Gi shares by
+/// default): claim `train-t` holds gpu-0 and gpu-1 (NUMA 0) whole; on NUMA 1,
+/// `ci-a` holds 60Gi of gpu-5, `notebook-b` 40Gi of gpu-6, `notebook-c` and
+/// `notebook-d` 20Gi each of gpu-7.
+pub(crate) fn time_sliced_dgx() -> Cluster {
+    let mut c = Cluster::new(DRIVER);
+    let mut opts = SliceOptions::new("dgx-h100-t");
+    opts.sharing.time_slicing = Some(topodra_model::slice::TimeSlicing::default());
+    for s in build_slices(&dgx_h100(), &opts).unwrap() {
+        c.apply_slice(&s);
+    }
+    c.apply_claim(&allocated_claim(
+        "train-t",
+        "dgx-h100-t",
+        &["gpu-0", "gpu-1"],
+    ));
+    for (claim, device, memory) in [
+        ("ci-a", "gpu-5-ts", "60Gi"),
+        ("notebook-b", "gpu-6-ts", "40Gi"),
+        ("notebook-c", "gpu-7-ts", "20Gi"),
+        ("notebook-d", "gpu-7-ts", "20Gi"),
+    ] {
+        c.apply_claim(&share_claim(claim, "dgx-h100-t", device, memory));
+    }
+    c
+}
+
 /// Compares output with `testdata/<name>`; `TOPODRA_BLESS=1` rewrites the file instead.
 pub(crate) fn golden(name: &str, actual: &str) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

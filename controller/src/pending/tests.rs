@@ -217,3 +217,42 @@ fn a_mig_profile_by_extended_resource_is_explained_by_fragmentation() {
          (node-a NUMA 0: 4 of 4 carved; node-a NUMA 1: 4 of 4 carved)"
     );
 }
+
+/// A pod waits for a 90Gi share of a time-sliced GPU, more than any GPU has, and for
+/// two shares of the default size through the time-sliced class's extended
+/// resource, which fit: the Event says which is which.
+#[test]
+fn a_share_is_explained_by_the_most_one_gpu_has_left() {
+    let cluster = crate::kubectl::fixtures::time_sliced_dgx();
+    let classes: Vec<k8s_openapi::api::resource::v1::DeviceClass> =
+        vec![serde_json::from_value(json!({
+            "metadata": {"name": "time-sliced.topodra.dev"},
+            "spec": {"selectors": [
+                {"cel": {"expression": "device.driver == \"gpu.topodra.dev\""}},
+                {"cel": {"expression": "device.attributes[\"gpu.topodra.dev\"].type == \"shared\""}},
+                {"cel": {"expression": "device.attributes[\"gpu.topodra.dev\"].sharing == \"TimeSlicing\""}}],
+                     "extendedResourceName": "nvidia.com/gpu.shared"}
+        }))
+        .unwrap()];
+    let ours = OurClasses::from_classes(&classes, "gpu.topodra.dev", &[]);
+    let mut big = crate::kubectl::fixtures::share_claim("big", "dgx-h100-t", "gpu-4-ts", "90Gi");
+    big.status = None;
+    let p = pod(json!({
+        "metadata": {"name": "notebook", "namespace": "default"},
+        "spec": {
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "big"}],
+            "containers": [{"name": "main",
+                "resources": {"limits": {"nvidia.com/gpu.shared": "2"}}}]},
+        "status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}
+    }));
+    let v = verdict(&cluster, &CpuSide::none(), &p, |_| Some(big.clone()), &ours).unwrap();
+    assert_eq!(
+        v.message,
+        "claim big: needs 1 time-sliced share (90Gi memory); no time-sliced GPU has 90Gi \
+         memory free: the most memory free on one is 81559Mi (dgx-h100-t, NUMA 0); of the 8 \
+         time-sliced GPUs, 3 hold 4 shares and 2 are allocated whole | nvidia.com/gpu.shared: \
+         needs 2 time-sliced shares (of the default size); fits now on 1 node (dgx-h100-t: \
+         room for 17): the scheduler has not retried yet, or something else keeps the pod off \
+         them (node selector or affinity, node taints, device selectors, its other claims)"
+    );
+}
