@@ -7,7 +7,7 @@ use crate::classes::OurClasses;
 use crate::pending::{self, EVENT_REASON, Source};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use topodra_model::capacity::{Cluster, Demand, Explanation};
+use topodra_model::capacity::{Candidate, Cluster, Demand, Explanation, Level, amount_text};
 
 use crate::kubectl::table::Table;
 use crate::kubectl::terminal::escape;
@@ -245,6 +245,9 @@ fn other_claims(title: &str, states: &[&(String, ClaimState)], driver: &str) -> 
 
 /// Where one demand fits now, or the nearest thing to it.
 fn candidates(demand: &Demand, e: &Explanation) -> String {
+    if demand.shares_only() {
+        return share_candidates(demand, e);
+    }
     let mut out = String::new();
     let cpus = demand.cpus.is_some();
     if e.fits.is_empty() {
@@ -291,6 +294,96 @@ fn candidates(demand: &Demand, e: &Explanation) -> String {
             row.extend(c.group.clone());
             row.push(c.free.to_string());
             row.extend(c.free_cpus.filter(|_| cpus).map(|n| n.to_string()));
+            t.row(row);
+        }
+        for line in t.render().lines() {
+            out.push_str(&format!("    {line}\n"));
+        }
+        if n > LISTED {
+            out.push_str(&format!("    ... and {} more\n", n.saturating_sub(LISTED)));
+        }
+    }
+    if !demand.unjudged.is_empty() {
+        out.push_str(&format!(
+            "  Not checked: {}\n",
+            escape(&demand.unjudged.join(", "))
+        ));
+    }
+    out
+}
+
+/// Where a demand for shares fits now: each place with how many shares it can take
+/// and the most left on one GPU there; or, fitting nowhere, the most one GPU has.
+fn share_candidates(demand: &Demand, e: &Explanation) -> String {
+    let mut out = String::new();
+    let capacities = |c: &Candidate| -> Vec<(String, u64)> {
+        let mut v: Vec<(String, u64)> = c
+            .largest_free
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        v.sort_by(|a, b| (a.0 != "memory", &a.0).cmp(&(b.0 != "memory", &b.0)));
+        v
+    };
+    if e.fits.is_empty() {
+        out.push_str("  Fits now on no node.\n");
+        if let Some(b) = &e.best {
+            let most: Vec<String> = capacities(b)
+                .iter()
+                .map(|(name, v)| format!("{} {name}", amount_text(name, *v)))
+                .collect();
+            if !most.is_empty() {
+                let place = match &b.group {
+                    Some(g) => format!("{}, {g}", b.node),
+                    None => b.node.clone(),
+                };
+                out.push_str(&format!(
+                    "  Most left on one GPU: {} ({})\n",
+                    most.join(", "),
+                    escape(&place)
+                ));
+            }
+        }
+        if demand.level.is_some() {
+            out.push_str(&format!(
+                "  Nodes with room for them, aligned or not: {}\n",
+                e.nodes_with_enough_free
+            ));
+        }
+    } else {
+        let n = e.fits.len();
+        let numa = demand.level == Some(Level::NumaNode);
+        out.push_str(&format!(
+            "  Fits now on {n} {}{}:\n",
+            if numa { "NUMA node" } else { "node" },
+            if n == 1 { "" } else { "s" }
+        ));
+        let names: Vec<String> = e
+            .fits
+            .first()
+            .map(|c| capacities(c).into_iter().map(|(k, _)| k).collect())
+            .unwrap_or_default();
+        let mut head = vec!["NODE".to_owned()];
+        if numa {
+            head.push("GROUP".to_owned());
+        }
+        head.push("SHARES".to_owned());
+        head.extend(
+            names
+                .iter()
+                .map(|k| format!("LARGEST {}", k.to_uppercase())),
+        );
+        let mut t = Table::new(head);
+        for c in e.fits.iter().take(LISTED) {
+            let mut row = vec![c.node.clone()];
+            row.extend(c.group.clone());
+            row.push(c.free.to_string());
+            let left = capacities(c);
+            for k in &names {
+                let v = left.iter().find(|(name, _)| name == k);
+                row.push(v.map_or_else(|| "-".to_owned(), |(_, v)| amount_text(k, *v)));
+            }
             t.row(row);
         }
         for line in t.render().lines() {

@@ -24,7 +24,8 @@ use std::time::Duration;
 use crate::pending;
 use anyhow::{Result, anyhow};
 use clap::{Parser, Subcommand, ValueEnum};
-use topodra_model::capacity::{CpuPools, Level};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use topodra_model::capacity::{CpuPools, Level, ShareWant, amount};
 use topodra_model::slice::attributes::NUMA_NODE;
 use topodra_model::slice::{DEFAULT_DRIVER_NAME, NumaNodeAlias};
 
@@ -136,18 +137,40 @@ enum Command {
         device_classes: Vec<String>,
     },
 
-    /// Where a claim for COUNT GPUs (or MIG devices of a profile), aligned at a level
-    /// or anywhere on a node, fits now.
+    /// Where a claim for COUNT GPUs (or MIG devices of a profile, or shares of a
+    /// shared GPU), aligned at a level or anywhere on a node, fits now.
     Fit {
-        /// How many GPUs (MIG devices with --profile).
-        #[arg(long, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
-        count: u32,
+        /// How many GPUs (MIG devices with --profile; shares with --share-memory,
+        /// --share-compute or --sharing, 1 by default).
+        #[arg(
+            long,
+            value_parser = clap::value_parser!(u32).range(1..),
+            value_name = "N",
+            required_unless_present_any = ["share_memory", "share_compute", "sharing"]
+        )]
+        count: Option<u32>,
 
         /// MIG devices of this profile (`1g.10gb`, `7g.80gb`) instead of whole GPUs:
         /// static ones, or with dynamic MIG partitions whose placements are free.
         /// Aligns on numaNode only.
         #[arg(long, value_name = "PROFILE")]
         profile: Option<String>,
+
+        /// Shares of a shared GPU, each with this much memory (`20Gi`), instead of
+        /// whole GPUs; without it a share takes the default size the slices publish
+        /// (memory / replicas). Aligns on numaNode only.
+        #[arg(long, value_name = "SIZE", value_parser = parse_amount, conflicts_with = "profile")]
+        share_memory: Option<u64>,
+
+        /// Shares with this much compute, in percent of a GPU, where the devices
+        /// publish it (MPS).
+        #[arg(long, value_name = "PERCENT", value_parser = parse_amount, conflicts_with = "profile")]
+        share_compute: Option<u64>,
+
+        /// The sharing mode of the shares, as their devices' `sharing` attribute
+        /// says it (default: TimeSlicing).
+        #[arg(long, value_name = "MODE", conflicts_with = "profile")]
+        sharing: Option<String>,
 
         /// Keep them on one numaNode, socket, pcieRoot, pcieSwitch or nvlinkDomain
         /// (default: anywhere on the node).
@@ -178,6 +201,13 @@ enum NodesFormat {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum JsonFormat {
     Json,
+}
+
+/// A positive quantity as Kubernetes writes one: `20Gi`, `20G`, `50`.
+fn parse_amount(text: &str) -> Result<u64, String> {
+    amount(&Quantity(text.to_owned()))
+        .filter(|v| *v > 0)
+        .ok_or_else(|| format!("{text:?} is not a positive quantity such as 20Gi or 50"))
 }
 
 /// `30s`, `2m`, `1h`, or seconds without a unit; `0` for no timeout.
@@ -257,16 +287,27 @@ async fn run(cli: Cli) -> Result<String> {
         Command::Fit {
             count,
             profile,
+            share_memory,
+            share_compute,
+            sharing,
             align,
             output,
         } => {
+            let share = share_want(count, share_memory, share_compute, sharing);
+            let count = count.unwrap_or(1);
             if let Some(l) = align.filter(|l| profile.is_some() && *l != Level::NumaNode) {
                 anyhow::bail!("--profile aligns on numaNode only, not {l}");
             }
+            if let Some(l) = align.filter(|l| share.is_some() && *l != Level::NumaNode) {
+                anyhow::bail!("a share aligns on numaNode only, not {l}");
+            }
             let (cluster, _) = conn.cluster(&cli.driver, None, None).await?;
-            let f = match &profile {
-                Some(p) => fit::fit_mig(&cluster, p, count, align).map_err(anyhow::Error::msg)?,
-                None => fit::fit(&cluster, count, align),
+            let f = match (&profile, &share) {
+                (_, Some(w)) => fit::fit_share(&cluster, w, align).map_err(anyhow::Error::msg)?,
+                (Some(p), None) => {
+                    fit::fit_mig(&cluster, p, count, align).map_err(anyhow::Error::msg)?
+                }
+                (None, None) => fit::fit(&cluster, count, align),
             };
             Ok(match output {
                 Some(JsonFormat::Json) => fit::json(&f),
@@ -274,6 +315,29 @@ async fn run(cli: Cli) -> Result<String> {
             })
         }
     }
+}
+
+/// The shares `fit` asks for, when any of the share flags is given: `count` of them
+/// (one by default), of the mode `sharing` (TimeSlicing by default), each with the
+/// memory and compute given and the devices' defaults for the rest.
+fn share_want(
+    count: Option<u32>,
+    memory: Option<u64>,
+    compute: Option<u64>,
+    sharing: Option<String>,
+) -> Option<ShareWant> {
+    if memory.is_none() && compute.is_none() && sharing.is_none() {
+        return None;
+    }
+    let capacity = [("memory", memory), ("compute", compute)]
+        .into_iter()
+        .filter_map(|(name, v)| Some((name.to_owned(), v?)))
+        .collect();
+    Some(ShareWant {
+        sharing: Some(sharing.unwrap_or_else(|| "TimeSlicing".to_owned())),
+        count: count.unwrap_or(1),
+        capacity,
+    })
 }
 
 /// Parses `kubectl topodra`'s command line, runs it and prints its answer: the
@@ -335,10 +399,12 @@ mod tests {
         assert!(matches!(
             cli.command,
             Command::Fit {
-                count: 4,
+                count: Some(4),
                 profile: None,
+                share_memory: None,
                 align: Some(Level::NumaNode),
-                output: None
+                output: None,
+                ..
             }
         ));
         let cli = Cli::try_parse_from([
@@ -356,6 +422,38 @@ mod tests {
             matches!(cli.command, Command::Explain { ref device_classes, .. } if device_classes == &["x", "y"])
         );
         assert!(Cli::try_parse_from(["kubectl-topodra", "fit", "--count", "0"]).is_err());
+        assert!(
+            Cli::try_parse_from(["kubectl-topodra", "fit"]).is_err(),
+            "no count"
+        );
+        let cli = Cli::try_parse_from(["kubectl-topodra", "fit", "--share-memory", "20Gi"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let Command::Fit {
+            count,
+            share_memory,
+            share_compute,
+            sharing,
+            ..
+        } = cli.command
+        else {
+            panic!("not fit");
+        };
+        assert_eq!(
+            share_want(count, share_memory, share_compute, sharing),
+            Some(ShareWant {
+                sharing: Some("TimeSlicing".to_owned()),
+                count: 1,
+                capacity: [("memory".to_owned(), 20 << 30)].into(),
+            })
+        );
+        for bad in [
+            &["fit", "--share-memory", "lots"][..],
+            &["fit", "--share-memory", "0"],
+            &["fit", "--share-memory", "1Gi", "--profile", "1g.10gb"],
+        ] {
+            let args = std::iter::once("kubectl-topodra").chain(bad.iter().copied());
+            assert!(Cli::try_parse_from(args).is_err(), "{bad:?}");
+        }
         for flag in ["--driver", "--driver-name"] {
             let cli = Cli::try_parse_from(["kubectl-topodra", "nodes", flag, "gpu.example.com"])
                 .unwrap_or_else(|e| panic!("{e}"));

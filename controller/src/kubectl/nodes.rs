@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use topodra_model::capacity::{Cluster, Counts, Level, NodeSummary, SET_SIZES};
+use topodra_model::capacity::{
+    Cluster, Counts, Level, NodeSummary, SET_SIZES, SharedGroup, amount_text,
+};
 
 use crate::kubectl::table::Table;
 
@@ -31,12 +33,18 @@ pub(crate) fn table(cluster: &Cluster, align: Level, wide: bool) -> String {
     let others: Vec<Level> = Level::ALL.into_iter().filter(|l| *l != align).collect();
     // Only with dynamic MIG: whole GPUs neither allocated nor free, because
     // partitions of them are.
-    let carved = cluster.totals().blocked > 0;
+    let carved = cluster.totals().carved() > 0;
+    // Only where some node offers GPUs for sharing: whole GPUs neither allocated
+    // nor free, because shares of them are.
+    let shared = cluster.nodes().any(|s| !s.shared.is_empty());
     let mut head: Vec<String> = ["NODE", "NUMA", "TOTAL", "ALLOCATED", "UNHEALTHY"]
         .map(String::from)
         .to_vec();
     if carved {
         head.push("CARVED".to_owned());
+    }
+    if shared {
+        head.push("SHARED".to_owned());
     }
     head.push("FREE".to_owned());
     head.push(format!("LARGEST {}", header(align)));
@@ -50,7 +58,10 @@ pub(crate) fn table(cluster: &Cluster, align: Level, wide: bool) -> String {
     let counts = |c: &Counts| -> Vec<String> {
         let mut v = vec![c.total, c.allocated, c.unhealthy];
         if carved {
-            v.push(c.blocked);
+            v.push(c.carved());
+        }
+        if shared {
+            v.push(c.shared);
         }
         v.push(c.free);
         v.into_iter().map(|n| n.to_string()).collect()
@@ -88,8 +99,61 @@ pub(crate) fn table(cluster: &Cluster, align: Level, wide: bool) -> String {
     let mut out = t.render();
     if wide {
         out.push_str(&profiles(cluster));
+        out.push_str(&sharing(cluster));
     }
     out
+}
+
+/// `-o wide`'s table of shared GPUs: per sharing mode and NUMA node, the GPUs that
+/// offer it, those that can take another share now, the shares allocated, and what
+/// is left of each capacity in all and on the one GPU with the most (a share never
+/// spans two GPUs). Empty without shared devices.
+fn sharing(cluster: &Cluster) -> String {
+    let mut rows: Vec<(&str, &SharedGroup)> = cluster
+        .nodes()
+        .flat_map(|s| s.shared.iter().map(move |g| (s.node.as_str(), g)))
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    rows.sort_by(|a, b| (a.1.sharing.as_str(), a.0).cmp(&(b.1.sharing.as_str(), b.0)));
+    // Memory first, then any other capacity the devices publish (compute).
+    let mut capacities: Vec<&str> = rows
+        .iter()
+        .flat_map(|(_, g)| g.capacity.keys().map(String::as_str))
+        .collect();
+    capacities.sort_by_key(|c| (*c != "memory", *c));
+    capacities.dedup();
+    let mut head: Vec<String> = ["SHARING", "NODE", "NUMA", "GPUS", "USABLE", "SHARES"]
+        .map(String::from)
+        .to_vec();
+    for c in &capacities {
+        let c = c.to_uppercase();
+        head.push(format!("{c} FREE"));
+        head.push(format!("LARGEST {c}"));
+    }
+    let mut t = Table::new(head);
+    for (node, g) in rows {
+        let mut row = vec![
+            g.sharing.clone(),
+            node.to_owned(),
+            g.numa_node.clone().unwrap_or_else(|| "-".to_owned()),
+            g.gpus.to_string(),
+            g.usable.to_string(),
+            g.shares.to_string(),
+        ];
+        for c in &capacities {
+            match g.capacity.get(*c) {
+                Some(f) => {
+                    row.push(amount_text(c, f.free));
+                    row.push(amount_text(c, f.largest_free));
+                }
+                None => row.extend(["-".to_owned(), "-".to_owned()]),
+            }
+        }
+        t.row(row);
+    }
+    format!("\n{}", t.render())
 }
 
 /// `-o wide`'s second table: per MIG profile and NUMA node, the devices of the
@@ -320,6 +384,35 @@ TOTAL        all    8       1           0           3        4      3
             t.contains("7g.80gb       dgx-h100-m   1      1           0           4      3\n"),
             "{t}"
         );
+    }
+
+    /// With time-slicing: a SHARED column for whole GPUs that shares hold, and each
+    /// sharing mode by NUMA node with its memory.
+    #[test]
+    fn shared_gpus_have_a_column_and_their_memory_a_table() {
+        let c = crate::kubectl::fixtures::time_sliced_dgx();
+        assert_eq!(
+            table(&c, Level::NumaNode, false),
+            "\
+NODE         NUMA   TOTAL   ALLOCATED   UNHEALTHY   SHARED   FREE   LARGEST NUMA
+dgx-h100-t   all    8       2           0           3        3      2
+dgx-h100-t   0      4       2           0           0        2      -
+dgx-h100-t   1      4       0           0           3        1      -
+TOTAL        all    8       2           0           3        3      2
+"
+        );
+        let t = table(&c, Level::NumaNode, true);
+        let section = t.split("\n\n").nth(1).unwrap_or_default();
+        assert_eq!(
+            section,
+            "\
+SHARING       NODE         NUMA   GPUS   USABLE   SHARES   MEMORY FREE   LARGEST MEMORY
+TimeSlicing   dgx-h100-t   0      4      2        0        163118Mi      81559Mi
+TimeSlicing   dgx-h100-t   1      4      4        4        182876Mi      81559Mi
+"
+        );
+        // Nothing of it where no node shares.
+        assert!(!table(&two_dgx(), Level::NumaNode, true).contains("SHARED"));
     }
 
     #[test]

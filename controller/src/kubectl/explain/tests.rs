@@ -282,3 +282,72 @@ mod mixed_tests {
 
     const NUMA_NODE_NAME: &str = topodra_model::slice::attributes::NUMA_NODE;
 }
+
+/// A notebook waits for a 90Gi share, more than any time-sliced GPU has; another
+/// asks for 30Gi on one NUMA node, which fits on both.
+#[test]
+fn a_share_claim_lists_the_most_one_gpu_has_left() {
+    use crate::kubectl::fixtures::time_sliced_dgx;
+
+    let class: k8s_openapi::api::resource::v1::DeviceClass = serde_json::from_value(json!({
+        "metadata": {"name": "time-sliced.topodra.dev"},
+        "spec": {"selectors": [
+            {"cel": {"expression": "device.driver == \"gpu.topodra.dev\""}},
+            {"cel": {"expression": "device.attributes[\"gpu.topodra.dev\"].type == \"shared\""}},
+            {"cel": {"expression": "device.attributes[\"gpu.topodra.dev\"].sharing == \"TimeSlicing\""}}]}
+    }))
+    .unwrap();
+    let classes = OurClasses::from_classes([&class], DRIVER, &[]);
+    let share = |name: &str, memory: &str, numa: bool| -> ResourceClaim {
+        let mut devices = json!({"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "time-sliced.topodra.dev",
+            "capacity": {"requests": {"memory": memory}}}}]});
+        if numa {
+            devices["constraints"] = json!([{"matchAttribute": "resource.kubernetes.io/numaNode"}]);
+        }
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"devices": devices},
+        }))
+        .unwrap()
+    };
+    let claims = by_name(&[
+        share("notebook-0-gpu", "90Gi", false),
+        share("notebook-1-gpu", "30Gi", true),
+    ]);
+    let cluster = time_sliced_dgx();
+    let explain = |pod_name: &str, claim: &str| {
+        let p = pod(
+            pod_name,
+            json!([{"name": "gpu", "resourceClaimName": claim}]),
+            json!([]),
+        );
+        explain_pod(&cluster, &pending::CpuSide::none(), &p, &claims, &classes)
+    };
+    assert_eq!(
+        explain("notebook-0", "notebook-0-gpu"),
+        "\
+Pod:         default/notebook-0
+Scheduling:  unschedulable: 0/2 nodes are available: 2 cannot allocate all claims.
+Reason:      WaitingForGPUs
+Message:     needs 1 time-sliced share (90Gi memory); no time-sliced GPU has 90Gi memory free: the most memory free on one is 81559Mi (dgx-h100-t, NUMA 0); of the 8 time-sliced GPUs, 3 hold 4 shares and 2 are allocated whole
+
+Claim notebook-0-gpu: 1 time-sliced share (90Gi memory)
+  Fits now on no node.
+  Most left on one GPU: 81559Mi memory (dgx-h100-t)
+"
+    );
+    let text = explain("notebook-1", "notebook-1-gpu");
+    assert!(
+        text.ends_with(
+            "\
+Claim notebook-1-gpu: 1 time-sliced share (30Gi memory) on one NUMA node
+  Fits now on 2 NUMA nodes:
+    NODE         GROUP    SHARES   LARGEST MEMORY
+    dgx-h100-t   NUMA 0   4        81559Mi
+    dgx-h100-t   NUMA 1   4        81559Mi
+"
+        ),
+        "{text}"
+    );
+}

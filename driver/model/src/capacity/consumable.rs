@@ -103,7 +103,7 @@ pub(crate) fn local_name<'a>(name: &'a str, driver: &str) -> &'a str {
 
 /// A quantity as a whole number, rounded up (`20Gi`, `1.5G`, `500m`, `2e9`); `None`
 /// for a negative or unreadable one. Larger than `u64::MAX` reads as `u64::MAX`.
-pub(crate) fn amount(q: &Quantity) -> Option<u64> {
+pub fn amount(q: &Quantity) -> Option<u64> {
     let s = q.0.trim();
     let s = s.strip_prefix('+').unwrap_or(s);
     let end = s

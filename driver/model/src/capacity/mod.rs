@@ -33,7 +33,7 @@ mod summary;
 mod values;
 
 pub use cluster::{ClaimKey, Cluster};
-pub use consumable::amount_text;
+pub use consumable::{amount, amount_text};
 pub use cpus::{CpuCounts, CpuPools};
 pub use demand::{ClassKind, Demand, MigWant, ShareWant, mode_words};
 pub use explain::{Candidate, Explanation, explain};
