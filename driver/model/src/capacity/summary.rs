@@ -20,9 +20,10 @@ pub struct Counts {
     /// DeviceTaintRule) and not allocated: no new claim gets it.
     pub unhealthy: u32,
     /// Not allocated itself, but the shared counters it consumes are in use by
-    /// allocated devices it overlaps: a whole GPU with partitions allocated (carved),
-    /// a partition overlapping an allocated one or inside an allocated GPU. Only
-    /// with dynamic MIG; left out of JSON when zero.
+    /// allocated devices it overlaps: a whole GPU with partitions allocated (carved)
+    /// or shares allocated (see `shared`), a partition overlapping an allocated one
+    /// or inside an allocated GPU. Only with dynamic MIG or sharing; left out of JSON
+    /// when zero.
     #[serde(skip_serializing_if = "is_zero")]
     pub blocked: u32,
     /// Of `blocked`, GPUs blocked by shares: one of their shared devices (time-sliced,

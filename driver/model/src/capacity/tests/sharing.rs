@@ -521,3 +521,47 @@ fn compute_is_counted_and_explained_where_devices_publish_it() {
             .contains("; no node offers time-sliced GPUs")
     );
 }
+
+#[test]
+fn the_figures_do_not_depend_on_the_order_objects_arrive() {
+    let claims = [
+        claim("whole", "node-a", &[1]),
+        share_of("a", "node-a", "gpu-7-ts", Some("20Gi")),
+        share_of("b", "node-a", "gpu-7-ts", Some("30Gi")),
+        share_of("c", "node-a", "gpu-2-ts", Some("8Gi")),
+    ];
+    let mut slices_first = shared_cluster("node-a");
+    for c in &claims {
+        slices_first.apply_claim(c);
+    }
+    let mut claims_first = Cluster::new(DRIVER);
+    for c in claims.iter().rev() {
+        claims_first.apply_claim(c);
+    }
+    for s in time_sliced("node-a", &[]) {
+        claims_first.apply_slice(&s);
+    }
+    assert_eq!(slices_first.node("node-a"), claims_first.node("node-a"));
+
+    // A share whose consumption changes (a rewritten allocation) moves the figures.
+    let mut bigger = claims[3].clone();
+    if let Some(r) = bigger
+        .status
+        .as_mut()
+        .and_then(|s| s.allocation.as_mut())
+        .and_then(|a| a.devices.as_mut())
+        .and_then(|d| d.results.as_mut())
+    {
+        r[0].consumed_capacity = Some(BTreeMap::from([(
+            "memory".to_owned(),
+            Quantity("10Gi".to_owned()),
+        )]));
+    }
+    assert_eq!(
+        slices_first.apply_claim(&bigger),
+        std::collections::BTreeSet::from(["node-a".to_owned()])
+    );
+    let zero = group(slices_first.node("node-a").unwrap(), "0");
+    assert_eq!(zero.capacity["memory"].allocated, 10 * GI);
+    assert!(slices_first.apply_claim(&bigger).is_empty(), "unchanged");
+}
