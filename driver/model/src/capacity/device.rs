@@ -10,11 +10,7 @@ use super::consumable::{self, Capacity};
 use super::values::{self, InvalidValue};
 use crate::slice::attributes::{PARENT_UUID, PROFILE, TYPE, TYPE_GPU, TYPE_MIG, UUID};
 
-/// The `type` of a shared device and the attribute naming its mode, as the slice
-/// builder writes them (`slice::sharing`, private to the slice module; the tests
-/// here read slices that builder made, so the two cannot drift apart unseen).
-pub(crate) const TYPE_SHARED: &str = "shared";
-pub(crate) const SHARING: &str = "sharing";
+pub(crate) use crate::slice::sharing::{SHARING, TYPE_SHARED};
 
 /// Counter values by counter set, then counter: what a pool's shared counters hold,
 /// or what one device consumes from them (KEP-4815 partitionable devices).

@@ -19,7 +19,7 @@ pub mod attributes;
 mod order;
 mod partitions;
 mod quantity;
-mod sharing;
+pub(crate) mod sharing;
 mod split;
 pub(crate) mod validate;
 
