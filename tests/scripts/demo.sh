@@ -28,13 +28,18 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
 
-demo_profiles=(dgx-h100 dgx-a100 l40s-pcie snc4-xeon gb200 dgx-h100-mig)
+demo_profiles=(dgx-h100 dgx-a100 l40s-pcie snc4-xeon gb200 dgx-h100-mig l40s-mps)
 # scenario PROFILE sets pods, gpus (per pod), attr (the claim's matchAttribute),
 # plugin_args and what (the sentence that says why this machine gives N-1 sets); a
-# dynamic MIG scenario sets mig instead, one PROFILE:COUNT per pod.
+# dynamic MIG scenario sets mig instead, one PROFILE:COUNT per pod; an MPS scenario
+# sets mps (two pods share one GPU). sim is the simulated machine's profile, the
+# scenario's name unless it says otherwise.
 scenario() {
-    plugin_args=() mig=()
+    plugin_args=() mig=() mps= sim=$1
     case $1 in
+    l40s-mps)
+        sim=l40s-pcie mps=1 plugin_args=(--mps)
+        what="two pods share one GPU through MPS: each gets its own memory and SM limits from its claim, enforced by the GPU's one MPS server" ;;
     dgx-h100-mig)
         mig=(7g.80gb:4 1g.10gb:4 3g.40gb:2 7g.80gb:4) plugin_args=(--dynamic-mig)
         pods=${#mig[@]} attr=profile
@@ -64,12 +69,12 @@ if [[ ${1:-} == --list ]]; then
 fi
 profile=${1:-dgx-h100}
 node=sim-$profile
-[[ -f tests/fake-nvml/profiles/$profile.yaml ]] || {
-    echo "no profile $profile; have: $(ls tests/fake-nvml/profiles | sed -n 's/\.yaml$//p' | tr '\n' ' ')" >&2
-    exit 2
-}
 scenario "$profile" || {
-    echo "the profile $profile has no demo (it is for tests); the demo runs on: ${demo_profiles[*]}" >&2
+    if [[ -f tests/fake-nvml/profiles/$profile.yaml ]]; then
+        echo "the profile $profile has no demo (it is for tests); the demo runs on: ${demo_profiles[*]}" >&2
+    else
+        echo "no demo $profile; the demo runs on: ${demo_profiles[*]}" >&2
+    fi
     exit 2
 }
 
@@ -86,6 +91,10 @@ cleanup() {
     status=$?
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
     for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+    # MPS control daemons run in sessions of their own, no child of the plugin.
+    for f in "$dir"/node/plugins/*/mps/*/pipe/nvidia-cuda-mps-control.pid; do
+        [[ -f $f ]] && kill -9 "$(cat "$f")" 2>/dev/null || true
+    done
     if [[ -n ${cluster_bin:-} && -f $dir/cluster/cluster.json ]]; then
         "$cluster_bin" down --dir "$dir/cluster" >/dev/null 2>&1 || true
     fi
@@ -156,8 +165,8 @@ pids+=($!)
 for _ in $(seq 300); do [[ -s $nodedir/plugin.kubeconfig ]] && break; sleep 0.2; done
 [[ -s $nodedir/plugin.kubeconfig ]] || { echo "the harness did not come up; see $dir/harness.log" >&2; tail -20 "$dir/harness.log" >&2; exit 1; }
 
-step "the plugin on a simulated $profile ($(sed -n 's/^description: *//p' tests/fake-nvml/profiles/$profile.yaml | tr -d '"'))"
-mapfile -t sim_flags < <(target/debug/topodra-sim-node --cdi-hook "$hook" "$profile" "$nodedir/sim")
+step "the plugin on a simulated $sim ($(sed -n 's/^description: *//p' tests/fake-nvml/profiles/$sim.yaml | tr -d '"'))${plugin_args[0]:+, with ${plugin_args[*]}}"
+mapfile -t sim_flags < <(target/debug/topodra-sim-node --cdi-hook "$hook" "$sim" "$nodedir/sim")
 echo "1234-demo-boot" >"$nodedir/boot_id"
 KUBECONFIG=$nodedir/plugin.kubeconfig target/debug/topodra-kubelet-plugin serve \
     --node-name "$node" --kubelet-registry-dir "$nodedir/registry" --kubelet-plugins-dir "$nodedir/plugins" \
@@ -188,6 +197,11 @@ echo "   running; its log: controller.log"
 
 step "kubectl get resourceslices"
 kubectl get resourceslices
+if [[ -n $mps ]]; then
+    # shellcheck source=tests/scripts/demo-mps.sh
+    source tests/scripts/demo-mps.sh
+    exit 0
+fi
 if [[ ${#mig[@]} -eq 0 ]]; then
     step "kubectl describe resourceslice (first two devices)"
     kubectl describe resourceslice | awk '/^    Attributes:/{n++} n<=2' | sed -n '1,80p'
