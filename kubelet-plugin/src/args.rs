@@ -114,6 +114,19 @@ pub(crate) struct SharingFlags {
     /// (--driver-root). Without it a daemon lives in the plugin's namespaces.
     #[arg(long, env = "TOPODRA_MPS_HOST_NAMESPACES", requires = "mps")]
     pub(crate) mps_host_namespaces: bool,
+
+    /// With --dynamic-mig and --time-slicing or --mps: MIG profiles whose
+    /// partitions also publish shared devices (`<partition>-ts`, `<partition>-mps`),
+    /// comma-separated (`3g.40gb,1g.10gb`). The first share's prepare makes the
+    /// instance and the last one's unprepare removes it. Each profile adds devices
+    /// to every slice, so only the profiles shared in practice belong here.
+    #[arg(
+        long,
+        env = "TOPODRA_SHARED_MIG_PROFILES",
+        value_delimiter = ',',
+        requires = "dynamic_mig"
+    )]
+    pub(crate) shared_mig_profiles: Vec<String>,
 }
 
 impl SharingFlags {
@@ -127,6 +140,7 @@ impl SharingFlags {
             mps: self.mps.then_some(slice::Mps {
                 replicas: self.mps_replicas,
             }),
+            mig_profiles: self.shared_mig_profiles.clone(),
         }
     }
 }

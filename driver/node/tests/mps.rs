@@ -25,9 +25,10 @@ use topodra_fake_nvml::sim::{self, SimNode};
 use topodra_fake_nvml::{Profile, cdylib_path};
 use topodra_model::Inventory;
 use topodra_model::checkpoint::ClaimIdentity;
-use topodra_model::slice::{Mps, Sharing};
+use topodra_model::slice::{Mps, Sharing, TimeSlicing};
 use topodra_node::cdi::{CdiConfig, ContainerEdits, NvidiaFiles, NvidiaFilesSource, Spec};
 use topodra_node::discovery::{self, DiscoveryConfig, NvmlPolicy, TopologyInput};
+use topodra_node::dynamic_mig::Carver;
 use topodra_node::prepare::{ClaimError, CrashPoint, Preparer, PreparerConfig};
 use topodra_node::sharing::MpsControl;
 
@@ -38,12 +39,23 @@ struct Node {
     dir: tempfile::TempDir,
     sim: SimNode,
     inventory: Inventory,
+    /// Dynamic MIG with MPS shares of the 3g.40gb partitions.
+    mig: bool,
 }
 
 impl Node {
     fn new() -> Self {
+        Self::of("l40s-pcie", false)
+    }
+
+    /// A DGX H100 with every GPU in MIG mode and no instance, under dynamic MIG.
+    fn mig() -> Self {
+        Self::of("dgx-h100-mig", true)
+    }
+
+    fn of(profile: &str, mig: bool) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let yaml = Profile::builtin("l40s-pcie").unwrap().to_yaml();
+        let yaml = Profile::builtin(profile).unwrap().to_yaml();
         let sim = sim::materialize(&dir.path().join("sim"), &yaml, &cdylib_path()).unwrap();
         let mut config = DiscoveryConfig::default();
         config.nvml_lib = Some(sim.nvml_lib.clone());
@@ -55,6 +67,7 @@ impl Node {
             dir,
             sim,
             inventory,
+            mig,
         }
     }
 
@@ -80,17 +93,30 @@ impl Node {
             state_dir: self.dir.path().join("state"),
             boot_id: boot_id.into(),
             cdi_spec_dir: self.dir.path().join("cdi"),
-            dynamic_mig: false,
-            carver: None,
+            dynamic_mig: self.mig,
+            carver: self.mig.then(|| {
+                Arc::new(Carver::new(
+                    Nvml::builder()
+                        .lib_path(self.sim.nvml_lib.as_os_str())
+                        .init()
+                        .unwrap(),
+                ))
+            }),
             sharing: Sharing {
                 mps: Some(Mps::default()),
-                ..Default::default()
+                time_slicing: self.mig.then(TimeSlicing::default),
+                mig_profiles: if self.mig {
+                    vec!["3g.40gb".to_owned()]
+                } else {
+                    Vec::new()
+                },
             },
             time_slicer: None,
             mps: Some(Arc::new(mps)),
         };
         let mut cdi = CdiConfig::default();
         cdi.dev_root.clone_from(&self.sim.dev_root);
+        cdi.capabilities_dir.clone_from(&self.sim.capabilities_dir);
         let nodes = cdi.device_nodes().with_proc_devices(&self.sim.proc_devices);
         let files = NvidiaFiles::fixed(
             NvidiaFilesSource::Discovered { root: "/".into() },
@@ -360,4 +386,68 @@ fn a_daemon_starts_in_the_hosts_namespaces_where_they_can_be_entered() {
     assert!(node.daemon_alive("gpu-0"));
     mps.stop(&dirs.pipe).unwrap();
     assert!(!node.daemon_alive("gpu-0"));
+}
+
+/// MPS on a dynamically made MIG partition: the first share makes the 3g.40gb
+/// instance and starts a daemon for its MIG device (no compute mode change: MIG
+/// GPUs refuse one), the second share uses both, and the last one's unprepare
+/// quits the daemon and removes the instance.
+#[test]
+fn two_mps_shares_of_one_partition_share_its_instance_and_daemon() {
+    let node = Node::mig();
+    let p = node.start();
+    let device = "gpu-3-mig-3g-40gb-4-mps";
+    let partition = "gpu-3-mig-3g-40gb-4";
+    let spans = || {
+        state::read(&node.sim.nvml_state)
+            .unwrap()
+            .spans_of(&node.uuid(3))
+    };
+    prepare(&p, "u1", device, "10Gi", 50);
+    assert_eq!(
+        spans(),
+        [(4, 4, 1)],
+        "one instance, with its compute instance"
+    );
+    assert!(node.daemon_alive(partition));
+    let start = node.calls();
+    assert_eq!(start.len(), 1);
+    assert!(
+        start[0].contains("visible=MIG-"),
+        "the daemon is the MIG device's: {start:?}"
+    );
+    assert_eq!(node.compute_mode(3), 0, "a MIG GPU keeps its compute mode");
+    let spec = node.spec("u1");
+    let nodes = &spec.devices[0].container_edits.device_nodes;
+    assert!(
+        nodes
+            .iter()
+            .any(|n| n.path.starts_with("/dev/nvidia-caps/")),
+        "the share gets the MIG device's capability nodes: {nodes:?}"
+    );
+
+    prepare(&p, "u2", device, "10Gi", 50);
+    assert_eq!(spans(), [(4, 4, 1)], "the second share uses the instance");
+    assert_eq!(node.calls().len(), 1, "and the daemon");
+
+    // The partition itself, and the other mode's device, are another claim's
+    // only once the shares are gone.
+    let err = p
+        .prepare(
+            &identity("u3"),
+            &share("u3", "gpu-3-mig-3g-40gb-4-ts", "1Gi", 0),
+        )
+        .unwrap_err();
+    assert!(matches!(err, ClaimError::DeviceInUse(_)), "{err}");
+
+    p.unprepare("u1").unwrap();
+    assert_eq!(spans(), [(4, 4, 1)], "u2 still holds it");
+    assert!(node.daemon_alive(partition));
+    p.unprepare("u2").unwrap();
+    assert!(spans().is_empty(), "the last share removed the instance");
+    assert!(!node.daemon_alive(partition));
+    assert_eq!(
+        node.calls().last().unwrap(),
+        &driver_root::mps_quit_call(&node.pipe(partition))
+    );
 }

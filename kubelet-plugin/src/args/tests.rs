@@ -197,6 +197,13 @@ fn flag_names_and_environment_variables_stay_as_they_were() {
         ("evict-unhealthy", "TOPODRA_EVICT_UNHEALTHY"),
         ("dynamic-mig", "TOPODRA_DYNAMIC_MIG"),
         ("enable-mig-mode", "TOPODRA_ENABLE_MIG_MODE"),
+        ("time-slicing", "TOPODRA_TIME_SLICING"),
+        ("time-slice-interval", "TOPODRA_TIME_SLICE_INTERVAL"),
+        ("time-slicing-replicas", "TOPODRA_TIME_SLICING_REPLICAS"),
+        ("mps", "TOPODRA_MPS"),
+        ("mps-replicas", "TOPODRA_MPS_REPLICAS"),
+        ("mps-host-namespaces", "TOPODRA_MPS_HOST_NAMESPACES"),
+        ("shared-mig-profiles", "TOPODRA_SHARED_MIG_PROFILES"),
         #[cfg(feature = "crash-points")]
         ("test-crash-at", "TOPODRA_TEST_CRASH_AT"),
     ]
@@ -205,4 +212,35 @@ fn flag_names_and_environment_variables_stay_as_they_were() {
     .collect();
     expected.sort();
     assert_eq!(flags, expected);
+}
+
+#[test]
+fn sharing_flags_parse_and_need_what_they_build_on() {
+    let base = ["topodra-kubelet-plugin", "serve", "--node-name", "n"];
+    let parse = |extra: &[&str]| {
+        let mut args: Vec<&str> = base.to_vec();
+        args.extend_from_slice(extra);
+        crate::Cli::try_parse_from(args)
+    };
+    assert!(parse(&["--time-slicing", "--time-slice-interval", "Long"]).is_ok());
+    let err = parse(&["--time-slicing", "--time-slice-interval", "Longer"]).unwrap_err();
+    assert!(
+        err.to_string().contains("Default, Short, Medium or Long"),
+        "{err}"
+    );
+    assert!(parse(&["--mps", "--mps-replicas", "0"]).is_err());
+    assert!(parse(&["--mps-host-namespaces"]).is_err(), "needs --mps");
+    assert!(
+        parse(&["--mps", "--shared-mig-profiles", "3g.40gb"]).is_err(),
+        "needs --dynamic-mig"
+    );
+    assert!(
+        parse(&[
+            "--mps",
+            "--dynamic-mig",
+            "--shared-mig-profiles",
+            "3g.40gb,1g.10gb"
+        ])
+        .is_ok()
+    );
 }

@@ -287,16 +287,27 @@ impl Checkpoint {
             .count()
     }
 
-    /// An MPS share of GPU `gpu_uuid` that a claim other than `claim_uid` holds in
-    /// this boot (started or completed), if any: while there is one, the GPU's MPS
-    /// daemon runs and its compute mode stays EXCLUSIVE_PROCESS.
-    pub fn live_mps_share(&self, gpu_uuid: &str, claim_uid: &str) -> Option<&ShareIntent> {
+    /// An MPS share of `gpu_device` (a GPU, or a MIG partition) that a claim other
+    /// than `claim_uid` holds in this boot (started or completed), if any: while
+    /// there is one, its MPS daemon runs (and a GPU's compute mode stays
+    /// EXCLUSIVE_PROCESS).
+    pub fn live_mps_share(&self, gpu_device: &str, claim_uid: &str) -> Option<&ShareIntent> {
         self.claims
             .values()
             .filter(|r| r.uid != claim_uid && r.state != ClaimState::NeedsReprepare)
             .flat_map(|r| r.devices.iter())
             .filter_map(|d| d.sharing.as_ref())
-            .find(|s| s.mode == ShareMode::Mps && s.gpu_uuid == gpu_uuid)
+            .find(|s| s.mode == ShareMode::Mps && s.gpu_device == gpu_device)
+    }
+
+    /// Whether a claim other than `claim_uid` holds the MIG instance `intent` (its
+    /// shares of one partition do): it stays while one does.
+    pub fn mig_held_by_others(&self, intent: &MigIntent, claim_uid: &str) -> bool {
+        self.claims
+            .values()
+            .filter(|r| r.uid != claim_uid)
+            .flat_map(|r| r.devices.iter())
+            .any(|d| d.mig.as_ref() == Some(intent))
     }
 
     /// The claim and device, if any, whose MIG instance would overlap `intent`.
@@ -356,8 +367,10 @@ pub fn begin_prepare(
             }
             .into_transition());
         }
+        // Shares of one partition hold its one instance together.
         if let Some((holder, held)) = d.mig.as_ref().and_then(|m| checkpoint.mig_overlap(m))
             && holder.uid != claim.uid
+            && (held.device != d.device || held.excludes(d))
         {
             return Err(DeviceInUse {
                 pool: held.pool.clone(),

@@ -39,8 +39,8 @@ pub use aliases::{
 pub(crate) use attributes::{allocatable_attributes, allocatable_capacity};
 pub use partitions::{DynamicDevice, DynamicMig, dynamic_devices, partition_device_name};
 pub use sharing::{
-    MEMORY_STEP, Mps, SharedDevice, Sharing, SharingMode, TimeSlicing, interval_name,
-    shared_devices,
+    MEMORY_STEP, Mps, SharedDevice, SharedPartition, Sharing, SharingMode, TimeSlicing,
+    interval_name, shared_devices,
 };
 pub(crate) use validate::validate_pool;
 
@@ -473,6 +473,15 @@ fn devices_and_counters(inv: &Inventory, opts: &SliceOptions) -> (Vec<Device>, V
                     .iter()
                     .map(|p| partitions::partition_device(&d.gpu, p, &shared, opts)),
             );
+            // Shares of the partitions of the profiles the operator named, after
+            // the partitions, consuming what each partition consumes.
+            for p in &g.partitions {
+                devices.extend(
+                    sharing::partition_shares(&d.gpu, p, opts)
+                        .iter()
+                        .map(|s| sharing::shared_device(s, inv, opts, p.consumes.clone())),
+                );
+            }
         }
     }
     let mut counter_sets: Vec<CounterSet> = carved

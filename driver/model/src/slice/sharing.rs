@@ -60,6 +60,11 @@ pub struct Sharing {
     pub time_slicing: Option<TimeSlicing>,
     /// MPS devices, when on.
     pub mps: Option<Mps>,
+    /// MIG profiles whose dynamic MIG partitions get shared devices too (each
+    /// partition a device per mode on), by profile name (`3g.40gb`). Empty: only
+    /// whole GPUs are shared. Each adds devices to every slice, so it is the
+    /// operator's choice.
+    pub mig_profiles: Vec<String>,
 }
 
 impl Sharing {
@@ -135,9 +140,14 @@ impl SharingMode {
 /// A shared device as the kubelet plugin prepares it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SharedDevice {
-    /// Its name in the slice, `gpu-<minor>-ts`.
+    /// Its name in the slice, `gpu-<minor>-ts`, or for a MIG partition
+    /// `<partition>-ts` (`gpu-<minor>-mig-<profile>-<start>-ts`).
     pub name: String,
+    /// The GPU, or for a partition its parent GPU.
     pub gpu: Gpu,
+    /// For a share of a dynamic MIG partition: the partition's device name, its
+    /// profile and placement, whose instance the first share's prepare makes.
+    pub mig: Option<SharedPartition>,
     pub mode: SharingMode,
     /// The interval its shares run at (time-sliced devices; Default for MPS).
     pub interval: TimeSliceInterval,
@@ -152,6 +162,7 @@ pub(crate) fn shared_of(gpu: &Gpu, opts: &SliceOptions) -> Vec<SharedDevice> {
     let device = |mode: SharingMode, interval| SharedDevice {
         name: format!("{}-{}", gpu.device_name(), mode.suffix()),
         gpu: gpu.clone(),
+        mig: None,
         mode,
         interval,
     };
@@ -165,9 +176,64 @@ pub(crate) fn shared_of(gpu: &Gpu, opts: &SliceOptions) -> Vec<SharedDevice> {
     out
 }
 
-/// Every shared device the slices publish under `opts`, for the plugin's prepare.
+/// A dynamic MIG partition that shared devices run on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SharedPartition {
+    /// The partition's own device name.
+    pub device: String,
+    pub profile: crate::inventory::MigProfile,
+    pub placement: crate::inventory::MigPlacement,
+}
+
+/// Every shared device the slices publish under `opts`, for the plugin's prepare:
+/// the whole GPUs' and the dynamic MIG partitions'.
 pub fn shared_devices(inv: &Inventory, opts: &SliceOptions) -> Vec<SharedDevice> {
-    inv.gpus.iter().flat_map(|g| shared_of(g, opts)).collect()
+    let mut out: Vec<SharedDevice> = inv.gpus.iter().flat_map(|g| shared_of(g, opts)).collect();
+    for gpu in &inv.gpus {
+        if let Some(g) = super::partitions::geometry_of(gpu, opts) {
+            out.extend(
+                g.partitions
+                    .iter()
+                    .flat_map(|p| partition_shares(gpu, p, opts)),
+            );
+        }
+    }
+    out
+}
+
+/// The shared devices of one dynamic MIG partition: one per mode on, when its
+/// profile is among [`Sharing::mig_profiles`]. A MIG instance time-slices its own
+/// processes at the driver's interval (the node's interval is set on whole GPUs
+/// only) and runs MPS without a compute mode change (MIG-enabled GPUs refuse
+/// EXCLUSIVE_PROCESS).
+pub(crate) fn partition_shares(
+    gpu: &Gpu,
+    p: &super::partitions::Partition,
+    opts: &SliceOptions,
+) -> Vec<SharedDevice> {
+    if !opts.sharing.mig_profiles.contains(&p.profile.name) {
+        return Vec::new();
+    }
+    let device = super::partitions::partition_name(gpu, p);
+    let share = |mode: SharingMode| SharedDevice {
+        name: format!("{device}-{}", mode.suffix()),
+        gpu: gpu.clone(),
+        mig: Some(SharedPartition {
+            device: device.clone(),
+            profile: p.profile.clone(),
+            placement: p.placement,
+        }),
+        mode,
+        interval: TimeSliceInterval::Default,
+    };
+    let mut out = Vec::new();
+    if opts.sharing.time_slicing.is_some() {
+        out.push(share(SharingMode::TimeSlicing));
+    }
+    if opts.sharing.mps.is_some() {
+        out.push(share(SharingMode::Mps));
+    }
+    out
 }
 
 /// Whether `gpu` can be shared: offered whole, not under dynamic MIG (whose
@@ -212,7 +278,13 @@ pub(crate) fn shared_device(
     opts: &SliceOptions,
     consumes: DeviceCounterConsumption,
 ) -> Device {
-    let mut attrs = attributes::device_attributes(&d.gpu, inv, opts);
+    let mut attrs = match &d.mig {
+        None => attributes::device_attributes(&d.gpu, inv, opts),
+        Some(m) => {
+            let shared = attributes::partition_shared_attributes(&d.gpu, inv, opts);
+            attributes::partition_attributes(&d.gpu, &shared, &m.profile.name)
+        }
+    };
     let string = |v: &str| DeviceAttribute {
         string: Some(v.to_owned()),
         ..Default::default()
@@ -229,21 +301,27 @@ pub(crate) fn shared_device(
         }
         SharingMode::Mps => opts.sharing.mps.map_or(1, |m| m.replicas),
     };
-    let mut capacity = d
-        .gpu
-        .memory_bytes
+    let memory = match &d.mig {
+        None => d.gpu.memory_bytes,
+        Some(m) => Some(m.profile.memory_mib.saturating_mul(1 << 20)),
+    };
+    let mut capacity = memory
+        .filter(|&m| m >= MEMORY_STEP.saturating_mul(2))
         .map(|m| (attributes::MEMORY.to_owned(), memory_capacity(m, replicas)))
         .into_iter()
         .collect::<BTreeMap<_, _>>();
     if d.mode == SharingMode::Mps {
         capacity.insert(COMPUTE.to_owned(), compute_capacity(replicas));
     }
-    // A share of a GPU is a share of all of it: an XID or a lost GPU taints each.
+    // A share of a GPU is a share of all of it: an XID or a lost GPU taints each,
+    // as does one named for the partition it runs on.
+    let partition = d.mig.as_ref().map(|m| m.device.clone());
     let taints = opts
         .device_taints
         .get(&d.name)
         .into_iter()
         .chain(opts.device_taints.get(&d.gpu.device_name()))
+        .chain(partition.and_then(|p| opts.device_taints.get(&p)))
         .flatten()
         .fold(Vec::new(), |mut out: Vec<_>, t| {
             if !out

@@ -126,8 +126,9 @@ impl Preparer {
             self.crash(CrashPoint::AfterTimeSlice)?;
         }
         // An MPS share's GPU goes into EXCLUSIVE_PROCESS and gets its daemon with
-        // its first share, the record above naming both.
-        if let Err(e) = self.start_mps(claim_ref, &prepared) {
+        // its first share, the record above naming both; a partition's daemon once
+        // its instance is made, below.
+        if !makes_instances && let Err(e) = self.start_mps(claim_ref, &prepared, &BTreeMap::new()) {
             return Err(self.abandon(claim_ref, &prepared, &[], e));
         }
 
@@ -137,7 +138,10 @@ impl Preparer {
                 let mut ours = recorded;
                 let made = self
                     .make_instances(claim_ref, &prepared, &mut ours)
-                    .and_then(|made| self.build_spec(claim_ref, &plan, &prepared, &made, &files));
+                    .and_then(|made| {
+                        self.start_mps(claim_ref, &prepared, &made)?;
+                        self.build_spec(claim_ref, &plan, &prepared, &made, &files)
+                    });
                 match made {
                     Ok(spec) => spec,
                     Err(e) => return Err(self.abandon(claim_ref, &prepared, &ours, e)),
@@ -175,7 +179,14 @@ impl Preparer {
         let mut gpus = Vec::new();
         for planned in &plan.devices {
             if let Some(shared) = self.shared.get(&planned.device) {
-                let mut gpu = ClaimGpu::from_gpu(&shared.gpu)?;
+                let mut gpu = match (&shared.mig, made.get(&planned.device)) {
+                    // A share of a partition gets the partition's MIG device.
+                    (Some(p), Some(m)) => ClaimGpu::from_device(
+                        &made_device(&shared.gpu, &p.profile, p.placement, m),
+                        self.nodes.as_ref(),
+                    )?,
+                    _ => ClaimGpu::from_gpu(&shared.gpu)?,
+                };
                 gpu.device_name.clone_from(&planned.device);
                 gpu.requests = planned.requests.clone();
                 gpu.share = prepared
@@ -187,19 +198,7 @@ impl Preparer {
             }
             let mut gpu = match (self.dynamic.get(&planned.device), made.get(&planned.device)) {
                 (Some(d), Some(m)) => {
-                    let dev = AllocatableDevice {
-                        gpu: d.gpu.clone(),
-                        mig: Some(MigDevice {
-                            uuid: m.uuid.clone(),
-                            gpu_instance: m.gpu_instance,
-                            compute_instance: m.compute_instance,
-                            profile: Some(d.profile.name.clone()),
-                            memory_bytes: Some(d.profile.memory_mib << 20),
-                            multiprocessors: Some(d.profile.multiprocessors),
-                            placement: Some(d.placement),
-                            profile_id: Some(d.profile.id),
-                        }),
-                    };
+                    let dev = made_device(&d.gpu, &d.profile, d.placement, m);
                     let mut gpu = ClaimGpu::from_device(&dev, self.nodes.as_ref())?;
                     // Named as the slice names it: the CDI id the kubelet gets.
                     gpu.device_name.clone_from(&planned.device);
@@ -238,6 +237,11 @@ impl Preparer {
         let mut made = BTreeMap::new();
         for d in prepared {
             let Some(intent) = &d.mig else { continue };
+            // Another claim's share of the same partition made the instance, or is
+            // making it: it is used as it is, never refused as someone else's.
+            let sibling = self
+                .state
+                .read(|cp| cp.mig_held_by_others(intent, &claim_ref.uid));
             let carver = self.carver_for(claim_ref, &d.device)?;
             let mig_error = |source| ClaimError::Mig {
                 namespace: claim_ref.namespace.clone(),
@@ -246,7 +250,7 @@ impl Preparer {
                 source: Box::new(source),
             };
             carver
-                .create_gpu_instance(intent, ours.contains(intent))
+                .create_gpu_instance(intent, sibling || ours.contains(intent))
                 .map_err(mig_error)?;
             if !ours.contains(intent) {
                 ours.push(intent.clone());
@@ -302,6 +306,13 @@ impl Preparer {
             return error;
         }
         for intent in ours {
+            // An instance a sibling share still holds stays.
+            if self
+                .state
+                .read(|cp| cp.mig_held_by_others(intent, &claim_ref.uid))
+            {
+                continue;
+            }
             let removed = self
                 .carver
                 .as_deref()
@@ -356,6 +367,9 @@ impl Preparer {
             self.stop_mps(&identity, &record.devices)?;
             for d in &record.devices {
                 let Some(intent) = &d.mig else { continue };
+                if self.state.read(|cp| cp.mig_held_by_others(intent, uid)) {
+                    continue;
+                }
                 self.carver_for(&identity, &d.device)?
                     .destroy(intent)
                     .map_err(|source| ClaimError::Mig {
@@ -417,28 +431,34 @@ impl Preparer {
         Ok(())
     }
 
-    /// For each MPS share of `prepared` whose GPU no other claim's MPS share holds
-    /// in this boot: EXCLUSIVE_PROCESS, then the GPU's control daemon. Called under
-    /// the GPU's lock, with the claim's record (naming the prior mode) saved.
+    /// For each MPS share of `prepared` whose GPU (or partition) no other claim's
+    /// MPS share holds in this boot: a GPU into EXCLUSIVE_PROCESS (a partition
+    /// stays as it is), then the control daemon for the GPU, or for the
+    /// partition's MIG device (`made`). Called under the GPU's lock, with the
+    /// claim's record (naming the prior mode) saved.
     fn start_mps(
         &self,
         claim_ref: &ClaimIdentity,
         prepared: &[PreparedGpu],
+        made: &BTreeMap<String, MadeInstance>,
     ) -> Result<(), ClaimError> {
         for (d, share) in mps_shares(prepared) {
-            if self
-                .state
-                .read(|cp| cp.live_mps_share(&share.gpu_uuid, &claim_ref.uid).is_some())
-            {
+            if self.state.read(|cp| {
+                cp.live_mps_share(&share.gpu_device, &claim_ref.uid)
+                    .is_some()
+            }) {
                 continue;
             }
             let mps = self.mps_for(claim_ref, &d.device)?;
             let err = |e| sharing_error(claim_ref, &d.device, e);
-            mps.set_compute_mode(&share.gpu_uuid, crate::sharing::EXCLUSIVE_PROCESS)
-                .map_err(err)?;
-            #[cfg(feature = "crash-points")]
-            self.crash(CrashPoint::AfterComputeMode)?;
-            mps.start(&share.gpu_device, &share.gpu_uuid).map_err(err)?;
+            if share.prior_compute_mode.is_some() {
+                mps.set_compute_mode(&share.gpu_uuid, crate::sharing::EXCLUSIVE_PROCESS)
+                    .map_err(err)?;
+                #[cfg(feature = "crash-points")]
+                self.crash(CrashPoint::AfterComputeMode)?;
+            }
+            let visible = made.get(&d.device).map_or(&share.gpu_uuid, |m| &m.uuid);
+            mps.start(&share.gpu_device, visible).map_err(err)?;
             #[cfg(feature = "crash-points")]
             self.crash(CrashPoint::AfterMpsDaemon)?;
         }
@@ -454,10 +474,10 @@ impl Preparer {
         devices: &[PreparedGpu],
     ) -> Result<(), ClaimError> {
         for (d, share) in mps_shares(devices) {
-            if self
-                .state
-                .read(|cp| cp.live_mps_share(&share.gpu_uuid, &claim_ref.uid).is_some())
-            {
+            if self.state.read(|cp| {
+                cp.live_mps_share(&share.gpu_device, &claim_ref.uid)
+                    .is_some()
+            }) {
                 continue;
             }
             let mps = self.mps_for(claim_ref, &d.device)?;
@@ -501,6 +521,29 @@ pub(super) fn time_slices(
             .filter(|s| s.mode == ShareMode::TimeSlicing && s.timeslice != 0)
             .map(|s| (d, s))
     })
+}
+
+/// The MIG device of instance `m`, made for a partition of `gpu` with `profile` at
+/// `placement`, as discovery would have found it.
+fn made_device(
+    gpu: &topodra_model::inventory::Gpu,
+    profile: &topodra_model::inventory::MigProfile,
+    placement: topodra_model::inventory::MigPlacement,
+    m: &MadeInstance,
+) -> AllocatableDevice {
+    AllocatableDevice {
+        gpu: gpu.clone(),
+        mig: Some(MigDevice {
+            uuid: m.uuid.clone(),
+            gpu_instance: m.gpu_instance,
+            compute_instance: m.compute_instance,
+            profile: Some(profile.name.clone()),
+            memory_bytes: Some(profile.memory_mib << 20),
+            multiprocessors: Some(profile.multiprocessors),
+            placement: Some(placement),
+            profile_id: Some(profile.id),
+        }),
+    }
 }
 
 /// The MPS shares among `devices`.

@@ -260,14 +260,22 @@ impl Preparer {
         }
     }
 
-    /// The instance a prepare of `device` makes, for a dynamic MIG device.
+    /// The instance a prepare of `device` makes, for a dynamic MIG device or a
+    /// share of a partition.
     fn intent_of(&self, device: &str) -> Option<MigIntent> {
-        let d = self.dynamic.get(device)?;
+        let (gpu, profile, placement) = match (self.dynamic.get(device), self.shared.get(device)) {
+            (Some(d), _) => (&d.gpu, &d.profile, d.placement),
+            (None, Some(s)) => {
+                let m = s.mig.as_ref()?;
+                (&s.gpu, &m.profile, m.placement)
+            }
+            (None, None) => return None,
+        };
         Some(MigIntent {
-            parent_uuid: d.gpu.uuid.clone()?,
-            profile_id: d.profile.id,
-            start: d.placement.start,
-            size: d.placement.size,
+            parent_uuid: gpu.uuid.clone()?,
+            profile_id: profile.id,
+            start: placement.start,
+            size: placement.size,
         })
     }
 
@@ -285,12 +293,18 @@ impl Preparer {
             return Ok(None);
         };
         let gpu_uuid = d.gpu.uuid.clone().unwrap_or_default();
+        // A share of a partition is part of the partition: its exclusion, its
+        // daemon and its instance are the partition's.
+        let gpu_device = d
+            .mig
+            .as_ref()
+            .map_or_else(|| d.gpu.device_name(), |m| m.device.clone());
         let mut share = ShareIntent {
             mode: match d.mode {
                 SharingMode::TimeSlicing => ShareMode::TimeSlicing,
                 SharingMode::Mps => ShareMode::Mps,
             },
-            gpu_device: d.gpu.device_name(),
+            gpu_device,
             gpu_uuid,
             timeslice: cdi::timeslice_value(d.interval),
             memory_bytes: planned.memory_bytes,
@@ -309,18 +323,22 @@ impl Preparer {
                         .find(|p| p.device == planned.device)
                         .and_then(|p| p.sharing.as_ref())
                 });
-                own.or_else(|| cp.live_mps_share(&share.gpu_uuid, &claim_ref.uid))
+                own.or_else(|| cp.live_mps_share(&share.gpu_device, &claim_ref.uid))
                     .and_then(|s| s.prior_compute_mode)
             });
-            let prior = match live {
-                Some(mode) => mode,
-                None => mps
-                    .compute_mode(&share.gpu_uuid)
-                    .map_err(|e| claim::sharing_error(claim_ref, &planned.device, e))?,
+            // A MIG instance runs MPS without a compute mode change: MIG-enabled
+            // GPUs refuse EXCLUSIVE_PROCESS.
+            let prior = match (live, &d.mig) {
+                (_, Some(_)) => None,
+                (Some(mode), None) => Some(mode),
+                (None, None) => Some(
+                    mps.compute_mode(&share.gpu_uuid)
+                        .map_err(|e| claim::sharing_error(claim_ref, &planned.device, e))?,
+                ),
             };
             share.compute_percent = planned.compute_percent;
             share.pipe_dir = Some(mps.dirs(&share.gpu_device).pipe.display().to_string());
-            share.prior_compute_mode = Some(prior);
+            share.prior_compute_mode = prior;
         }
         Ok(Some(share))
     }

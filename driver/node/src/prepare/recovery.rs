@@ -115,7 +115,7 @@ pub(super) fn recover(
         // steps the crashed prepare got through, nothing else of it is left.
         let undone = reset_time_slices(&checkpoint, &record, time_slicer)
             .and_then(|()| stop_mps(&checkpoint, &record, mps))
-            .and_then(|()| remove_instances(&record, carver));
+            .and_then(|()| remove_instances(&checkpoint, &record, carver));
         if let Err(why) = undone {
             // The record keeps the instance's slices, but leaves the started state:
             // no start keeps a prepare half-way. As one to prepare again, an
@@ -182,7 +182,7 @@ fn stop_mps(
 ) -> Result<(), String> {
     for (d, share) in super::claim::mps_shares(&record.devices) {
         if checkpoint
-            .live_mps_share(&share.gpu_uuid, &record.uid)
+            .live_mps_share(&share.gpu_device, &record.uid)
             .is_some()
         {
             continue;
@@ -200,10 +200,18 @@ fn stop_mps(
     Ok(())
 }
 
-/// Removes the MIG instances a record names.
-fn remove_instances(record: &ClaimRecord, carver: Option<&Carver>) -> Result<(), String> {
+/// Removes the MIG instances a record names that no other record holds (shares
+/// of one partition hold its instance together).
+fn remove_instances(
+    checkpoint: &Checkpoint,
+    record: &ClaimRecord,
+    carver: Option<&Carver>,
+) -> Result<(), String> {
     for d in &record.devices {
         let Some(intent) = &d.mig else { continue };
+        if checkpoint.mig_held_by_others(intent, &record.uid) {
+            continue;
+        }
         let carver = carver.ok_or("no NVML to remove the instance of dynamic MIG device")?;
         carver
             .destroy(intent)

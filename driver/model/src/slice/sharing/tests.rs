@@ -9,6 +9,7 @@ fn time_sliced(node: &str) -> SliceOptions {
         sharing: Sharing {
             time_slicing: Some(TimeSlicing::default()),
             mps: None,
+            ..Default::default()
         },
         ..SliceOptions::new(node)
     }
@@ -267,6 +268,7 @@ fn with_mps(node: &str) -> SliceOptions {
         sharing: Sharing {
             time_slicing: Some(TimeSlicing::default()),
             mps: Some(Mps { replicas: 8 }),
+            ..Default::default()
         },
         ..SliceOptions::new(node)
     }
@@ -320,6 +322,7 @@ fn mps_alone_publishes_no_time_sliced_device() {
         sharing: Sharing {
             time_slicing: None,
             mps: Some(Mps::default()),
+            ..Default::default()
         },
         ..SliceOptions::new("n")
     };
@@ -344,4 +347,72 @@ fn the_compute_policy_passes_the_api_rules_for_any_replicas() {
         crate::slice::validate::check_device_for_tests(&d)
             .unwrap_or_else(|e| panic!("{replicas} replicas: {e}"));
     }
+}
+
+fn mig_shared(profiles: &[&str]) -> SliceOptions {
+    SliceOptions {
+        dynamic_mig: DynamicMig::All,
+        sharing: Sharing {
+            time_slicing: Some(TimeSlicing::default()),
+            mps: Some(Mps::default()),
+            mig_profiles: profiles.iter().map(|p| (*p).to_owned()).collect(),
+        },
+        ..SliceOptions::new("n")
+    }
+}
+
+#[test]
+fn partitions_of_the_named_profiles_publish_shared_devices_consuming_what_they_do() {
+    let slices = build_slices(&dgx_h100_mig(), &mig_shared(&["3g.40gb"])).unwrap();
+    let part = device(&slices, "gpu-7-mig-3g-40gb-4");
+    for mode in ["ts", "mps"] {
+        let d = device(&slices, &format!("gpu-7-mig-3g-40gb-4-{mode}"));
+        assert_eq!(d.allow_multiple_allocations, Some(true));
+        assert_eq!(d.consumes_counters, part.consumes_counters, "{mode}");
+        let a = d.attributes.as_ref().unwrap();
+        assert_eq!(a["type"], string("shared"));
+        assert_eq!(a["profile"], string("3g.40gb"));
+        assert_eq!(
+            a.get("resource.kubernetes.io/numaNode"),
+            part.attributes
+                .as_ref()
+                .unwrap()
+                .get("resource.kubernetes.io/numaNode")
+        );
+        // The partition's memory, not the GPU's.
+        let memory = &d.capacity.as_ref().unwrap()["memory"];
+        assert_eq!(
+            memory.value,
+            part.capacity.as_ref().unwrap()["memory"].value
+        );
+    }
+    // Other profiles' partitions are not shared, and neither is a whole GPU under
+    // dynamic MIG.
+    let names: Vec<&str> = devices(&slices).iter().map(|d| d.name.as_str()).collect();
+    assert!(
+        !names
+            .iter()
+            .any(|n| n.contains("1g-10gb") && n.ends_with("-ts"))
+    );
+    assert!(!names.contains(&"gpu-7-ts"));
+    let shared = shared_devices(&dgx_h100_mig(), &mig_shared(&["3g.40gb"]));
+    // Two 3g.40gb placements per GPU, two modes, eight GPUs.
+    assert_eq!(shared.len(), 2 * 2 * 8);
+    let one = shared
+        .iter()
+        .find(|s| s.name == "gpu-7-mig-3g-40gb-4-mps")
+        .unwrap();
+    let m = one.mig.as_ref().unwrap();
+    assert_eq!(m.device, "gpu-7-mig-3g-40gb-4");
+    assert_eq!((m.placement.start, m.placement.size), (4, 4));
+}
+
+#[test]
+fn no_named_profile_publishes_no_partition_share() {
+    let slices = build_slices(&dgx_h100_mig(), &mig_shared(&[])).unwrap();
+    assert!(
+        devices(&slices)
+            .iter()
+            .all(|d| d.allow_multiple_allocations.is_none())
+    );
 }

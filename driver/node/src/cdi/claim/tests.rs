@@ -524,8 +524,8 @@ fn a_share_says_what_it_got_and_that_memory_is_not_enforced() {
         env,
         &[
             "TOPODRA_SHARING=TimeSlicing",
-            "TOPODRA_TIME_SLICE_INTERVAL=Long",
             "TOPODRA_GPU_MEMORY_SHARE=21474836480",
+            "TOPODRA_TIME_SLICE_INTERVAL=Long",
             "TOPODRA_GPU_MEMORY_SHARE_ENFORCED=false",
         ]
     );
