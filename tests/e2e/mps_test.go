@@ -211,3 +211,88 @@ func TestMPS(t *testing.T) {
 		return nil
 	})
 }
+
+// TestMPSOnMIGPartition: a DGX H100 in MIG mode under dynamic MIG, with MPS shares of
+// the 3g.40gb partitions (--shared-mig-profiles), and the real 1.37.2 scheduler:
+// what NVIDIA's driver cannot combine. Pods in two namespaces share one 3g.40gb
+// partition through MPS: the first share makes the instance and starts a daemon
+// for its MIG device, the second uses both, each container gets the MIG device and
+// its own limits; after the last share the daemon quits and the instance goes.
+func TestMPSOnMIGPartition(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOptions{profile: "dgx-h100-mig", pluginArgs: []string{
+		"--dynamic-mig", "--mps", "--shared-mig-profiles=3g.40gb"}})
+	t.Cleanup(e.killMPSDaemons)
+	e.waitRegistered(2 * time.Minute)
+	// Per GPU: the whole GPU, 25 partitions, and an MPS device per 3g.40gb placement.
+	devices := e.waitDevices(8*(1+25+2), 2*time.Minute)
+	if _, ok := devices["gpu-7-mig-3g-40gb-4-mps"]; !ok {
+		t.Fatalf("no gpu-7-mig-3g-40gb-4-mps among %d devices", len(devices))
+	}
+
+	ctx := context.Background()
+	template := func(ns string) string {
+		return strings.Replace(mpsTemplate(ns, "share", "10Gi", 50),
+			"            capacity:",
+			"            selectors:\n              - cel:\n                  expression: device.attributes[\"gpu.topodra.dev\"].profile == \"3g.40gb\"\n            capacity:", 1)
+	}
+	var pods []*v1.Pod
+	var shared []string
+	for _, ns := range []string{"team-a", "team-b"} {
+		e.createNamespace(ns)
+		e.kubectlApply(template(ns))
+		e.createPod(ns, "share", "share")
+		pod := e.waitPodRunning(ns, "share", 2*time.Minute)
+		pods = append(pods, pod)
+		_, devs := e.allocation(pod)
+		if len(devs) != 1 || !strings.HasSuffix(devs[0], "-mps") || !strings.Contains(devs[0], "-mig-3g-40gb-") {
+			t.Fatalf("%s/share got %v, want an MPS share of a 3g.40gb partition", ns, devs)
+		}
+		shared = append(shared, devs[0])
+		rec, err := readRecord(e, pod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		caps := 0
+		for _, n := range rec.Containers[0].DeviceNodes {
+			if regexp.MustCompile(`^/dev/nvidia-caps/nvidia-cap\d+$`).MatchString(n) {
+				caps++
+			}
+		}
+		if caps != 2 {
+			t.Errorf("%s/share: injected %v, want the MIG device's 2 capability nodes", ns, rec.Containers[0].DeviceNodes)
+		}
+		if env := rec.Containers[0].Env; !slices.Contains(env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50") {
+			t.Errorf("%s/share: env %v lacks its SM limit", ns, env)
+		}
+	}
+	if shared[0] != shared[1] {
+		t.Errorf("the two shares went to %v, want one partition", shared)
+	}
+	partition := strings.TrimSuffix(shared[0], "-mps")
+	instances := e.migInstances()
+	if len(instances) != 1 || !strings.Contains(instances[0], " 3g.40gb@") {
+		t.Errorf("MIG instances %v, want the one 3g.40gb instance both shares use", instances)
+	}
+	daemons := e.mpsDaemons()
+	if len(daemons) != 1 || !strings.HasPrefix(daemons[0], partition+" ") {
+		t.Errorf("MPS daemons %v, want one for %s", daemons, partition)
+	}
+	t.Logf("two namespaces share %s through MPS daemon %v on instance %v", shared[0], daemons, instances)
+
+	for _, p := range pods {
+		if err := e.admin.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		e.waitPodGone(p.Namespace, p.Name, 2*time.Minute)
+	}
+	eventually(t, time.Minute, func() error {
+		if d := e.mpsDaemons(); len(d) != 0 {
+			return fmt.Errorf("daemons still running: %v", d)
+		}
+		if in := e.migInstances(); len(in) != 0 {
+			return fmt.Errorf("instances left: %v", in)
+		}
+		return nil
+	})
+}
