@@ -296,3 +296,120 @@ func TestMPSOnMIGPartition(t *testing.T) {
 		return nil
 	})
 }
+
+// TestMPSShareAndCPUs: an MPS share and CPUs of kubernetes-sigs' dra-driver-cpu in one
+// claim with one matchAttribute over the NUMA node, on the simulated DGX H100 with
+// NUMA node 1's CPUs taken. Shares are placed from the end of the pool (NUMA node 1)
+// unless something says otherwise, so the share landing on a NUMA node 0 GPU, beside
+// its CPUs, is the constraint at work: a share carries its GPU's topology.
+func TestMPSShareAndCPUs(t *testing.T) {
+	t.Parallel()
+	dracpu := needCPUDriver(t)
+	e := newEnv(t, envOptions{profile: "dgx-h100", cpuDriver: true,
+		pluginArgs: []string{"--mps", "--numa-node-aliases=" + numaAlias}})
+	t.Cleanup(e.killMPSDaemons)
+	e.startCPUDriver(dracpu)
+	e.waitRegistered(2 * time.Minute)
+	regCtx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	_, err := e.h.WaitRegistered(regCtx, cpuDriverName)
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	devices := e.waitDevices(16, 2*time.Minute)
+	cpus := e.cpuDevices(2, time.Minute)
+	cpuNUMA := map[string]int64{}
+	for name, d := range cpus {
+		if n, ok := d.Attributes[numaAlias]; ok && n.IntValue != nil {
+			cpuNUMA[name] = *n.IntValue
+		}
+	}
+
+	const ns = "mps-cpus"
+	e.createNamespace(ns)
+	e.kubectlApply(`apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: numa1-cpus
+  namespace: ` + ns + `
+spec:
+  spec:
+    devices:
+      requests:
+        - name: gpus
+          exactly:
+            deviceClassName: ` + cpuDriverName + `
+            selectors:
+              - cel:
+                  expression: device.attributes["dra.net"].numaNode == 1
+            capacity:
+              requests:
+                ` + cpuDriverName + `/cpu: "112"
+`)
+	e.kubectlApply(`apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: share-and-cpus
+  namespace: ` + ns + `
+spec:
+  spec:
+    devices:
+      requests:
+        - name: share
+          exactly:
+            deviceClassName: mps.topodra.dev
+            capacity:
+              requests:
+                memory: 10Gi
+                compute: "50"
+        - name: cpus
+          exactly:
+            deviceClassName: ` + cpuDriverName + `
+            capacity:
+              requests:
+                ` + cpuDriverName + `/cpu: "16"
+      constraints:
+        - requests: [share, cpus]
+          matchAttribute: ` + numaAlias + `
+`)
+	e.createPod(ns, "cpu-hog", "numa1-cpus")
+	e.waitPodRunning(ns, "cpu-hog", 2*time.Minute)
+	e.createPod(ns, "aligned", "share-and-cpus")
+	pod := e.waitPodRunning(ns, "aligned", 2*time.Minute)
+	claim := claimOf(t, e, pod)
+	var share string
+	var numas []int64
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		switch r.Driver {
+		case driverName:
+			share = r.Device
+			numas = append(numas, numaOf(t, devices[r.Device]))
+		case cpuDriverName:
+			numas = append(numas, cpuNUMA[r.Device])
+		}
+	}
+	t.Logf("MPS share %s and CPUs on NUMA nodes %v", share, numas)
+	if !strings.HasSuffix(share, "-mps") || len(numas) != 2 || numas[0] != 0 || numas[1] != 0 {
+		t.Fatalf("claim %s got %s on NUMA nodes %v; want an MPS share and CPUs of NUMA node 0", claim.Name, share, numas)
+	}
+	rec, err := readRecord(e, pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(rec.Containers[0].Env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50") {
+		t.Errorf("env %v lacks the share's SM limit", rec.Containers[0].Env)
+	}
+	if rec.Containers[0].CPUSetCPUs == "" {
+		t.Errorf("no cpuset from the CPU driver")
+	}
+	if err := e.admin.CoreV1().Pods(ns).Delete(context.Background(), "aligned", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitPodGone(ns, "aligned", 2*time.Minute)
+	eventually(t, time.Minute, func() error {
+		if d := e.mpsDaemons(); len(d) != 0 {
+			return fmt.Errorf("daemons still running: %v", d)
+		}
+		return nil
+	})
+}
