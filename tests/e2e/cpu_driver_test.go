@@ -232,3 +232,53 @@ func (e *env) cpuDevices(n int, timeout time.Duration) map[string]resourceapi.De
 	})
 	return got
 }
+
+// cpuDriverBeside starts dra-driver-cpu (`dracpu`) beside our plugin, waits until
+// both are registered and our pool has `devices` devices, and returns those with
+// each CPU device's NUMA node as the CPU driver publishes it under numaAlias.
+func (e *env) cpuDriverBeside(dracpu string, devices int) (map[string]resourceapi.Device, map[string]int64) {
+	e.t.Helper()
+	e.startCPUDriver(dracpu)
+	e.waitRegistered(2 * time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	_, err := e.h.WaitRegistered(ctx, cpuDriverName)
+	cancel()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ours := e.waitDevices(devices, 2*time.Minute)
+	cpuNUMA := map[string]int64{}
+	for name, d := range e.cpuDevices(2, time.Minute) {
+		if n, ok := d.Attributes[numaAlias]; ok && n.IntValue != nil {
+			cpuNUMA[name] = *n.IntValue
+		}
+	}
+	return ours, cpuNUMA
+}
+
+// hogNUMA1CPUs runs a pod in `ns` holding every CPU of NUMA node 1 (112 on the
+// simulated DGX H100), so what needs CPUs beside its GPUs must go to NUMA node 0.
+func (e *env) hogNUMA1CPUs(ns string) {
+	e.t.Helper()
+	e.kubectlApply(`apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: numa1-cpus
+  namespace: ` + ns + `
+spec:
+  spec:
+    devices:
+      requests:
+        - name: gpus
+          exactly:
+            deviceClassName: ` + cpuDriverName + `
+            selectors:
+              - cel:
+                  expression: device.attributes["dra.net"].numaNode == 1
+            capacity:
+              requests:
+                ` + cpuDriverName + `/cpu: "112"
+`)
+	e.createPod(ns, "cpu-hog", "numa1-cpus")
+	e.waitPodRunning(ns, "cpu-hog", 2*time.Minute)
+}

@@ -308,45 +308,11 @@ func TestDynamicMIGPartitionAndCPUs(t *testing.T) {
 	dracpu := needCPUDriver(t)
 	e := newEnv(t, envOptions{profile: "dgx-h100-mig", cpuDriver: true,
 		pluginArgs: []string{"--dynamic-mig", "--numa-node-aliases=" + numaAlias}})
-	e.startCPUDriver(dracpu)
-	e.waitRegistered(2 * time.Minute)
-	regCtx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	_, err := e.h.WaitRegistered(regCtx, cpuDriverName)
-	cancel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	devices := e.waitDevices(8+8*25, 2*time.Minute)
-	cpus := e.cpuDevices(2, time.Minute)
-	cpuNUMA := map[string]int64{}
-	for name, d := range cpus {
-		if n, ok := d.Attributes[numaAlias]; ok && n.IntValue != nil {
-			cpuNUMA[name] = *n.IntValue
-		}
-	}
+	devices, cpuNUMA := e.cpuDriverBeside(dracpu, 8+8*25)
 
 	const ns = "mig-cpus"
 	e.createNamespace(ns)
-	// Every CPU of NUMA node 1.
-	e.kubectlApply(`apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata:
-  name: numa1-cpus
-  namespace: ` + ns + `
-spec:
-  spec:
-    devices:
-      requests:
-        - name: gpus
-          exactly:
-            deviceClassName: ` + cpuDriverName + `
-            selectors:
-              - cel:
-                  expression: device.attributes["dra.net"].numaNode == 1
-            capacity:
-              requests:
-                ` + cpuDriverName + `/cpu: "112"
-`)
+	e.hogNUMA1CPUs(ns)
 	e.kubectlApply(`apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
 metadata:
@@ -372,8 +338,6 @@ spec:
         - requests: [part, cpus]
           matchAttribute: ` + numaAlias + `
 `)
-	e.createPod(ns, "cpu-hog", "numa1-cpus")
-	e.waitPodRunning(ns, "cpu-hog", 2*time.Minute)
 	e.createPod(ns, "aligned", "partition-and-cpus")
 	pod := e.waitPodRunning(ns, "aligned", 2*time.Minute)
 	claim := claimOf(t, e, pod)

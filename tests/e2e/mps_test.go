@@ -21,23 +21,7 @@ import (
 // mpsTemplate is a claim template for one MPS share with `memory` and `compute`
 // percent of a GPU.
 func mpsTemplate(ns, name, memory string, compute int) string {
-	return fmt.Sprintf(`apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata:
-  name: %s
-  namespace: %s
-spec:
-  spec:
-    devices:
-      requests:
-        - name: gpus
-          exactly:
-            deviceClassName: mps.topodra.dev
-            capacity:
-              requests:
-                memory: %s
-                compute: "%d"
-`, name, ns, memory, compute)
+	return classTemplate(ns, name, "mps.topodra.dev", "memory: "+memory, fmt.Sprintf("compute: \"%d\"", compute))
 }
 
 // mpsDaemons lists the MPS control daemons the plugin's state directory names, as
@@ -308,44 +292,11 @@ func TestMPSShareAndCPUs(t *testing.T) {
 	e := newEnv(t, envOptions{profile: "dgx-h100", cpuDriver: true,
 		pluginArgs: []string{"--mps", "--numa-node-aliases=" + numaAlias}})
 	t.Cleanup(e.killMPSDaemons)
-	e.startCPUDriver(dracpu)
-	e.waitRegistered(2 * time.Minute)
-	regCtx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	_, err := e.h.WaitRegistered(regCtx, cpuDriverName)
-	cancel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	devices := e.waitDevices(16, 2*time.Minute)
-	cpus := e.cpuDevices(2, time.Minute)
-	cpuNUMA := map[string]int64{}
-	for name, d := range cpus {
-		if n, ok := d.Attributes[numaAlias]; ok && n.IntValue != nil {
-			cpuNUMA[name] = *n.IntValue
-		}
-	}
+	devices, cpuNUMA := e.cpuDriverBeside(dracpu, 16)
 
 	const ns = "mps-cpus"
 	e.createNamespace(ns)
-	e.kubectlApply(`apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata:
-  name: numa1-cpus
-  namespace: ` + ns + `
-spec:
-  spec:
-    devices:
-      requests:
-        - name: gpus
-          exactly:
-            deviceClassName: ` + cpuDriverName + `
-            selectors:
-              - cel:
-                  expression: device.attributes["dra.net"].numaNode == 1
-            capacity:
-              requests:
-                ` + cpuDriverName + `/cpu: "112"
-`)
+	e.hogNUMA1CPUs(ns)
 	e.kubectlApply(`apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
 metadata:
@@ -372,8 +323,6 @@ spec:
         - requests: [share, cpus]
           matchAttribute: ` + numaAlias + `
 `)
-	e.createPod(ns, "cpu-hog", "numa1-cpus")
-	e.waitPodRunning(ns, "cpu-hog", 2*time.Minute)
 	e.createPod(ns, "aligned", "share-and-cpus")
 	pod := e.waitPodRunning(ns, "aligned", 2*time.Minute)
 	claim := claimOf(t, e, pod)

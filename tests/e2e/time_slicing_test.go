@@ -18,9 +18,22 @@ import (
 // shareTemplate is a claim template for one share of a time-sliced GPU with
 // `memory` of it (none: the device's default share).
 func shareTemplate(ns, name, memory string) string {
-	capacity := ""
+	var requests []string
 	if memory != "" {
-		capacity = fmt.Sprintf("            capacity:\n              requests:\n                memory: %s\n", memory)
+		requests = append(requests, "memory: "+memory)
+	}
+	return classTemplate(ns, name, "time-sliced.topodra.dev", requests...)
+}
+
+// classTemplate is a claim template for one device of `class`, with the capacity
+// requests given as "name: value" lines.
+func classTemplate(ns, name, class string, requests ...string) string {
+	capacity := ""
+	if len(requests) > 0 {
+		capacity = "            capacity:\n              requests:\n"
+		for _, r := range requests {
+			capacity += "                " + r + "\n"
+		}
 	}
 	return fmt.Sprintf(`apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
@@ -33,8 +46,8 @@ spec:
       requests:
         - name: gpus
           exactly:
-            deviceClassName: time-sliced.topodra.dev
-%s`, name, ns, capacity)
+            deviceClassName: %s
+%s`, name, ns, class, capacity)
 }
 
 // smiCalls is what the simulated driver root's nvidia-smi was told, one call a

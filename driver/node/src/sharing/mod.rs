@@ -7,6 +7,7 @@
 mod error;
 mod host;
 mod mps;
+mod process;
 mod timeslice;
 
 pub use error::SharingError;

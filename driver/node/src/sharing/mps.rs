@@ -20,13 +20,14 @@ use std::io::Write as _;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::ComputeMode;
 
 use super::SharingError;
 use super::host::HostNamespaces;
+use super::process::wait_within;
 
 /// Where a driver root keeps the MPS control program.
 const CANDIDATES: &[&str] = &[
@@ -278,29 +279,7 @@ impl MpsControl {
             // A client that exits early closes the pipe; its status says why.
             let _ = stdin.write_all(input);
         }
-        let started = Instant::now();
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(status)) => break status,
-                Ok(None) if started.elapsed() < self.timeout => {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Ok(None) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(SharingError::TimedOut {
-                        command,
-                        timeout: self.timeout,
-                    });
-                }
-                Err(source) => {
-                    return Err(SharingError::Spawn {
-                        program: self.program.clone(),
-                        source,
-                    });
-                }
-            }
-        };
+        let status = wait_within(&mut child, &self.program, &command, self.timeout)?;
         if status.success() {
             return Ok(());
         }

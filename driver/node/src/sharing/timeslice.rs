@@ -13,9 +13,10 @@
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::SharingError;
+use super::process::wait_within;
 
 /// Where a driver root keeps `nvidia-smi`: `/usr/bin` in the driver packages and
 /// the GPU Operator's driver container, `/bin` in a root without merged `/usr`.
@@ -91,30 +92,7 @@ impl TimeSlicer {
             program: self.program.clone(),
             source,
         })?;
-        let started = Instant::now();
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(status)) => break status,
-                Ok(None) if started.elapsed() < self.timeout => {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Ok(None) => {
-                    // Killed and reaped, so no zombie is left behind.
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(SharingError::TimedOut {
-                        command,
-                        timeout: self.timeout,
-                    });
-                }
-                Err(source) => {
-                    return Err(SharingError::Spawn {
-                        program: self.program.clone(),
-                        source,
-                    });
-                }
-            }
-        };
+        let status = wait_within(&mut child, &self.program, &command, self.timeout)?;
         if status.success() {
             tracing::info!(command = %command, "GPU setting changed");
             return Ok(());

@@ -1,5 +1,7 @@
 use std::os::unix::fs::PermissionsExt as _;
 
+use std::time::Instant;
+
 use super::*;
 
 /// A stand-in `nvidia-smi` in `root/usr/bin` running `body` (a shell script).
