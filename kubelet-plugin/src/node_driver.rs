@@ -94,16 +94,25 @@ impl Driver for NodeDriver {
 }
 
 /// The health stream's picture: every device the monitor watches, and each shared
-/// device as its GPU (`shares`: shared device, its GPU's device), so every claim
-/// holding a share of a GPU that went bad is told, not only a claim of the GPU.
-fn node_health(state: &HealthState, shares: &[(String, String)]) -> NodeHealth {
-    let mirrored = shares.iter().filter_map(|(share, gpu)| {
-        state
-            .devices
-            .get(gpu)
-            .filter(|_| !state.devices.contains_key(share))
-            .map(|h| (share, h))
-    });
+/// device as what it runs on (`shares`: shared device, the devices whose health is
+/// its own, nearest first), so every claim holding a share of a GPU or partition
+/// that went bad is told, not only a claim of the GPU. The first of them that is
+/// not healthy decides, else the first the monitor knows.
+fn node_health(state: &HealthState, shares: &[(String, Vec<String>)]) -> NodeHealth {
+    let mirrored = shares
+        .iter()
+        .filter(|(share, _)| !state.devices.contains_key(share))
+        .filter_map(|(share, sources)| {
+            let known: Vec<_> = sources
+                .iter()
+                .filter_map(|s| state.devices.get(s))
+                .collect();
+            known
+                .iter()
+                .find(|h| h.status != Status::Healthy)
+                .or(known.first())
+                .map(|h| (share, *h))
+        });
     let devices = state
         .devices
         .iter()
@@ -129,7 +138,7 @@ fn node_health(state: &HealthState, shares: &[(String, String)]) -> NodeHealth {
 /// runs: when it stops, the forwarded channel closes too.
 fn forward_health(
     mut rx: watch::Receiver<HealthState>,
-    shares: Vec<(String, String)>,
+    shares: Vec<(String, Vec<String>)>,
 ) -> watch::Receiver<NodeHealth> {
     let (tx, out) = watch::channel(node_health(&rx.borrow_and_update(), &shares));
     tokio::spawn(async move {
@@ -149,6 +158,48 @@ mod tests {
     use super::*;
     use topodra_model::health::{Cause, Verdict};
 
+    #[test]
+    fn a_partitions_share_follows_the_partition_and_the_gpus_other_shares_do_not() {
+        let verdict = |status, reason: &str| Verdict {
+            status,
+            since: SystemTime::UNIX_EPOCH,
+            reason: reason.to_owned(),
+            cause: None,
+        };
+        let state = HealthState {
+            devices: [
+                ("gpu-0".to_owned(), verdict(Status::Healthy, "")),
+                (
+                    "gpu-0-mig-3g-40gb-4".to_owned(),
+                    verdict(Status::Unhealthy, "XID 31 on this instance"),
+                ),
+            ]
+            .into(),
+        };
+        let shares = [
+            ("gpu-0-ts".to_owned(), vec!["gpu-0".to_owned()]),
+            (
+                "gpu-0-mig-3g-40gb-4-mps".to_owned(),
+                vec!["gpu-0-mig-3g-40gb-4".to_owned(), "gpu-0".to_owned()],
+            ),
+            (
+                "gpu-0-mig-3g-40gb-0-mps".to_owned(),
+                vec!["gpu-0-mig-3g-40gb-0".to_owned(), "gpu-0".to_owned()],
+            ),
+        ];
+        let h = node_health(&state, &shares);
+        assert_eq!(
+            h.devices["gpu-0-mig-3g-40gb-4-mps"].status,
+            HealthStatus::Unhealthy
+        );
+        assert_eq!(h.devices["gpu-0-ts"].status, HealthStatus::Healthy);
+        // A partition the monitor knows nothing of is as healthy as its GPU.
+        assert_eq!(
+            h.devices["gpu-0-mig-3g-40gb-0-mps"].status,
+            HealthStatus::Healthy
+        );
+    }
+
     #[tokio::test]
     async fn the_monitors_picture_reaches_the_plugin_until_the_monitor_stops() {
         let since = SystemTime::UNIX_EPOCH + Duration::from_secs(7);
@@ -161,7 +212,13 @@ mod tests {
         let (tx, rx) = watch::channel(HealthState {
             devices: [("gpu-0".to_owned(), healthy)].into(),
         });
-        let shares = vec![("gpu-0-ts".to_owned(), "gpu-0".to_owned())];
+        let shares = vec![
+            ("gpu-0-ts".to_owned(), vec!["gpu-0".to_owned()]),
+            (
+                "gpu-0-mig-3g-40gb-4-mps".to_owned(),
+                vec!["gpu-0-mig-3g-40gb-4".to_owned(), "gpu-0".to_owned()],
+            ),
+        ];
         let mut out = forward_health(rx, shares);
         assert_eq!(
             out.borrow_and_update().devices["gpu-0"].status,
@@ -181,8 +238,9 @@ mod tests {
         };
         let now = out.borrow_and_update().clone();
         assert_eq!(now.devices["gpu-0"], expected);
-        // A share of the GPU is as unhealthy as its GPU.
+        // A share of the GPU, or of a partition of it, is as unhealthy as its GPU.
         assert_eq!(now.devices["gpu-0-ts"], expected);
+        assert_eq!(now.devices["gpu-0-mig-3g-40gb-4-mps"], expected);
         drop(tx);
         assert!(out.changed().await.is_err());
     }

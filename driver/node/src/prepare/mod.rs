@@ -380,12 +380,18 @@ impl Preparer {
         &self.own_mig_instances
     }
 
-    /// Each shared device with its GPU's device (`gpu-3-ts`, `gpu-3`): a share is
-    /// as healthy as the GPU it runs on.
-    pub fn shared_devices(&self) -> Vec<(String, String)> {
+    /// Each shared device with the devices whose health is its own, nearest
+    /// first: a partition's shares the partition's (an XID may name the partition
+    /// alone), then the GPU's (`gpu-3-mig-3g-40gb-4-ts`: `gpu-3-mig-3g-40gb-4`,
+    /// `gpu-3`; `gpu-3-ts`: `gpu-3`).
+    pub fn shared_devices(&self) -> Vec<(String, Vec<String>)> {
         self.shared
             .iter()
-            .map(|(name, d)| (name.clone(), d.gpu.device_name()))
+            .map(|(name, d)| {
+                let mut sources: Vec<String> = d.mig.iter().map(|m| m.device.clone()).collect();
+                sources.push(d.gpu.device_name());
+                (name.clone(), sources)
+            })
             .collect()
     }
 
