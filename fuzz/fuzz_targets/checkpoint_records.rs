@@ -41,6 +41,9 @@ fuzz_target!(|data: &[u8]| {
         cdi_spec_dir: dir.path().join("cdi"),
         dynamic_mig: false,
         carver: None,
+        sharing: Default::default(),
+        time_slicer: None,
+        mps: None,
     };
     let files = NvidiaFiles::fixed(
         NvidiaFilesSource::Discovered { root: "/".into() },
