@@ -135,14 +135,16 @@ func TestMPS(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		mounted := false
-		for _, m := range rec.Containers[0].Mounts {
-			if m.Destination == "/tmp/nvidia-mps" && strings.HasSuffix(m.Source, "/mps/"+strings.TrimSuffix(devs[0], "-mps")+"/pipe") {
-				mounted = true
+		for dir, dest := range map[string]string{"pipe": "/tmp/nvidia-mps", "shm": "/dev/shm"} {
+			mounted := false
+			for _, m := range rec.Containers[0].Mounts {
+				if m.Destination == dest && strings.HasSuffix(m.Source, "/mps/"+strings.TrimSuffix(devs[0], "-mps")+"/"+dir) {
+					mounted = true
+				}
 			}
-		}
-		if !mounted {
-			t.Errorf("%s/share: no mount of its GPU's pipe directory at /tmp/nvidia-mps: %+v", ns, rec.Containers[0].Mounts)
+			if !mounted {
+				t.Errorf("%s/share: no mount of its GPU daemon's %s directory at %s: %+v", ns, dir, dest, rec.Containers[0].Mounts)
+			}
 		}
 	}
 	if shared[0] != shared[1] {

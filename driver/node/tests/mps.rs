@@ -267,6 +267,17 @@ fn two_shares_run_under_one_daemon_and_each_container_gets_its_limits() {
         assert!(edits.env.iter().any(|e| e == want), "{:?}", edits.env);
     }
     assert_eq!(edits.mounts[0].host_path, pipe.display().to_string());
+    // The daemon's /dev/shm is the directory every share's container gets there.
+    let shm = node.mps_dir().join("gpu-2/shm");
+    assert_eq!(edits.mounts[1].host_path, shm.display().to_string());
+    assert_eq!(edits.mounts[1].container_path, "/dev/shm");
+    let pid = driver_root::mps_daemon_pid(&pipe).unwrap().unwrap();
+    let inode = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+    assert_eq!(
+        inode(Path::new(&format!("/proc/{pid}/root/dev/shm"))),
+        inode(&shm),
+        "the daemon's /dev/shm"
+    );
 
     p.unprepare("u1").unwrap();
     assert!(node.daemon_alive("gpu-2"), "u2 still runs on it");

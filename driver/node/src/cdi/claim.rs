@@ -370,6 +370,18 @@ fn share_edits(device: &mut Device, share_id: &str, share: &ShareIntent) {
                 edits
                     .env
                     .push(format!("CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_DIR}"));
+                // The daemon's shared memory, beside its pipes (`sharing::mps`).
+                if let Some(shm) = std::path::Path::new(pipe).parent().map(|d| d.join("shm")) {
+                    edits.mounts.push(Mount {
+                        host_path: shm.display().to_string(),
+                        container_path: "/dev/shm".to_owned(),
+                        kind: Some("bind".to_owned()),
+                        options: ["rw", "nosuid", "nodev", "rbind"]
+                            .into_iter()
+                            .map(str::to_owned)
+                            .collect(),
+                    });
+                }
             }
             if let Some(mode) = share.prior_compute_mode {
                 a.insert(ANNOTATION_PRIOR_COMPUTE_MODE.into(), mode.to_string());

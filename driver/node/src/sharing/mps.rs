@@ -17,6 +17,7 @@
 //! its pipe directory.
 
 use std::io::Write as _;
+use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -54,6 +55,11 @@ pub struct MpsDirs {
     pub pipe: PathBuf,
     /// `CUDA_MPS_LOG_DIRECTORY`: `control.log` and `server.log`.
     pub log: PathBuf,
+    /// The daemon's `/dev/shm`, and every client container's: MPS clients and
+    /// their server meet in shared memory as well as in the pipes, which is why
+    /// guides for MPS in Kubernetes ask for `hostIPC`. A directory of its own per
+    /// daemon gives them that without the host's.
+    pub shm: PathBuf,
 }
 
 /// Sets compute modes and starts and stops MPS control daemons.
@@ -124,6 +130,7 @@ impl MpsControl {
         MpsDirs {
             pipe: base.join("pipe"),
             log: base.join("log"),
+            shm: base.join("shm"),
         }
     }
 
@@ -162,12 +169,20 @@ impl MpsControl {
     pub fn start(&self, gpu_device: &str, uuid: &str) -> Result<MpsDirs, SharingError> {
         let dirs = self.dirs(gpu_device);
         self.stop(&dirs.pipe)?;
-        for d in [&dirs.pipe, &dirs.log] {
+        for d in [&dirs.pipe, &dirs.log, &dirs.shm] {
             std::fs::create_dir_all(d).map_err(|source| SharingError::Dir {
                 path: d.clone(),
                 source,
             })?;
         }
+        // Like /dev/shm: clients run as any user (each user gets an MPS server of
+        // its own), and each may create its segments there.
+        std::fs::set_permissions(&dirs.shm, std::fs::Permissions::from_mode(0o1777)).map_err(
+            |source| SharingError::Dir {
+                path: dirs.shm.clone(),
+                source,
+            },
+        )?;
         let mut cmd = match &self.host {
             Some(host) => {
                 let program = host.host_path(&self.program).unwrap_or_default();
@@ -198,6 +213,10 @@ impl MpsControl {
                 Vec::new()
             }
         };
+        shm_at_dev_shm(&mut cmd, &dirs.shm).map_err(|source| SharingError::Dir {
+            path: dirs.shm.clone(),
+            source,
+        })?;
         self.run(cmd, "-d", None)?;
         tracing::info!(gpu = uuid, pipe = %dirs.pipe.display(), "MPS control daemon started");
         Ok(dirs)
@@ -296,6 +315,37 @@ impl MpsControl {
                 .to_owned(),
         })
     }
+}
+
+/// Makes `cmd` run in a mount namespace of its own whose `/dev/shm` is `shm`, so
+/// the daemon and the servers it starts share memory with the clients that get
+/// the same directory (the CDI spec mounts it at their `/dev/shm`). After any
+/// host namespaces are entered (pre_exec hooks run in order).
+fn shm_at_dev_shm(cmd: &mut Command, shm: &Path) -> std::io::Result<()> {
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_encoded_bytes())
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+    };
+    let source = c(shm)?;
+    let target = c(Path::new("/dev/shm"))?;
+    let root = c(Path::new("/"))?;
+    // SAFETY: only async-signal-safe calls (unshare, mount) on memory prepared
+    // before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            let none = std::ptr::null();
+            if libc::unshare(libc::CLONE_NEWNS) != 0
+                // Private, so the bind below stays in this namespace and no mount
+                // event of the host reaches it.
+                || libc::mount(none, root.as_ptr(), none, libc::MS_REC | libc::MS_PRIVATE, none.cast()) != 0
+                || libc::mount(source.as_ptr(), target.as_ptr(), none, libc::MS_BIND, none.cast()) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(())
 }
 
 /// The pipe directory a command was given.

@@ -574,12 +574,18 @@ fn an_mps_share_gets_its_daemons_pipe_directory_and_its_limits() {
         ]
     );
     let mounts = &device.container_edits.mounts;
-    assert_eq!(mounts.len(), 1);
+    assert_eq!(mounts.len(), 2);
     assert_eq!(
         mounts[0].host_path,
         "/var/lib/kubelet/plugins/gpu.topodra.dev/mps/gpu-2/pipe"
     );
     assert_eq!(mounts[0].container_path, "/tmp/nvidia-mps");
+    // The daemon's shared memory replaces the container's own.
+    assert_eq!(
+        mounts[1].host_path,
+        "/var/lib/kubelet/plugins/gpu.topodra.dev/mps/gpu-2/shm"
+    );
+    assert_eq!(mounts[1].container_path, "/dev/shm");
     let a = &device.annotations;
     assert_eq!(a["topodra.dev/sharing"], "MPS");
     assert_eq!(a["topodra.dev/compute-percent"], "30");
