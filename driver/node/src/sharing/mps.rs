@@ -28,7 +28,7 @@ use nvml_wrapper::enum_wrappers::device::ComputeMode;
 
 use super::SharingError;
 use super::host::HostNamespaces;
-use super::process::wait_within;
+use super::process::{lib_dir_of, library_path, wait_within};
 
 /// Where a driver root keeps the MPS control program.
 const CANDIDATES: &[&str] = &[
@@ -104,7 +104,7 @@ impl MpsControl {
         Ok(Self {
             nvml,
             program,
-            lib_dir: nvml_lib.and_then(Path::parent).map(Path::to_owned),
+            lib_dir: lib_dir_of(nvml_lib),
             dir,
             timeout: DEFAULT_TIMEOUT,
             host: None,
@@ -187,7 +187,15 @@ impl MpsControl {
             Some(host) => {
                 let program = host.host_path(&self.program).unwrap_or_default();
                 let lib_dir = self.lib_dir.as_deref().and_then(|l| host.host_path(l));
-                self.command_of(&program, lib_dir.as_deref(), &dirs.pipe)?
+                let mut cmd = self.command_of(&program, None, &dirs.pipe)?;
+                // This process's library path names its own mounts, which the host
+                // does not have; the host's loader finds its driver as it does for
+                // any host process.
+                cmd.env_remove("LD_LIBRARY_PATH");
+                if let Some(dir) = lib_dir {
+                    cmd.env("LD_LIBRARY_PATH", dir);
+                }
+                cmd
             }
             None => self.command(&dirs.pipe)?,
         };
@@ -276,8 +284,8 @@ impl MpsControl {
         cmd.env("CUDA_MPS_PIPE_DIRECTORY", pipe)
             .stdout(stdout)
             .stderr(stderr);
-        if let Some(dir) = lib_dir {
-            cmd.env("LD_LIBRARY_PATH", dir);
+        if let Some(path) = library_path(lib_dir) {
+            cmd.env("LD_LIBRARY_PATH", path);
         }
         Ok(cmd)
     }

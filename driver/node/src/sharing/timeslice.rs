@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use super::SharingError;
-use super::process::wait_within;
+use super::process::{lib_dir_of, library_path, wait_within};
 
 /// Where a driver root keeps `nvidia-smi`: `/usr/bin` in the driver packages and
 /// the GPU Operator's driver container, `/bin` in a root without merged `/usr`.
@@ -46,10 +46,7 @@ impl TimeSlicer {
             .ok_or_else(|| SharingError::NoNvidiaSmi {
                 root: root.to_owned(),
             })?;
-        Ok(Self::at(
-            program,
-            nvml_lib.and_then(Path::parent).map(Path::to_owned),
-        ))
+        Ok(Self::at(program, lib_dir_of(nvml_lib)))
     }
 
     /// This program as `nvidia-smi`.
@@ -80,12 +77,7 @@ impl TimeSlicer {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        if let Some(dir) = &self.lib_dir {
-            let mut path = std::ffi::OsString::from(dir);
-            if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|o| !o.is_empty()) {
-                path.push(":");
-                path.push(old);
-            }
+        if let Some(path) = library_path(self.lib_dir.as_deref()) {
             cmd.env("LD_LIBRARY_PATH", path);
         }
         let mut child = cmd.spawn().map_err(|source| SharingError::Spawn {
