@@ -360,8 +360,11 @@ fn a_daemon_killed_behind_the_plugins_back_does_not_block_unprepare() {
     unsafe {
         libc::kill(pid as libc::pid_t, libc::SIGKILL);
     }
+    // Whether the kill lands before or after the unprepare tells the daemon to
+    // quit, the unprepare finds it gone and goes on.
     p.unprepare("u1").unwrap();
     assert_eq!(node.compute_mode(0), 0);
+    assert!(!node.daemon_alive("gpu-0"));
 }
 
 /// With the host's namespaces (the chart's `--mps-host-namespaces`): the daemon

@@ -44,6 +44,9 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// for its pipe directory.
 const NO_DAEMON: &str = "Cannot find MPS control daemon process";
 
+/// The file in the pipe directory where the control daemon writes its PID.
+const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
+
 /// nvml.h's `NVML_COMPUTEMODE_EXCLUSIVE_PROCESS`.
 pub const EXCLUSIVE_PROCESS: u32 = 3;
 
@@ -244,10 +247,12 @@ impl MpsControl {
                 Ok(())
             }
             // What the client prints when no daemon listens on the pipe directory
-            // (one killed without `quit` leaves its `control` behind): nothing runs
-            // there to stop.
-            Err(SharingError::Failed { output, .. }) if output.contains(NO_DAEMON) => {
-                tracing::warn!(pipe = %pipe.display(), "no MPS control daemon answers; taken as stopped");
+            // (one killed without `quit` leaves its `control` behind), or a daemon
+            // that died while it was told: nothing runs there to stop.
+            Err(SharingError::Failed { output, .. })
+                if output.contains(NO_DAEMON) || !daemon_runs(pipe) =>
+            {
+                tracing::warn!(pipe = %pipe.display(), "no MPS control daemon runs there; taken as stopped");
                 Ok(())
             }
             Err(e) => Err(e),
@@ -354,6 +359,28 @@ fn shm_at_dev_shm(cmd: &mut Command, shm: &Path) -> std::io::Result<()> {
         });
     }
     Ok(())
+}
+
+/// Whether the control daemon of `pipe` still runs: the daemon writes its PID to
+/// `nvidia-cuda-mps-control.pid` in its pipe directory (NVIDIA's MPS
+/// documentation). Without a readable PID it is taken as running, so a daemon
+/// that may live is never forgotten. An exited process that waits to be reaped
+/// counts as gone.
+fn daemon_runs(pipe: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string(pipe.join(PID_FILE)) else {
+        return true;
+    };
+    let Ok(pid) = text.trim().parse::<u32>() else {
+        return true;
+    };
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses.
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
 }
 
 /// The pipe directory a command was given.
