@@ -157,22 +157,11 @@ pub fn amount(q: &Quantity) -> Option<u64> {
 /// An amount as people read it: bytes (a capacity named `memory`) with the largest
 /// binary suffix that keeps it exact (`20Gi`, `81559Mi`), anything else as a number.
 pub fn amount_text(capacity: &str, value: u64) -> String {
-    const BINARY: [(&str, u32); 6] = [
-        ("Ei", 60),
-        ("Pi", 50),
-        ("Ti", 40),
-        ("Gi", 30),
-        ("Mi", 20),
-        ("Ki", 10),
-    ];
-    if capacity.ends_with("memory") && value >= 1024 {
-        for (suffix, shift) in BINARY {
-            if value.trailing_zeros() >= shift {
-                return format!("{}{suffix}", value >> shift);
-            }
-        }
-    }
-    value.to_string()
+    capacity
+        .ends_with("memory")
+        .then(|| crate::slice::quantity::exact_binary(value))
+        .flatten()
+        .unwrap_or_else(|| value.to_string())
 }
 
 #[cfg(test)]

@@ -67,9 +67,6 @@ pub struct Explanation {
     pub message: String,
 }
 
-/// How many candidate nodes a message names before it says "and N more".
-const NAMED: usize = 3;
-
 pub fn explain(cluster: &Cluster, demand: &Demand) -> Explanation {
     if demand.shares_only() {
         return super::shares::explain_shares(cluster, demand);
@@ -113,19 +110,7 @@ pub fn explain(cluster: &Cluster, demand: &Demand) -> Explanation {
     if !fits.is_empty() {
         let named: Vec<String> = fits.iter().take(NAMED).map(Candidate::describe).collect();
         let more = fits.len().saturating_sub(NAMED);
-        message.push_str(&format!(
-            "; fits now on {} node{} ({}{}): the scheduler has not retried yet, or something \
-             else keeps the pod off them (node selector or affinity, node taints, device \
-             selectors, its other claims)",
-            fits.len(),
-            plural(fits.len()),
-            named.join("; "),
-            if more > 0 {
-                format!("; and {more} more")
-            } else {
-                String::new()
-            },
-        ));
+        message.push_str(&fits_now(fits.len(), "node", &named, more));
     } else {
         let free_sets = if demand.count == 1 {
             "a free GPU"
@@ -185,6 +170,27 @@ pub(super) fn push_caveats(message: &mut String, cluster: &Cluster, demand: &Dem
     if !unjudged.is_empty() {
         message.push_str(&format!(" (not checked: {})", unjudged.join(", ")));
     }
+}
+
+/// How many places and groups a message names; the rest are counted.
+pub(super) const NAMED: usize = 3;
+
+/// What a message says of a demand that fits now on `total` places (`place`,
+/// `node` or `NUMA node`): the `named` ones, `more` counted, and why the pod may
+/// still wait.
+pub(super) fn fits_now(total: usize, place: &str, named: &[String], more: usize) -> String {
+    format!(
+        "; fits now on {total} {place}{} ({}{}): the scheduler has not retried yet, or something \
+         else keeps the pod off them (node selector or affinity, node taints, device \
+         selectors, its other claims)",
+        plural(total),
+        named.join("; "),
+        if more > 0 {
+            format!("; and {more} more")
+        } else {
+            String::new()
+        },
+    )
 }
 
 pub(super) fn plural(n: usize) -> &'static str {

@@ -7,11 +7,8 @@
 //! which needs an uncarved GPU. That is what the message names: fragmentation, not a
 //! lack of GPUs.
 
-use super::explain::{Candidate, Explanation, plural, push_caveats};
+use super::explain::{Candidate, Explanation, NAMED, fits_now, plural, push_caveats};
 use super::{Cluster, Demand, Level, NodeSummary, ProfileGroup};
-
-/// How many places and GPU groups a message names.
-const NAMED: usize = 3;
 
 /// The explanation for a demand of MIG devices only ([`Demand::mig`], no whole GPUs).
 /// A constraint on the NUMA node is judged per NUMA node; one on any other level is
@@ -44,15 +41,9 @@ pub(super) fn explain_mig(cluster: &Cluster, demand: &Demand) -> Explanation {
             .take(NAMED)
             .map(Candidate::describe_free_mig)
             .collect();
-        message.push_str(&format!(
-            "; fits now on {} {}{} ({}): the scheduler has not retried yet, or something \
-             else keeps the pod off them (node selector or affinity, node taints, device \
-             selectors, its other claims)",
-            fits.len(),
-            if numa { "NUMA node" } else { "node" },
-            plural(fits.len()),
-            named.join("; "),
-        ));
+        // The places past the named ones are not counted here, as before.
+        let place = if numa { "NUMA node" } else { "node" };
+        message.push_str(&fits_now(fits.len(), place, &named, 0));
     } else {
         if numa && nodes_with_enough_free > 0 {
             message.push_str(&format!(

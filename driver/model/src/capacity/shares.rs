@@ -11,11 +11,8 @@ use std::collections::BTreeMap;
 
 use super::consumable::amount_text;
 use super::demand::{ShareWant, mode_words};
-use super::explain::{Candidate, Explanation, plural, push_caveats};
+use super::explain::{Candidate, Explanation, NAMED, fits_now, plural, push_caveats};
 use super::{Cluster, Demand, Level, NodeSummary, SharedGroup};
-
-/// How many places a message names.
-const NAMED: usize = 3;
 
 /// The explanation for a demand of shares only ([`Demand::shares_only`]). A
 /// constraint on the NUMA node is judged per NUMA node; one on any other level is not
@@ -67,20 +64,8 @@ pub(super) fn explain_shares(cluster: &Cluster, demand: &Demand) -> Explanation 
             .map(|c| format!("{}: room for {}", c.describe(), c.free))
             .collect();
         let more = fits.len().saturating_sub(NAMED);
-        message.push_str(&format!(
-            "; fits now on {} {}{} ({}{}): the scheduler has not retried yet, or something \
-             else keeps the pod off them (node selector or affinity, node taints, device \
-             selectors, its other claims)",
-            fits.len(),
-            if numa { "NUMA node" } else { "node" },
-            plural(fits.len()),
-            named.join("; "),
-            if more > 0 {
-                format!("; and {more} more")
-            } else {
-                String::new()
-            },
-        ));
+        let place = if numa { "NUMA node" } else { "node" };
+        message.push_str(&fits_now(fits.len(), place, &named, more));
     } else {
         if numa && nodes_with_enough_free > 0 {
             message.push_str(&format!(

@@ -18,7 +18,7 @@ pub mod aliases;
 pub mod attributes;
 mod order;
 mod partitions;
-mod quantity;
+pub(crate) mod quantity;
 pub(crate) mod sharing;
 mod split;
 pub(crate) mod validate;

@@ -28,12 +28,8 @@ const DECIMAL: [(&str, u64); 6] = [
 /// value in decimal form, because the server only keeps a binary spelling when it is
 /// exact and at least 1Ki.
 pub(crate) fn bytes(n: u64) -> Quantity {
-    if n >= 1024 {
-        for (suffix, shift) in BINARY {
-            if n.trailing_zeros() >= shift {
-                return Quantity(format!("{}{suffix}", n >> shift));
-            }
-        }
+    if let Some(binary) = exact_binary(n) {
+        return Quantity(binary);
     }
     if n != 0 {
         for (suffix, unit) in DECIMAL {
@@ -43,6 +39,18 @@ pub(crate) fn bytes(n: u64) -> Quantity {
         }
     }
     Quantity(n.to_string())
+}
+
+/// `n` bytes with the largest binary suffix that keeps it exact (`81559Mi`),
+/// from 1Ki up; `None` below that or without one.
+pub(crate) fn exact_binary(n: u64) -> Option<String> {
+    if n < 1024 {
+        return None;
+    }
+    BINARY
+        .iter()
+        .find(|(_, shift)| n.trailing_zeros() >= *shift)
+        .map(|(suffix, shift)| format!("{}{suffix}", n >> shift))
 }
 
 #[cfg(test)]
