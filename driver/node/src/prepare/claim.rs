@@ -442,13 +442,7 @@ impl Preparer {
         prepared: &[PreparedGpu],
         made: &BTreeMap<String, MadeInstance>,
     ) -> Result<(), ClaimError> {
-        for (d, share) in mps_shares(prepared) {
-            if self.state.read(|cp| {
-                cp.live_mps_share(&share.gpu_device, &claim_ref.uid)
-                    .is_some()
-            }) {
-                continue;
-            }
+        for (d, share) in self.mps_alone(claim_ref, prepared) {
             let mps = self.mps_for(claim_ref, &d.device)?;
             let err = |e| sharing_error(claim_ref, &d.device, e);
             if share.prior_compute_mode.is_some() {
@@ -473,23 +467,27 @@ impl Preparer {
         claim_ref: &ClaimIdentity,
         devices: &[PreparedGpu],
     ) -> Result<(), ClaimError> {
-        for (d, share) in mps_shares(devices) {
-            if self.state.read(|cp| {
-                cp.live_mps_share(&share.gpu_device, &claim_ref.uid)
-                    .is_some()
-            }) {
-                continue;
-            }
-            let mps = self.mps_for(claim_ref, &d.device)?;
-            let err = |e| sharing_error(claim_ref, &d.device, e);
-            if let Some(pipe) = &share.pipe_dir {
-                mps.stop(std::path::Path::new(pipe)).map_err(err)?;
-            }
-            if let Some(prior) = share.prior_compute_mode {
-                mps.set_compute_mode(&share.gpu_uuid, prior).map_err(err)?;
-            }
+        for (d, share) in self.mps_alone(claim_ref, devices) {
+            self.mps_for(claim_ref, &d.device)?
+                .undo(share)
+                .map_err(|e| sharing_error(claim_ref, &d.device, e))?;
         }
         Ok(())
+    }
+
+    /// The MPS shares of `devices` whose GPU or partition no other claim's MPS
+    /// share holds in this boot: the ones whose daemon and compute mode are this
+    /// claim's to set up or undo.
+    fn mps_alone<'d>(
+        &self,
+        claim_ref: &ClaimIdentity,
+        devices: &'d [PreparedGpu],
+    ) -> Vec<(&'d PreparedGpu, &'d ShareIntent)> {
+        self.state.read(|cp| {
+            mps_shares(devices)
+                .filter(|(_, s)| cp.live_mps_share(&s.gpu_device, &claim_ref.uid).is_none())
+                .collect()
+        })
     }
 
     fn time_slicer_for(

@@ -187,15 +187,9 @@ fn stop_mps(
         {
             continue;
         }
-        let mps = mps.ok_or("no MPS control to stop the daemon of a shared GPU")?;
-        if let Some(pipe) = &share.pipe_dir {
-            mps.stop(std::path::Path::new(pipe))
-                .map_err(|e| format!("{}: {e}", d.device))?;
-        }
-        if let Some(prior) = share.prior_compute_mode {
-            mps.set_compute_mode(&share.gpu_uuid, prior)
-                .map_err(|e| format!("{}: {e}", d.device))?;
-        }
+        mps.ok_or("no MPS control to stop the daemon of a shared GPU")?
+            .undo(share)
+            .map_err(|e| format!("{}: {e}", d.device))?;
     }
     Ok(())
 }

@@ -29,6 +29,7 @@ use nvml_wrapper::enum_wrappers::device::ComputeMode;
 use super::SharingError;
 use super::host::HostNamespaces;
 use super::process::{lib_dir_of, library_path, wait_within};
+use topodra_model::checkpoint::ShareIntent;
 
 /// Where a driver root keeps the MPS control program.
 const CANDIDATES: &[&str] = &[
@@ -231,6 +232,19 @@ impl MpsControl {
         self.run(cmd, "-d", None)?;
         tracing::info!(gpu = uuid, pipe = %dirs.pipe.display(), "MPS control daemon started");
         Ok(dirs)
+    }
+
+    /// Undoes what the first MPS share of a GPU or partition set up, as `share`
+    /// records it: its daemon quits, then a GPU's compute mode goes back to what
+    /// it was before MPS. Both steps are idempotent, so a retry redoes them.
+    pub fn undo(&self, share: &ShareIntent) -> Result<(), SharingError> {
+        if let Some(pipe) = &share.pipe_dir {
+            self.stop(Path::new(pipe))?;
+        }
+        if let Some(prior) = share.prior_compute_mode {
+            self.set_compute_mode(&share.gpu_uuid, prior)?;
+        }
+        Ok(())
     }
 
     /// Tells the daemon of `pipe` to quit. Nothing to do when no daemon made its
