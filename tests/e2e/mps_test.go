@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,7 +13,6 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -104,7 +102,6 @@ func TestMPS(t *testing.T) {
 		t.Errorf("gpu-0-mps compute capacity %+v, want 100 percent", mps.Capacity)
 	}
 
-	ctx := context.Background()
 	var pods []*v1.Pod
 	for i, ns := range []string{"team-a", "team-b"} {
 		e.createNamespace(ns)
@@ -182,10 +179,7 @@ func TestMPS(t *testing.T) {
 	e.waitRegistered(time.Minute)
 
 	for _, p := range append(pods, e.waitPodRunning("team-b", "big", time.Minute)) {
-		if err := e.admin.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		e.waitPodGone(p.Namespace, p.Name, 2*time.Minute)
+		e.deletePods(p.Namespace, p.Name)
 	}
 	eventually(t, time.Minute, func() error {
 		if d := e.mpsDaemons(); len(d) != 0 {
@@ -216,7 +210,6 @@ func TestMPSOnMIGPartition(t *testing.T) {
 		t.Fatalf("no gpu-7-mig-3g-40gb-4-mps among %d devices", len(devices))
 	}
 
-	ctx := context.Background()
 	template := func(ns string) string {
 		return strings.Replace(mpsTemplate(ns, "share", "10Gi", 50),
 			"            capacity:",
@@ -267,10 +260,7 @@ func TestMPSOnMIGPartition(t *testing.T) {
 	t.Logf("two namespaces share %s through MPS daemon %v on instance %v", shared[0], daemons, instances)
 
 	for _, p := range pods {
-		if err := e.admin.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		e.waitPodGone(p.Namespace, p.Name, 2*time.Minute)
+		e.deletePods(p.Namespace, p.Name)
 	}
 	eventually(t, time.Minute, func() error {
 		if d := e.mpsDaemons(); len(d) != 0 {
@@ -353,10 +343,7 @@ spec:
 	if rec.Containers[0].CPUSetCPUs == "" {
 		t.Errorf("no cpuset from the CPU driver")
 	}
-	if err := e.admin.CoreV1().Pods(ns).Delete(context.Background(), "aligned", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	e.waitPodGone(ns, "aligned", 2*time.Minute)
+	e.deletePods(ns, "aligned")
 	eventually(t, time.Minute, func() error {
 		if d := e.mpsDaemons(); len(d) != 0 {
 			return fmt.Errorf("daemons still running: %v", d)

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,7 +11,6 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // shareTemplate is a claim template for one share of a time-sliced GPU with
@@ -115,7 +113,6 @@ func TestTimeSlicing(t *testing.T) {
 		t.Errorf("gpu-0-ts memory capacity %+v, want a request policy defaulting to 11Gi (46068 MiB / 4)", mem)
 	}
 
-	ctx := context.Background()
 	var pods []*v1.Pod
 	for _, ns := range []string{"team-a", "team-b"} {
 		e.createNamespace(ns)
@@ -186,10 +183,7 @@ func TestTimeSlicing(t *testing.T) {
 	// The last share of the GPU resets its interval; the whole-GPU claim then fits
 	// once nothing else shares a GPU.
 	for _, p := range append(pods, byResource) {
-		if err := e.admin.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		e.waitPodGone(p.Namespace, p.Name, 2*time.Minute)
+		e.deletePods(p.Namespace, p.Name)
 	}
 	eventually(t, time.Minute, func() error {
 		calls := e.smiCalls()
