@@ -92,6 +92,19 @@ pub struct Args {
     )]
     pub(crate) write_delay_milliseconds: u64,
 
+    /// NodeResourceTopology writes a second over the whole fleet, at most: nodes
+    /// take turns in the order their objects fell behind. This keeps the
+    /// controller's writes flat in the fleet's size; what grows with it is how long
+    /// an object can trail its GPUs when every node changes (nodes waiting / this).
+    #[arg(long, env = "TOPODRA_NRT_WRITES_PER_SECOND", default_value_t = 1.0)]
+    pub(crate) nrt_writes_per_second: f64,
+
+    /// Seconds between two writes of one node's NodeResourceTopology, at least, so
+    /// that a busy node cannot take the fleet's budget from the others (the NFD
+    /// topology updater re-examines every 60 s).
+    #[arg(long, env = "TOPODRA_NRT_NODE_INTERVAL_SECONDS", default_value_t = 60)]
+    pub(crate) nrt_node_interval_seconds: u64,
+
     /// Elect a leader among replicas on a Lease; off for a single replica.
     #[arg(long, env = "TOPODRA_LEADER_ELECT", default_value_t = true, action = ArgAction::Set)]
     pub(crate) leader_elect: bool,
@@ -131,6 +144,16 @@ impl Args {
             return Err(format!(
                 "--lease-renew-before-seconds ({}) must be above 0 and below --lease-duration-seconds ({})",
                 self.lease_renew_before_seconds, self.lease_duration_seconds
+            ));
+        }
+        // 1000 a second is past anything an API server should take from one client;
+        // 1/3600 (one write an hour) is the least that still keeps objects moving.
+        if !(self.nrt_writes_per_second.is_finite()
+            && (1.0 / 3600.0..=1000.0).contains(&self.nrt_writes_per_second))
+        {
+            return Err(format!(
+                "--nrt-writes-per-second must be between 0.0003 (one an hour) and 1000, not {}",
+                self.nrt_writes_per_second
             ));
         }
         if self.nrt_resource_name.trim().is_empty() {

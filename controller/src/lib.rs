@@ -4,8 +4,9 @@
 //!   every ResourceClaim, DeviceTaintRules, DeviceClasses, Nodes (metadata only) and
 //!   unscheduled Pods, keeps the capacity model of `topodra_model::capacity` current
 //!   from them (`state`), and, while it holds the leader Lease (`leader`), writes
-//!   what the old stack's node agents did (`writer`): per-NUMA NodeResourceTopology
-//!   objects, and Events that explain pods waiting for GPUs. Metrics come from every
+//!   what the old stack's node agents did: per-NUMA NodeResourceTopology objects,
+//!   reconciled per node within a fleet-wide write budget (`reconcile`, `budget`),
+//!   and Events that explain pods waiting for GPUs (`writer`). Metrics come from every
 //!   replica (`metrics`).
 //! - `kubectl-topodra` is [`kubectl::parse_and_run`]: the same model, read on demand.
 //!
@@ -25,12 +26,14 @@
 #![cfg_attr(test, allow(clippy::arithmetic_side_effects))]
 
 mod args;
+mod budget;
 pub mod classes;
 pub mod kubectl;
 mod leader;
 mod metrics;
 pub mod nrt;
 pub mod pending;
+mod reconcile;
 mod run;
 mod state;
 mod writer;

@@ -6,6 +6,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use topodra_model::capacity::{Cluster, Finding, Level, SET_SIZES};
 use topodra_ops::metrics::Registry;
 use topodra_ops::requests::RequestCounter;
@@ -68,6 +69,8 @@ pub(crate) struct Metrics {
     cpu_numa_ignored: Gauge,
     writes: Family<WriteLabels, Counter>,
     writes_skipped: Counter,
+    nrt_write_lag: Histogram,
+    nrt_nodes_waiting: Gauge,
     invalid_values: Family<LevelLabels, Counter>,
     pool_skips: Family<ReasonLabels, Counter>,
     skipped_pools: Gauge,
@@ -92,6 +95,9 @@ impl Metrics {
             cpu_numa_ignored: Gauge::default(),
             writes: Family::default(),
             writes_skipped: Counter::default(),
+            // 1 s to about 68 min: the budget's worst case for a few thousand nodes.
+            nrt_write_lag: Histogram::new(exponential_buckets(1.0, 2.0, 13)),
+            nrt_nodes_waiting: Gauge::default(),
             invalid_values: Family::default(),
             pool_skips: Family::default(),
             skipped_pools: Gauge::default(),
@@ -162,6 +168,16 @@ impl Metrics {
             "writes_skipped",
             "NodeResourceTopology writes skipped because the object already held the content",
             m.writes_skipped.clone(),
+        );
+        registry.register(
+            "nrt_write_lag_seconds",
+            "Seconds from the first change a node's NodeResourceTopology did not show to the write that showed it (debounce, the node's write interval and the fleet's write budget)",
+            m.nrt_write_lag.clone(),
+        );
+        registry.register(
+            "nrt_nodes_waiting",
+            "Nodes whose NodeResourceTopology waits for a write",
+            m.nrt_nodes_waiting.clone(),
         );
         registry.register(
             "invalid_slice_values",
@@ -292,6 +308,16 @@ impl Metrics {
 
     pub(crate) fn write_skipped(&self) {
         self.writes_skipped.inc();
+    }
+
+    /// A node's object was written `lag` after the first change it did not show.
+    pub(crate) fn observe_nrt_write_lag(&self, lag: std::time::Duration) {
+        self.nrt_write_lag.observe(lag.as_secs_f64());
+    }
+
+    pub(crate) fn set_nrt_nodes_waiting(&self, n: usize) {
+        self.nrt_nodes_waiting
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     pub(crate) fn connection_rejected(&self) {

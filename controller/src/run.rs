@@ -10,8 +10,9 @@ use futures::stream::{BoxStream, SelectAll};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
-use kube::api::{Api, PartialObjectMeta};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta};
 use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector;
 use kube::runtime::watcher::{self, watcher};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -23,11 +24,13 @@ use topodra_ops::requests::{RequestCounter, counted_client};
 use tracing::{info, warn};
 
 use crate::Args;
+use crate::budget::{NodeInterval, WriteBudget};
 use crate::leader::{Leadership, LeaseConfig};
 use crate::metrics::Metrics;
 use crate::nrt::{self, NrtOptions};
-use crate::state::{Input, Kind, State};
-use crate::writer::{self, Command};
+use crate::reconcile::{self, Reconciler};
+use crate::state::{Input, Kind, State, Write};
+use crate::writer::{self, PodEvent};
 
 /// How the API server's audit log and metrics name this program.
 const USER_AGENT: &str = concat!("topodra-controller/", env!("CARGO_PKG_VERSION"));
@@ -125,7 +128,10 @@ pub(crate) async fn run(cli: Args) -> Result<()> {
         Kind::Nodes,
         Kind::Pods,
     ]);
-    let mut inputs = inputs(&client, &cli.driver_name, &metrics);
+    // The Nodes' metadata, kept by the library's reflector: the store the per-node
+    // reconciler reads its objects from.
+    let (nodes, node_writer) = reflector::store();
+    let mut inputs = inputs(&client, &cli.driver_name, &metrics, node_writer);
     if !cli.cpu_driver_name.is_empty() {
         watched.insert(Kind::CpuSlices);
         inputs.push(bounded::<ResourceSlice>(
@@ -154,19 +160,19 @@ pub(crate) async fn run(cli: Args) -> Result<()> {
             topodra_model::slice::MANAGED_BY
         );
         inputs.push(stream(
-            writer::nrt_api(client.clone()),
+            nrt_api(client.clone()),
             watcher::Config::default().labels(&selector),
             Input::Nrt,
             Kind::Nrts,
         ));
     }
 
-    let (commands, commands_rx) = mpsc::channel(64);
+    let (events, events_rx) = mpsc::channel(64);
     let writer = tokio::spawn(writer::run(
         client.clone(),
         identity,
         metrics.clone(),
-        commands_rx,
+        events_rx,
     ));
 
     let opts = NrtOptions {
@@ -179,9 +185,24 @@ pub(crate) async fn run(cli: Args) -> Result<()> {
         .iter()
         .map(ToString::to_string)
         .collect();
-    let mut state = State::new(&cli.driver_name, cli.device_classes.clone())
-        .with_cpu_driver(&cli.cpu_driver_name, &aliases);
+    let state = Arc::new(Mutex::new(
+        State::new(&cli.driver_name, cli.device_classes.clone())
+            .with_cpu_driver(&cli.cpu_driver_name, &aliases),
+    ));
     let delay = Duration::from_millis(cli.write_delay_milliseconds);
+    let (triggers, triggers_rx) = mpsc::unbounded_channel();
+    let reconciler = nrt_enabled.then(|| {
+        let ctx = Arc::new(Reconciler::new(
+            nrt_api(client.clone()),
+            state.clone(),
+            opts,
+            leadership.is_leader.clone(),
+            WriteBudget::per_second(cli.nrt_writes_per_second),
+            NodeInterval::new(Duration::from_secs(cli.nrt_node_interval_seconds)),
+            metrics.clone(),
+        ));
+        tokio::spawn(reconcile::run(ctx, nodes.clone(), triggers_rx, delay))
+    });
     let min_interval = Duration::from_secs(cli.pending_event_min_interval_seconds);
     let mut leader = *leadership.is_leader.borrow_and_update();
     metrics.set_leader(leader);
@@ -200,8 +221,12 @@ pub(crate) async fn run(cli: Args) -> Result<()> {
             next = inputs.next() => match next {
                 Some(Ok(input)) => {
                     metrics.watch_event(input.kind());
+                    let mut state = lock(&state);
                     let applied = state.apply(input);
                     report_findings(&applied.findings, &metrics);
+                    if synced && nrt_enabled {
+                        send_triggers(&mut state, &triggers);
+                    }
                     // Nothing a pass acts on changed: no pass, and no wake-up for it.
                     if applied.pass_due && flush_at.is_none() {
                         flush_at = Some(after(delay));
@@ -223,58 +248,102 @@ pub(crate) async fn run(cli: Args) -> Result<()> {
                     metrics.set_leader(leader);
                     if leader {
                         info!("became the leader: writing from now on");
-                        state.mark_all_dirty();
+                        lock(&state).mark_all_dirty();
                         flush_at = Some(Instant::now());
                     } else {
+                        // Reconciles already queued find they do not lead and write nothing.
                         warn!("lost leadership: writing stops");
-                        let _ = commands.send(Command::Drop).await;
                     }
                 }
             }
             () = tokio::time::sleep_until(flush_at.unwrap_or_else(Instant::now)), if flush_at.is_some() => {
                 flush_at = None;
-                let waiting = state.unsynced(&watched);
-                if !synced && waiting.is_empty() {
-                    synced = true;
-                    info!("initial state complete");
-                }
-                *unsynced.lock().unwrap_or_else(PoisonError::into_inner) =
-                    waiting.iter().map(ToString::to_string).collect();
-                metrics.observe_cluster(&state.cluster);
-                // Writing before every watch is in could delete objects of nodes not seen yet.
-                if !(leader && synced) {
-                    continue;
-                }
-                let mut writes = Vec::new();
-                if nrt_enabled && state.has_dirty_nodes() {
-                    let mut skipped = 0;
-                    writes.extend(state.plan_nrt(&opts, &mut skipped));
-                    metrics.set_cpu_numa_ignored(state.ignored_cpu_numa_nodes());
-                    for _ in 0..skipped {
-                        metrics.write_skipped();
+                let (planned, again) = {
+                    let mut state = lock(&state);
+                    let waiting = state.unsynced(&watched);
+                    if !synced && waiting.is_empty() {
+                        synced = true;
+                        info!("initial state complete");
                     }
-                }
-                if cli.pending_pod_events && state.pods_dirty() {
-                    writes.extend(state.plan_events(std::time::Instant::now(), min_interval));
-                    if state.pods_dirty() {
-                        // An explanation changed too soon after the last Event: look again.
-                        flush_at = Some(after(Duration::from_secs(1).max(delay)));
+                    *unsynced.lock().unwrap_or_else(PoisonError::into_inner) =
+                        waiting.iter().map(ToString::to_string).collect();
+                    metrics.observe_cluster(&state.cluster);
+                    metrics.set_nrt_nodes_waiting(state.nodes_waiting());
+                    // Writing before every watch is in could delete objects of nodes not seen yet.
+                    if !(leader && synced) {
+                        continue;
                     }
+                    if nrt_enabled {
+                        send_triggers(&mut state, &triggers);
+                    }
+                    let mut planned = Vec::new();
+                    if cli.pending_pod_events && state.pods_dirty() {
+                        planned = state.plan_events(std::time::Instant::now(), min_interval);
+                    }
+                    metrics.set_pending_pods(state.pending_pods());
+                    (planned, cli.pending_pod_events && state.pods_dirty())
+                };
+                if again {
+                    // An explanation changed too soon after the last Event: look again.
+                    flush_at = Some(after(Duration::from_secs(1).max(delay)));
                 }
-                metrics.set_pending_pods(state.pending_pods());
-                if !writes.is_empty() && commands.send(Command::Writes(writes)).await.is_err() {
-                    anyhow::bail!("the writer stopped");
+                let batch: Vec<PodEvent> = planned.into_iter().filter_map(pod_event).collect();
+                if !batch.is_empty() && events.send(batch).await.is_err() {
+                    anyhow::bail!("the event writer stopped");
                 }
             }
         }
     }
 
     info!("shutting down");
-    drop(commands);
+    drop(events);
+    drop(triggers);
     let _ = tokio::time::timeout(Duration::from_secs(10), writer).await;
+    if let Some(reconciler) = reconciler {
+        reconciler.abort();
+    }
     leadership.release().await;
     http.stop().await;
     Ok(())
+}
+
+fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Hands the nodes that began to wait to the reconciler.
+fn send_triggers(state: &mut State, triggers: &mpsc::UnboundedSender<String>) {
+    for node in state.take_triggers() {
+        // Closed only at shutdown.
+        let _ = triggers.send(node);
+    }
+}
+
+fn pod_event(w: Write) -> Option<PodEvent> {
+    match w {
+        Write::PodEvent {
+            namespace,
+            name,
+            uid,
+            message,
+        } => Some(PodEvent {
+            namespace,
+            name,
+            uid,
+            message,
+        }),
+        #[cfg(test)]
+        _ => None,
+    }
+}
+
+/// The cluster's NodeResourceTopology objects (cluster-scoped), read and written as dynamic objects: the CRD has no Rust types.
+pub(crate) fn nrt_api(client: kube::Client) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk(nrt::GROUP, nrt::VERSION, nrt::KIND);
+    Api::all_with(
+        client,
+        &ApiResource::from_gvk_with_plural(&gvk, nrt::PLURAL),
+    )
 }
 
 /// Logs and counts what the model did not take from the slices: ignored values and
@@ -325,6 +394,27 @@ where
         + Send
         + 'static,
 {
+    bounded_events(client, config, kind, metrics)
+        .map_ok(wrap)
+        .boxed()
+}
+
+/// The decoded events of [`bounded`], before they become inputs.
+fn bounded_events<K>(
+    client: &kube::Client,
+    config: watcher::Config,
+    kind: Kind,
+    metrics: &Arc<Metrics>,
+) -> BoxStream<'static, Result<watcher::Event<K>, (Kind, watcher::Error)>>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + Default
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+{
     let metrics = metrics.clone();
     watcher(
         Api::<Bounded<K>>::all(client.clone()),
@@ -333,7 +423,7 @@ where
     .default_backoff()
     .try_filter_map(move |event| {
         let event = decoded_event(event, kind, &metrics);
-        async move { Ok(event.map(wrap)) }
+        async move { Ok(event) }
     })
     .map_err(move |e| (kind, e))
     .boxed()
@@ -392,7 +482,12 @@ where
     }
 }
 
-fn inputs(client: &kube::Client, driver: &str, metrics: &Arc<Metrics>) -> Inputs {
+fn inputs(
+    client: &kube::Client,
+    driver: &str,
+    metrics: &Arc<Metrics>,
+    mut nodes: reflector::store::Writer<PartialObjectMeta<Node>>,
+) -> Inputs {
     let c = client;
     let mut all = SelectAll::new();
     all.push(bounded::<ResourceSlice>(
@@ -416,13 +511,21 @@ fn inputs(client: &kube::Client, driver: &str, metrics: &Arc<Metrics>) -> Inputs
         Kind::Classes,
         metrics,
     ));
-    all.push(bounded::<PartialObjectMeta<Node>>(
-        c,
-        watcher::Config::default(),
-        Input::Node,
-        Kind::Nodes,
-        metrics,
-    ));
+    // The store sees each Node before the state does, so a node the state hands to
+    // the reconciler is there to be reconciled.
+    all.push(
+        bounded_events::<PartialObjectMeta<Node>>(
+            c,
+            watcher::Config::default(),
+            Kind::Nodes,
+            metrics,
+        )
+        .map_ok(move |event| {
+            nodes.apply_watcher_event(&event);
+            Input::Node(event)
+        })
+        .boxed(),
+    );
     // Only pods no node has taken yet: the ones that can be waiting for GPUs.
     all.push(bounded::<Pod>(
         c,

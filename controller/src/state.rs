@@ -56,14 +56,12 @@ impl Input {
 /// A write the controller should make.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Write {
-    /// Server-side apply of a node's NodeResourceTopology.
-    ApplyNrt {
-        node: String,
-        object: Value,
-    },
-    DeleteNrt {
-        node: String,
-    },
+    /// Server-side apply of a node's NodeResourceTopology (what a whole-fleet pass
+    /// would write; the reconciler takes one node's [`NrtPlan`] at a time).
+    #[cfg(test)]
+    ApplyNrt { node: String, object: Value },
+    #[cfg(test)]
+    DeleteNrt { node: String },
     /// An Event on a waiting pod.
     PodEvent {
         namespace: String,
@@ -71,6 +69,19 @@ pub(crate) enum Write {
         uid: String,
         message: String,
     },
+}
+
+/// What a node's NodeResourceTopology needs.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum NrtPlan {
+    /// Server-side apply of this object.
+    Apply(Value),
+    /// The node's GPUs are gone: the object goes.
+    Delete,
+    /// The server holds what the model says.
+    UpToDate,
+    /// No object, and none wanted.
+    Nothing,
 }
 
 /// What one watch event changed.
@@ -115,8 +126,11 @@ pub(crate) struct State {
     waiting_claims: HashMap<ClaimKey, ResourceClaim>,
     nrts: HashMap<String, Value>,
     trackers: Trackers,
-    /// Nodes whose NodeResourceTopology may need a write.
+    /// Nodes whose NodeResourceTopology may need a write, and since when each waits.
     dirty_nodes: BTreeSet<String>,
+    dirty_since: HashMap<String, Instant>,
+    /// Nodes to hand to the reconciler (see [`State::take_triggers`]).
+    triggers: Vec<String>,
     /// Something a waiting pod's explanation depends on changed.
     pods_dirty: bool,
     /// The capacity model changed during the event being applied.
@@ -143,6 +157,8 @@ impl State {
             nrts: HashMap::new(),
             trackers: Trackers::new(),
             dirty_nodes: BTreeSet::new(),
+            dirty_since: HashMap::new(),
+            triggers: Vec::new(),
             pods_dirty: false,
             model_changed: false,
             explained: HashMap::new(),
@@ -207,7 +223,19 @@ impl State {
     /// Nodes whose model changed: their objects may need a write.
     fn touched(&mut self, nodes: BTreeSet<String>) {
         self.model_changed |= !nodes.is_empty();
-        self.dirty_nodes.extend(nodes);
+        for node in nodes {
+            self.node_dirty(node);
+        }
+    }
+
+    /// The node's object may need a write: a node that was clean asks for a look.
+    fn node_dirty(&mut self, node: String) {
+        if self.dirty_nodes.insert(node.clone()) {
+            self.dirty_since
+                .entry(node.clone())
+                .or_insert_with(Instant::now);
+            self.triggers.push(node);
+        }
     }
 
     /// The DeviceClasses changed: which are ours, and the CPU driver's, follows anew.
@@ -223,60 +251,114 @@ impl State {
 
     /// Every node with GPUs or an object of ours, for a new leader's first pass.
     pub(crate) fn mark_all_dirty(&mut self) {
-        let nodes: Vec<String> = self.cluster.nodes().map(|s| s.node.clone()).collect();
-        self.dirty_nodes.extend(nodes);
-        self.dirty_nodes.extend(self.nrts.keys().cloned());
+        let mut nodes: BTreeSet<String> = self.cluster.nodes().map(|s| s.node.clone()).collect();
+        nodes.extend(self.nrts.keys().cloned());
+        for node in nodes {
+            self.node_dirty(node.clone());
+            // Already waiting, perhaps since before this replica led: looked at anew.
+            self.triggers.push(node);
+        }
         self.pods_dirty = true;
         self.explained.clear();
-    }
-
-    pub(crate) fn has_dirty_nodes(&self) -> bool {
-        !self.dirty_nodes.is_empty()
     }
 
     pub(crate) fn pods_dirty(&self) -> bool {
         self.pods_dirty
     }
 
-    /// The NodeResourceTopology writes for the nodes that changed: an apply where
-    /// the object differs from what the server holds, a delete where the node or its
-    /// GPUs are gone. Objects already up to date are counted in `skipped`.
+    /// What a node's NodeResourceTopology needs now, without taking it: the
+    /// reconciler asks first, so that an object already up to date costs neither a
+    /// turn of the write budget nor the node's write interval.
+    pub(crate) fn nrt_plan(&mut self, node: &str, opts: &NrtOptions) -> NrtPlan {
+        let uid = self.node_uids.get(node);
+        let mut cpus = self.cpus.numa(node);
+        // Another driver's NUMA ids count only where the node has them: a dra.cpu
+        // slice with ids 896-1023 would otherwise give a 2-NUMA node 130 zones.
+        let summary = self.cluster.node(node);
+        let foreign: BTreeSet<u32> = cpus
+            .keys()
+            .copied()
+            .filter(|id| summary.is_some_and(|s| !s.has_numa_node(*id)))
+            .collect();
+        cpus.retain(|id, _| !foreign.contains(id));
+        if foreign.is_empty() {
+            self.ignored_cpu_numa.remove(node);
+        } else if self.ignored_cpu_numa.get(node) != Some(&foreign) {
+            tracing::warn!(
+                node,
+                ignored = %topodra_model::IdList::from_iter(foreign.iter().copied()),
+                "the CPU driver publishes NUMA nodes this node's slices do not have; left out of its zones"
+            );
+            self.ignored_cpu_numa.insert(node.to_owned(), foreign);
+        }
+        let want = uid
+            .zip(summary)
+            .and_then(|(uid, s)| nrt::desired(s, &cpus, uid, opts));
+        match (want, self.nrts.get(node)) {
+            (Some(want), Some(have)) if nrt::up_to_date(have, &want) => NrtPlan::UpToDate,
+            (Some(object), _) => NrtPlan::Apply(object),
+            (None, Some(_)) => NrtPlan::Delete,
+            (None, None) => NrtPlan::Nothing,
+        }
+    }
+
+    /// The node's plan, taken: the node is clean again until its next change, and
+    /// the answer says since when it waited for this write.
+    pub(crate) fn take_nrt_plan(
+        &mut self,
+        node: &str,
+        opts: &NrtOptions,
+    ) -> (NrtPlan, Option<Instant>) {
+        let plan = self.nrt_plan(node, opts);
+        (plan, self.settled(node))
+    }
+
+    /// The node's object needs nothing more: it is clean until its next change.
+    /// Returns since when it waited.
+    pub(crate) fn settled(&mut self, node: &str) -> Option<Instant> {
+        self.dirty_nodes.remove(node);
+        self.dirty_since.remove(node)
+    }
+
+    /// A write the reconciler could not make: the node waits for it again, from the
+    /// time it first waited.
+    pub(crate) fn write_failed(&mut self, node: &str, since: Option<Instant>) {
+        self.dirty_nodes.insert(node.to_owned());
+        if let Some(since) = since {
+            self.dirty_since.entry(node.to_owned()).or_insert(since);
+        }
+    }
+
+    /// The nodes to reconcile since the last call: each node that began to wait for a
+    /// look, and each node that became known (a reconcile asked for before its Node
+    /// arrived found nothing to reconcile).
+    pub(crate) fn take_triggers(&mut self) -> Vec<String> {
+        let mut nodes = std::mem::take(&mut self.triggers);
+        nodes.sort_unstable();
+        nodes.dedup();
+        nodes
+    }
+
+    /// How many nodes wait for a look at their object.
+    pub(crate) fn nodes_waiting(&self) -> usize {
+        self.dirty_nodes.len()
+    }
+
+    /// The writes for every node that waits, each plan taken: what a pass over the
+    /// whole fleet would write. Tests read the plans through it.
+    #[cfg(test)]
     pub(crate) fn plan_nrt(&mut self, opts: &NrtOptions, skipped: &mut u64) -> Vec<Write> {
+        let nodes: Vec<String> = self.dirty_nodes.iter().cloned().collect();
         let mut writes = Vec::new();
-        for node in std::mem::take(&mut self.dirty_nodes) {
-            let uid = self.node_uids.get(&node);
-            let mut cpus = self.cpus.numa(&node);
-            // Another driver's NUMA ids count only where the node has them: a dra.cpu
-            // slice with ids 896-1023 would otherwise give a 2-NUMA node 130 zones.
-            let summary = self.cluster.node(&node);
-            let foreign: BTreeSet<u32> = cpus
-                .keys()
-                .copied()
-                .filter(|id| summary.is_some_and(|s| !s.has_numa_node(*id)))
-                .collect();
-            cpus.retain(|id, _| !foreign.contains(id));
-            if foreign.is_empty() {
-                self.ignored_cpu_numa.remove(&node);
-            } else if self.ignored_cpu_numa.get(&node) != Some(&foreign) {
-                tracing::warn!(
-                    node,
-                    ignored = %topodra_model::IdList::from_iter(foreign.iter().copied()),
-                    "the CPU driver publishes NUMA nodes this node's slices do not have; left out of its zones"
-                );
-                self.ignored_cpu_numa.insert(node.clone(), foreign);
-            }
-            let want = uid
-                .zip(summary)
-                .and_then(|(uid, s)| nrt::desired(s, &cpus, uid, opts));
-            match (want, self.nrts.get(&node)) {
-                (Some(want), Some(have)) if nrt::up_to_date(have, &want) => {
-                    *skipped = skipped.saturating_add(1);
-                }
-                (Some(object), _) => writes.push(Write::ApplyNrt { node, object }),
-                (None, Some(_)) => writes.push(Write::DeleteNrt { node }),
-                (None, None) => {}
+        for node in nodes {
+            match self.take_nrt_plan(&node, opts).0 {
+                NrtPlan::UpToDate => *skipped = skipped.saturating_add(1),
+                NrtPlan::Apply(object) => writes.push(Write::ApplyNrt { node, object }),
+                NrtPlan::Delete => writes.push(Write::DeleteNrt { node }),
+                NrtPlan::Nothing => {}
             }
         }
+        self.triggers.clear();
         writes
     }
 

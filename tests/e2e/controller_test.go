@@ -36,7 +36,11 @@ func (e *env) startController(name, kubeconfig string, args ...string) *proc {
 	host, port, _ := net.SplitHostPort(addr)
 	logPath := filepath.Join(e.c.LogsDir, fmt.Sprintf("controller-%s-%d.log", name, time.Now().UnixNano()))
 	argv := append([]string{"--http-bind-address=" + host, "--http-port=" + port, "--log-format=text"}, args...)
-	env := []string{"KUBECONFIG=" + kubeconfig, "POD_NAME=" + name, "POD_NAMESPACE=" + harness.PluginNamespace, "TOPODRA_LOG=info"}
+	// A node's object is written at most every 10 s here instead of 60: the tests
+	// wait a minute for an object to follow a change (the spacing itself is tested
+	// in controller/src/budget.rs).
+	env := []string{"KUBECONFIG=" + kubeconfig, "POD_NAME=" + name, "POD_NAMESPACE=" + harness.PluginNamespace, "TOPODRA_LOG=info",
+		"TOPODRA_NRT_NODE_INTERVAL_SECONDS=10"}
 	p := startProc(t, name, binary(t, "TOPODRA_CONTROLLER_BIN", "topodra-controller"), argv, env, logPath, addr)
 	t.Cleanup(func() {
 		p.stop(t)

@@ -207,8 +207,11 @@ func (r results) markdown() string {
 				writes += v
 			}
 		}
-		fmt.Fprintf(&b, "\ntopodra's controller over the common waves: %.0f writes for %d bound pods, %.3f a pod.\n",
+		fmt.Fprintf(&b, "\ntopodra's controller over the common waves: %.0f writes for %d bound pods, %.3f a pod (its own counter: NodeResourceTopology writes and Events together).\n",
 			writes, r.DRA.PodsBound, writes/float64(r.DRA.PodsBound))
+	}
+	if line := controllerWritesLine(&r.DRA); line != "" {
+		b.WriteString("\n" + line)
 	}
 	if m := r.DRA.ControllerMetrics; m != nil {
 		b.WriteString("\n## topodra's controller\n\n| metric | value |\n|---|---|\n")

@@ -136,3 +136,17 @@ func TestUpdaterPlacesLikeTheTopologyManager(t *testing.T) {
 		t.Error("d has a zone: not refused")
 	}
 }
+
+// The controller's writes are read from the audit log by resource: its own counter
+// adds Events to NodeResourceTopology writes, and Lease renewals follow time.
+func TestControllerWritesSplitByResource(t *testing.T) {
+	s := &stackResult{PodsBound: 200, RequestsByClient: map[string]map[string]int{
+		"topodra-controller": {"patch noderesourcetopologies": 18, "delete noderesourcetopologies": 2,
+			"create events": 5, "patch events": 1, "update leases": 30, "get leases": 9, "watch pods": 1},
+		"kube-scheduler": {"patch noderesourcetopologies": 99},
+	}}
+	want := "20 NodeResourceTopology writes for 200 bound pods, 0.100 a pod; 6 Events (0.030 a pod), 30 Lease writes, 0 other writes."
+	if got := controllerWritesLine(s); !strings.Contains(got, want) {
+		t.Errorf("got %q, want %q in it", got, want)
+	}
+}

@@ -82,6 +82,11 @@ fn flag_names_and_environment_variables_stay_as_they_were() {
             "write-delay-milliseconds",
             "TOPODRA_WRITE_DELAY_MILLISECONDS",
         ),
+        ("nrt-writes-per-second", "TOPODRA_NRT_WRITES_PER_SECOND"),
+        (
+            "nrt-node-interval-seconds",
+            "TOPODRA_NRT_NODE_INTERVAL_SECONDS",
+        ),
         ("leader-elect", "TOPODRA_LEADER_ELECT"),
         ("lease-namespace", "POD_NAMESPACE"),
         ("lease-name", "TOPODRA_LEASE_NAME"),

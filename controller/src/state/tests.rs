@@ -99,7 +99,7 @@ fn a_node_gets_its_object_once_and_no_write_when_nothing_changed() {
 }
 
 #[test]
-fn a_deleted_node_loses_its_object() {
+fn a_deleted_nodes_object_is_left_to_the_garbage_collector() {
     let mut s = synced();
     let mut skipped = 0;
     let Write::ApplyNrt { object, .. } = s.plan_nrt(&nrt_options(), &mut skipped).remove(0) else {
@@ -109,13 +109,95 @@ fn a_deleted_node_loses_its_object() {
         serde_json::from_value(object).unwrap(),
     )));
     s.plan_nrt(&nrt_options(), &mut skipped);
+    // The object names the Node as its owner: the garbage collector deletes it with
+    // the Node, and there is no Node left to reconcile.
     let _ = s.apply(Input::Node(Event::Delete(node("node-a"))));
-    assert_eq!(
-        s.plan_nrt(&nrt_options(), &mut skipped),
-        [Write::DeleteNrt {
-            node: "node-a".into()
-        }]
-    );
+    assert_eq!(s.nodes_waiting(), 0);
+    assert!(s.take_triggers().is_empty());
+    assert!(s.plan_nrt(&nrt_options(), &mut skipped).is_empty());
+}
+
+#[test]
+fn a_node_whose_gpus_go_loses_its_object() {
+    let mut s = synced();
+    let mut skipped = 0;
+    let Write::ApplyNrt { object, .. } = s.plan_nrt(&nrt_options(), &mut skipped).remove(0) else {
+        panic!()
+    };
+    let _ = s.apply(Input::Nrt(Event::Apply(
+        serde_json::from_value(object).unwrap(),
+    )));
+    s.plan_nrt(&nrt_options(), &mut skipped);
+    let _ = s.apply(Input::Slice(Event::Delete(gpu_slice("node-a"))));
+    assert_eq!(s.take_triggers(), ["node-a"]);
+    assert_eq!(s.take_nrt_plan("node-a", &nrt_options()).0, NrtPlan::Delete);
+}
+
+#[test]
+fn a_node_is_handed_to_the_reconciler_once_per_wait() {
+    let mut s = synced();
+    assert_eq!(s.take_triggers(), ["node-a"]);
+    // More changes while it waits ask for no second look: the look takes them all.
+    for (i, gpus) in [[0, 1], [2, 3]].iter().enumerate() {
+        let _ = s.apply(Input::Claim(Event::Apply(claim(
+            &format!("c{i}"),
+            "node-a",
+            gpus,
+            2,
+        ))));
+    }
+    assert!(s.take_triggers().is_empty());
+    let (NrtPlan::Apply(object), Some(_since)) = s.take_nrt_plan("node-a", &nrt_options()) else {
+        panic!("a node that waited gets an apply, with the time it began to wait")
+    };
+    assert_eq!(object["zones"][0]["resources"][0]["available"], "0");
+    // The server echoes the apply: the node waits again, and its look finds the
+    // object up to date.
+    let _ = s.apply(Input::Nrt(Event::Apply(
+        serde_json::from_value(object).unwrap(),
+    )));
+    assert_eq!(s.take_triggers(), ["node-a"]);
+    assert_eq!(s.nrt_plan("node-a", &nrt_options()), NrtPlan::UpToDate);
+    s.settled("node-a");
+    assert_eq!(s.nodes_waiting(), 0);
+
+    // A failed write waits again, from when it first waited, with no new look asked
+    // for (the reconciler's requeue is that look).
+    let _ = s.apply(Input::Claim(Event::Delete(claim(
+        "c0",
+        "node-a",
+        &[0, 1],
+        2,
+    ))));
+    assert_eq!(s.take_triggers(), ["node-a"]);
+    let (_, since) = s.take_nrt_plan("node-a", &nrt_options());
+    s.write_failed("node-a", since);
+    assert_eq!(s.nodes_waiting(), 1);
+    assert!(s.take_triggers().is_empty());
+}
+
+#[test]
+fn a_node_seen_before_its_node_object_is_handed_over_when_the_node_arrives() {
+    let mut s = State::new("gpu.topodra.dev", vec!["gpu.topodra.dev".into()]);
+    for input in [
+        Input::Slice(Event::Init),
+        Input::Slice(Event::InitApply(gpu_slice("node-a"))),
+        Input::Slice(Event::InitDone),
+    ] {
+        let _ = s.apply(input);
+    }
+    // The reconciler finds no Node for this one and drops it.
+    assert_eq!(s.take_triggers(), ["node-a"]);
+    let _ = s.apply(Input::Node(Event::Apply(node("node-a"))));
+    assert_eq!(s.take_triggers(), ["node-a"]);
+}
+
+#[test]
+fn a_new_leader_looks_at_every_node_again() {
+    let mut s = synced();
+    let _ = s.take_triggers();
+    s.mark_all_dirty();
+    assert_eq!(s.take_triggers(), ["node-a"]);
 }
 
 #[test]

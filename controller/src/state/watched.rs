@@ -210,12 +210,21 @@ impl Watched for Nodes {
             return;
         };
         if state.node_uids.insert(name.clone(), uid.clone()) != Some(uid) {
-            state.dirty_nodes.insert(name);
+            // A look asked for before the Node arrived found no Node to reconcile:
+            // a node already waiting is asked for again.
+            if state.dirty_nodes.contains(&name) {
+                state.triggers.push(name);
+            } else {
+                state.node_dirty(name);
+            }
         }
     }
     fn delete(state: &mut State, name: String) {
+        // The garbage collector deletes the node's object with it (its owner); no
+        // look is due, and none can be made without the Node.
         state.node_uids.remove(&name);
-        state.dirty_nodes.insert(name);
+        state.dirty_nodes.remove(&name);
+        state.dirty_since.remove(&name);
     }
     fn tracker(state: &mut State) -> &mut Tracker<String> {
         &mut state.trackers.nodes
@@ -259,12 +268,12 @@ impl Watched for Nrts {
         };
         // Our own writes come back here; the plan compares and finds nothing to do.
         // A change by someone else is undone.
-        state.dirty_nodes.insert(name.clone());
-        state.nrts.insert(name, value);
+        state.nrts.insert(name.clone(), value);
+        state.node_dirty(name);
     }
     fn delete(state: &mut State, name: String) {
         state.nrts.remove(&name);
-        state.dirty_nodes.insert(name);
+        state.node_dirty(name);
     }
     fn tracker(state: &mut State) -> &mut Tracker<String> {
         &mut state.trackers.nrts

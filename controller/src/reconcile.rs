@@ -1,0 +1,240 @@
+//! NodeResourceTopology objects reconciled per node by kube-runtime's applier (the
+//! engine under its `Controller`, fed here from the index in `state` rather than from
+//! a watch of its own): the applier debounces a node's first change, runs one
+//! reconcile per node at a time, and requeues on failure or while a node must wait.
+//!
+//! One reconcile: ask the index what the node's object needs; nothing, and the node is
+//! settled without a request. Otherwise the node waits out its write interval (a
+//! requeue), then its turn of the fleet's write budget, then takes the plan as the
+//! index has it by then and writes it. A failed write puts the node back to wait and
+//! is retried with backoff; every retry takes a budget turn too, so an outage cannot
+//! turn into a storm.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, DynamicObject, PartialObjectMeta, Patch, PatchParams};
+use kube::runtime::controller::{self, Action, applier};
+use kube::runtime::reflector::{ObjectRef, Store};
+use tokio::sync::{mpsc, watch};
+use topodra_ops::backoff::Backoff;
+use tracing::{debug, warn};
+
+use crate::budget::{NodeInterval, WriteBudget};
+use crate::metrics::Metrics;
+use crate::nrt::NrtOptions;
+use crate::state::{NrtPlan, State};
+
+/// The field manager of our server-side applies.
+pub(crate) const FIELD_MANAGER: &str = "topodra-controller";
+
+/// Reconciles running at once: each holds at most one request, and those waiting
+/// for a budget turn hold a slot each, so more would only queue at the budget.
+const CONCURRENCY: u16 = 16;
+
+/// What a reconcile needs; one per controller.
+pub(crate) struct Reconciler {
+    pub(crate) api: Api<DynamicObject>,
+    pub(crate) state: Arc<Mutex<State>>,
+    pub(crate) opts: NrtOptions,
+    pub(crate) leader: watch::Receiver<bool>,
+    pub(crate) budget: WriteBudget,
+    pub(crate) spacing: NodeInterval,
+    pub(crate) metrics: Arc<Metrics>,
+    /// Per node, the backoff of its failing writes.
+    failures: Mutex<HashMap<String, Backoff>>,
+}
+
+/// A write the API server refused or did not answer.
+#[derive(Debug, thiserror::Error)]
+#[error("{operation} of the NodeResourceTopology of node {node}: {source}")]
+pub(crate) struct WriteError {
+    node: String,
+    operation: &'static str,
+    #[source]
+    source: kube::Error,
+}
+
+impl Reconciler {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        api: Api<DynamicObject>,
+        state: Arc<Mutex<State>>,
+        opts: NrtOptions,
+        leader: watch::Receiver<bool>,
+        budget: WriteBudget,
+        spacing: NodeInterval,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            api,
+            state,
+            opts,
+            leader,
+            budget,
+            spacing,
+            metrics,
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn leading(&self) -> bool {
+        *self.leader.borrow()
+    }
+}
+
+/// Runs until the trigger channel closes: each node name received is reconciled,
+/// `debounce` after the first change of a node that was settled.
+pub(crate) async fn run(
+    ctx: Arc<Reconciler>,
+    nodes: Store<PartialObjectMeta<Node>>,
+    triggers: mpsc::UnboundedReceiver<String>,
+    debounce: Duration,
+) {
+    let queue = futures::stream::unfold(triggers, |mut rx| async move {
+        let node = rx.recv().await?;
+        Some((
+            Ok::<_, Infallible>(ObjectRef::<PartialObjectMeta<Node>>::new(&node)),
+            rx,
+        ))
+    });
+    let config = controller::Config::default()
+        .debounce(debounce)
+        .concurrency(CONCURRENCY);
+    applier(
+        |node, ctx| Box::pin(reconcile(node, ctx)),
+        error_policy,
+        ctx,
+        nodes,
+        queue,
+        config,
+    )
+    .for_each(|result| async move {
+        match result {
+            Ok(_) => {}
+            // A look asked for before the Node arrived, or after it went: the Node's
+            // arrival asks again, and its deletion takes the object with it.
+            Err(controller::Error::ObjectNotFound(node)) => {
+                debug!(node = %node.name, "no Node to reconcile");
+            }
+            // Logged by the error policy.
+            Err(controller::Error::ReconcilerFailed(..)) => {}
+            Err(e) => warn!(error = %e, "NodeResourceTopology reconciler"),
+        }
+    })
+    .await;
+}
+
+async fn reconcile(
+    node: Arc<PartialObjectMeta<Node>>,
+    ctx: Arc<Reconciler>,
+) -> Result<Action, WriteError> {
+    let name = node.name_any();
+    if !ctx.leading() {
+        // A new leader looks at every node again.
+        return Ok(Action::await_change());
+    }
+    {
+        let mut state = ctx.state();
+        match state.nrt_plan(&name, &ctx.opts) {
+            NrtPlan::UpToDate => {
+                state.settled(&name);
+                ctx.metrics.write_skipped();
+                return Ok(Action::await_change());
+            }
+            NrtPlan::Nothing => {
+                state.settled(&name);
+                return Ok(Action::await_change());
+            }
+            NrtPlan::Apply(_) | NrtPlan::Delete => {}
+        }
+    }
+    if let Some(wait) = ctx.spacing.wait(&name) {
+        return Ok(Action::requeue(wait));
+    }
+    ctx.budget.turn().await;
+    if !ctx.leading() {
+        return Ok(Action::await_change());
+    }
+    // The plan as it stands now: changes made while the node waited are in it.
+    let (plan, since) = {
+        let mut state = ctx.state();
+        let taken = state.take_nrt_plan(&name, &ctx.opts);
+        ctx.metrics
+            .set_cpu_numa_ignored(state.ignored_cpu_numa_nodes());
+        ctx.metrics.set_nrt_nodes_waiting(state.nodes_waiting());
+        taken
+    };
+    let (operation, result) = match &plan {
+        NrtPlan::Apply(object) => {
+            let params = PatchParams::apply(FIELD_MANAGER).force();
+            let r = ctx.api.patch(&name, &params, &Patch::Apply(object)).await;
+            ("apply", r.map(|_| ()))
+        }
+        NrtPlan::Delete => {
+            let r = match ctx.api.delete(&name, &DeleteParams::default()).await {
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                r => r.map(|_| ()),
+            };
+            ("delete", r)
+        }
+        NrtPlan::UpToDate => {
+            ctx.metrics.write_skipped();
+            return Ok(Action::await_change());
+        }
+        NrtPlan::Nothing => return Ok(Action::await_change()),
+    };
+    ctx.metrics.write(operation, result.is_ok());
+    match result {
+        Ok(()) => {
+            debug!(node = name, operation, "NodeResourceTopology written");
+            if operation == "delete" {
+                ctx.spacing.forget(&name);
+            } else {
+                ctx.spacing.wrote(&name);
+            }
+            if let Some(since) = since {
+                ctx.metrics.observe_nrt_write_lag(since.elapsed());
+            }
+            ctx.failures
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&name);
+            Ok(Action::await_change())
+        }
+        Err(source) => {
+            ctx.state().write_failed(&name, since);
+            Err(WriteError {
+                node: name,
+                operation,
+                source,
+            })
+        }
+    }
+}
+
+/// A failed write is retried after 1 s, 2 s, 4 s ... up to a minute per node,
+/// jittered so that replicas and nodes do not retry in step after an outage.
+fn error_policy(
+    node: Arc<PartialObjectMeta<Node>>,
+    error: &WriteError,
+    ctx: Arc<Reconciler>,
+) -> Action {
+    let name = node.name_any();
+    let mut failures = ctx.failures.lock().unwrap_or_else(PoisonError::into_inner);
+    let backoff = failures
+        .entry(name.clone())
+        .or_insert_with(|| Backoff::new(Duration::from_secs(1), Duration::from_secs(60)));
+    let delay = backoff.next_delay();
+    warn!(node = name, error = %error, retry_in = ?delay, "writing the NodeResourceTopology failed; will retry");
+    Action::requeue(delay)
+}
