@@ -139,8 +139,13 @@ type stackResult struct {
 	// ControllerWaves is what the controller's counters moved by over the
 	// common waves (and the write delay after them).
 	ControllerWaves map[string]float64 `json:"controllerWaves,omitempty"`
-	Plugins         *pluginFigures     `json:"plugins,omitempty"`
-	Notes           []string           `json:"notes,omitempty"`
+	// ControllerUntilSettled is the controller's requests by the audit log from the
+	// common waves' start until it had nothing left to write, which was
+	// ControllerSettleSeconds after the waves ended.
+	ControllerUntilSettled  map[string]int `json:"controllerUntilSettled,omitempty"`
+	ControllerSettleSeconds float64        `json:"controllerSettleSeconds,omitempty"`
+	Plugins                 *pluginFigures `json:"plugins,omitempty"`
+	Notes                   []string       `json:"notes,omitempty"`
 }
 
 // clientQPS is the API client rate (and half the burst) of every scheduler, the
@@ -312,10 +317,18 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 		return res, err
 	}
 	if ctrl != nil {
-		// Its writes are delayed (10 s by default) to batch them: the common
-		// waves' share is in once the count stops moving.
-		ctrl.settle(ctx, 15*time.Second, 2*time.Minute)
+		// Its writes are paced (a write delay, a per-node interval and a fleet-wide
+		// budget): the common waves' share is in once no node waits for a write
+		// and the count stops moving. What it wrote until then, by the audit log.
+		wavesEnd := time.Now()
+		settled := ctrl.settle(ctx, 15*time.Second, 20*time.Minute)
 		res.ControllerWaves = diff(ctrl.metrics(), ctrlBefore)
+		res.ControllerSettleSeconds = settled.Sub(wavesEnd).Seconds()
+		all, err := auditCounts(auditLog, from, settled)
+		if err != nil {
+			return res, err
+		}
+		res.ControllerUntilSettled = all["topodra-controller"]
 	}
 	if !c.draOnly {
 		res.HeapSeries = m.series()
@@ -780,23 +793,28 @@ func (p *controllerProc) stop() {
 
 // settle waits until the controller's write count has not moved for quiet, at most
 // limit.
-func (p *controllerProc) settle(ctx context.Context, quiet, limit time.Duration) {
-	writes := func() float64 {
-		sum := 0.0
+func (p *controllerProc) settle(ctx context.Context, quiet, limit time.Duration) time.Time {
+	state := func() (writes, waiting float64) {
 		for k, v := range p.metrics() {
 			if strings.HasPrefix(k, "topodra_controller_writes_total") {
-				sum += v
+				writes += v
+			}
+			if k == "topodra_controller_nrt_nodes_waiting" {
+				waiting = v
 			}
 		}
-		return sum
+		return writes, waiting
 	}
-	last, since, end := writes(), time.Now(), time.Now().Add(limit)
-	for time.Since(since) < quiet && time.Now().Before(end) && ctx.Err() == nil {
+	last, waiting := state()
+	since, end := time.Now(), time.Now().Add(limit)
+	for (waiting > 0 || time.Since(since) < quiet) && time.Now().Before(end) && ctx.Err() == nil {
 		time.Sleep(time.Second)
-		if w := writes(); w != last {
+		var w float64
+		if w, waiting = state(); w != last {
 			last, since = w, time.Now()
 		}
 	}
+	return since
 }
 
 // metrics are the controller's own samples (topodra_controller_*).

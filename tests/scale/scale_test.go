@@ -150,3 +150,18 @@ func TestControllerWritesSplitByResource(t *testing.T) {
 		t.Errorf("got %q, want %q in it", got, want)
 	}
 }
+
+func TestWriteLagFromTheHistogram(t *testing.T) {
+	m := map[string]float64{
+		"topodra_controller_nrt_write_lag_seconds_count":             100,
+		"topodra_controller_nrt_write_lag_seconds_sum":               1500,
+		`topodra_controller_nrt_write_lag_seconds_bucket{le="8.0"}`:  10,
+		`topodra_controller_nrt_write_lag_seconds_bucket{le="16.0"}`: 60,
+		`topodra_controller_nrt_write_lag_seconds_bucket{le="64.0"}`: 99,
+		`topodra_controller_nrt_write_lag_seconds_bucket{le="+Inf"}`: 100,
+	}
+	n, mean, p50, p99 := writeLag(m)
+	if n != 100 || mean != 15 || p50 != 16 || p99 != 64 {
+		t.Errorf("got %v %v %v %v", n, mean, p50, p99)
+	}
+}
