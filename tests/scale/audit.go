@@ -50,3 +50,52 @@ func writesAndLists(counts map[string]int) (writes, leaseWrites, lists int) {
 	}
 	return writes, leaseWrites, lists
 }
+
+// requestShare is one stack's API requests over the common waves per bound pod
+// (audit log), split by what makes them. leases are Lease renewals (kwok's node
+// Leases, the API server's own); periodic is the rest of what grows with the
+// run's length rather than with its pods: node status writes, watch starts and
+// non-resource GETs (health checks, discovery, the harness's /metrics reads);
+// rest is everything else, restWrites the writes among it. nrtWrites are the
+// NodeResourceTopology writes (topodra's controller; the simulated updater),
+// which rest holds. What rest cannot tell apart: the updater writes at its
+// interval and on admissions, and a scheduler that retries a pod writes its
+// events and status again, so part of rest grows with how long pods wait.
+type requestShare struct {
+	all, leases, periodic, rest, restWrites, nrtWrites float64
+}
+
+// requestShares splits s's requests over the common waves; false when no pod
+// was bound.
+func (s *stackResult) requestShares() (requestShare, bool) {
+	if s.PodsBound == 0 {
+		return requestShare{}, false
+	}
+	var sh requestShare
+	for _, counts := range s.RequestsByClient {
+		for k, n := range counts {
+			verb, res, _ := strings.Cut(k, " ")
+			v := float64(n)
+			sh.all += v
+			switch {
+			case res == "leases" && verb != "watch":
+				sh.leases += v
+			case verb == "watch", res == "-", res == "nodes" && cluster.WriteVerbs[verb]:
+				sh.periodic += v
+			default:
+				sh.rest += v
+				if cluster.WriteVerbs[verb] {
+					sh.restWrites += v
+				}
+				if cluster.WriteVerbs[verb] && res == "noderesourcetopologies" {
+					sh.nrtWrites += v
+				}
+			}
+		}
+	}
+	per := float64(s.PodsBound)
+	for _, f := range []*float64{&sh.all, &sh.leases, &sh.periodic, &sh.rest, &sh.restWrites, &sh.nrtWrites} {
+		*f /= per
+	}
+	return sh, true
+}

@@ -113,16 +113,9 @@ func (r results) markdown() string {
 			fmt.Fprintf(&b, "| int / list numaNode throughput | %d | %s |\n", k.Size, ratio(k.PodsPerSec, l.PodsPerSec))
 		}
 	}
-	for _, k := range r.DRA.Kinds {
-		if k.Kind != "any-nvidia" {
-			continue
-		}
-		a, okA := r.DRA.kind(k.Size, "any-topodra-a")
-		bb, okB := r.DRA.kind(k.Size, "any-topodra-b")
-		if okA && okB {
-			fmt.Fprintf(&b, "| topodra's slices (before, after) / NVIDIA's plugin's, unconstrained throughput | %d | %s, %s |\n",
-				k.Size, ratio(a.PodsPerSec, k.PodsPerSec), ratio(bb.PodsPerSec, k.PodsPerSec))
-		}
+	for _, p := range r.DRA.peerRatios() {
+		fmt.Fprintf(&b, "| topodra's slices (before, after) / NVIDIA's plugin's, unconstrained throughput | %d | %s, %s |\n",
+			p.size, ratio(p.before, p.nvidia), ratio(p.after, p.nvidia))
 	}
 	fmt.Fprintf(&b, "\nResourceSlice bytes per GPU: topodra %.0f, NVIDIA's attribute set for the same GPUs %.0f (ratio %s).\n\n",
 		r.DRA.SliceBytesPerGPU, r.DRA.NvidiaBytesPerGPU, ratio(r.DRA.SliceBytesPerGPU, r.DRA.NvidiaBytesPerGPU))
@@ -144,6 +137,7 @@ func (r results) markdown() string {
 	} else {
 		fmt.Fprintf(&b, "## Legacy stack\n\nNot run: %s.\n\n", r.LegacySkipped)
 	}
+	r.requestSplit(&b)
 	r.whatBound(&b)
 	r.schedulerFigures(&b)
 
@@ -230,6 +224,29 @@ func (r results) markdown() string {
 		}
 	}
 	return b.String()
+}
+
+// peerWaves are the peer waves of one size: unconstrained throughput on
+// topodra's slices before and after NVIDIA's plugin's, and on NVIDIA's.
+type peerWaves struct {
+	size                  int
+	before, after, nvidia float64
+}
+
+// peerRatios lists the sizes with peer waves, in run order.
+func (s stackResult) peerRatios() []peerWaves {
+	var out []peerWaves
+	for _, k := range s.Kinds {
+		if k.Kind != "any-nvidia" {
+			continue
+		}
+		a, okA := s.kind(k.Size, "any-topodra-a")
+		b, okB := s.kind(k.Size, "any-topodra-b")
+		if okA && okB {
+			out = append(out, peerWaves{k.Size, a.PodsPerSec, b.PodsPerSec, k.PodsPerSec})
+		}
+	}
+	return out
 }
 
 func (r results) gogcText() string {

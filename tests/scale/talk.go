@@ -48,6 +48,102 @@ func summed(m func(s *stackResult) map[string]float64, names ...string) figure {
 	}
 }
 
+// The kinds the talk's comparison reads on each stack: saturating waves, waves
+// at a steady rate, and the churn workload (one kind of size 0 on both).
+const (
+	draSaturating    = "aligned"
+	draSteady        = "aligned-steady"
+	legacySaturating = "single-numa-node"
+	legacySteady     = "single-numa-node-steady"
+	churnKindName    = "mixed-churn"
+)
+
+func podsPerSecOf(x kindResult) float64 { return x.PodsPerSec }
+func p50Of(x kindResult) float64        { return x.P50Ms }
+func p99Of(x kindResult) float64        { return x.P99Ms }
+
+// firstWavePodsPerSec is the throughput of a kind's first 1-GPU wave: on the
+// legacy stack its only wave on fresh NodeResourceTopology.
+func firstWavePodsPerSec(kind string) figure {
+	return kindFigure(1, kind, func(x kindResult) float64 {
+		if len(x.Waves) == 0 {
+			return 0
+		}
+		return x.Waves[0].PodsPerSec
+	})
+}
+
+// Scheduler memory, peak RSS: DRA's kube-scheduler, and the legacy stack's two
+// schedulers summed (as the talk counted them: its kube-scheduler schedules
+// none of the waves' pods) or its topology-aware scheduler alone.
+var (
+	draSchedulerRSS     = summed(rssOf, "kube-scheduler")
+	legacySchedulersRSS = summed(rssOf, "kube-scheduler", topoScheduler)
+	topoSchedulerRSS    = summed(rssOf, topoScheduler)
+)
+
+// gaveUpWaves counts the waves of the talk's kinds (saturating and steady
+// waves of the sizes both stacks run, and the churn workload) that gave up
+// with pods never bound; wavesOf counts them all.
+func gaveUpWaves(legacy bool) figure {
+	return func(s *stackResult) (float64, bool) {
+		n := 0
+		for _, w := range talkWaves(s, legacy) {
+			if w.TimedOutPod > 0 {
+				n++
+			}
+		}
+		return float64(n), true
+	}
+}
+
+func wavesOf(legacy bool) figure {
+	return func(s *stackResult) (float64, bool) { return float64(len(talkWaves(s, legacy))), true }
+}
+
+func talkWaves(s *stackResult, legacy bool) []waveResult {
+	kinds := []string{draSaturating, draSteady}
+	if legacy {
+		kinds = []string{legacySaturating, legacySteady}
+	}
+	var out []waveResult
+	for _, k := range s.Kinds {
+		if (k.Size == 0 && k.Kind == churnKindName) ||
+			(slices.Contains(kinds, k.Kind) && slices.Contains(commonSizes([]int{k.Size}), k.Size)) {
+			out = append(out, k.Waves...)
+		}
+	}
+	return out
+}
+
+// cpuTotal is the control plane's CPU ms per bound pod in one row of the CPU
+// table (a size's median wave, or firstWaveRow); cpuProc one process's.
+func cpuTotal(row int, kind string, teardown bool) figure {
+	return cpuProc(controlPlaneTotal, row, kind, teardown)
+}
+
+const controlPlaneTotal = "control plane total"
+
+func cpuProc(name string, row int, kind string, teardown bool) figure {
+	return func(s *stackResult) (float64, bool) {
+		m, ok := cpuOfRow(s, row, kind, teardown)
+		if !ok {
+			return 0, false
+		}
+		if name != controlPlaneTotal {
+			v, ok := m[name]
+			return v, ok
+		}
+		total := 0.0
+		for p, v := range m {
+			if controlPlane(p) {
+				total += v
+			}
+		}
+		return total, len(m) > 0
+	}
+}
+
 func rssOf(s *stackResult) map[string]float64 {
 	out := map[string]float64{}
 	for k, v := range s.MemoryPeak {
@@ -91,21 +187,31 @@ func over(pairs []repeat, dra, legacy figure) (spread, bool) {
 // overEach is one stack's figure (the legacy stack's when legacy is set) over
 // the runs that have it: its median, or nil when no run has it.
 func overEach(pairs []repeat, f figure, legacy bool) *float64 {
+	vs := perRun(pairs, f, legacy)
+	if len(vs) == 0 {
+		return nil
+	}
+	m := medianOf(vs)
+	return &m
+}
+
+// perRun is one stack's figure (the legacy stack's when legacy is set) in
+// each run that has it, in run order.
+func perRun(pairs []repeat, f figure, legacy bool) []float64 {
 	var vs []float64
 	for i := range pairs {
 		s := &pairs[i].DRA
 		if legacy {
 			s = pairs[i].Legacy
 		}
+		if s == nil {
+			continue
+		}
 		if v, ok := f(s); ok {
 			vs = append(vs, v)
 		}
 	}
-	if len(vs) == 0 {
-		return nil
-	}
-	m := medianOf(vs)
-	return &m
+	return vs
 }
 
 func msText(v *float64) string {
@@ -138,7 +244,8 @@ func (r results) talkFigures(b *strings.Builder) {
 	pairs := r.pairs()
 	b.WriteString("## The talk's figures: DRA against legacy, the same workload\n\n")
 	b.WriteString("Medians over the runs; the ratio is DRA / legacy per run, its median and range. " +
-		"Legacy scheduler memory is both of its schedulers (kube-scheduler and the topology-aware one) summed.\n\n")
+		"Legacy scheduler memory is shown both ways: both of its schedulers summed, as the talk counted it, and the topology-aware scheduler alone, " +
+		"the one that schedules the waves' pods (its kube-scheduler schedules none of them).\n\n")
 	b.WriteString("| figure | GPUs | DRA | legacy | DRA / legacy |\n|---|---|---|---|---|\n")
 	row := func(name string, size int, format func(float64) string, dra, legacy figure) {
 		if sp, ok := over(pairs, dra, legacy); ok {
@@ -149,40 +256,43 @@ func (r results) talkFigures(b *strings.Builder) {
 	ms := func(v float64) string { return fmt.Sprintf("%.0f", v) }
 	count := func(v float64) string { return fmt.Sprintf("%.0f", v) }
 	mb := func(v float64) string { return mib(int64(v)) }
-	firstWave := func(kind string) figure {
-		return kindFigure(1, kind, func(x kindResult) float64 {
-			if len(x.Waves) == 0 {
-				return 0
-			}
-			return x.Waves[0].PodsPerSec
-		})
-	}
 	row("throughput, the run's first wave (legacy: on fresh NodeResourceTopology), pods/s", 1, perSec,
-		firstWave("aligned"), firstWave("single-numa-node"))
+		firstWavePodsPerSec(draSaturating), firstWavePodsPerSec(legacySaturating))
 	for _, k := range commonSizes(kindSizes(r.DRA.Kinds)) {
 		row("throughput, saturating waves, median wave, pods/s", k, perSec,
-			kindFigure(k, "aligned", func(x kindResult) float64 { return x.PodsPerSec }),
-			kindFigure(k, "single-numa-node", func(x kindResult) float64 { return x.PodsPerSec }))
+			kindFigure(k, draSaturating, podsPerSecOf), kindFigure(k, legacySaturating, podsPerSecOf))
 		row(fmt.Sprintf("latency p50 at %g pods/s, ms", r.SteadyRate), k, ms,
-			kindFigure(k, "aligned-steady", func(x kindResult) float64 { return x.P50Ms }),
-			kindFigure(k, "single-numa-node-steady", func(x kindResult) float64 { return x.P50Ms }))
+			kindFigure(k, draSteady, p50Of), kindFigure(k, legacySteady, p50Of))
 		row(fmt.Sprintf("latency p99 at %g pods/s, ms", r.SteadyRate), k, ms,
-			kindFigure(k, "aligned-steady", func(x kindResult) float64 { return x.P99Ms }),
-			kindFigure(k, "single-numa-node-steady", func(x kindResult) float64 { return x.P99Ms }))
+			kindFigure(k, draSteady, p99Of), kindFigure(k, legacySteady, p99Of))
 	}
-	churn := func(f func(kindResult) float64) figure { return kindFigure(0, "mixed-churn", f) }
-	row("churn latency p50, ms", 0, ms, churn(func(x kindResult) float64 { return x.P50Ms }), churn(func(x kindResult) float64 { return x.P50Ms }))
-	row("churn latency p99, ms", 0, ms, churn(func(x kindResult) float64 { return x.P99Ms }), churn(func(x kindResult) float64 { return x.P99Ms }))
+	churn := func(f func(kindResult) float64) figure { return kindFigure(0, churnKindName, f) }
+	row("churn latency p50, ms", 0, ms, churn(p50Of), churn(p50Of))
+	row("churn latency p99, ms", 0, ms, churn(p99Of), churn(p99Of))
 	row("churn pods refused by the node (TopologyAffinityError)", 0, count,
 		churn(func(x kindResult) float64 { return x.Misaligned }), churn(func(x kindResult) float64 { return x.Misaligned }))
 	row("churn pods never scheduled", 0, count,
 		churn(func(x kindResult) float64 { return x.Unscheduled }), churn(func(x kindResult) float64 { return x.Unscheduled }))
-	row("scheduler memory, peak RSS", -1, mb, summed(rssOf, "kube-scheduler"), summed(rssOf, "kube-scheduler", topoScheduler))
-	row("scheduler Go heap in use, peak", -1, mb, summed(heapOf, "kube-scheduler"), summed(heapOf, "kube-scheduler", topoScheduler))
+	row("scheduler memory, peak RSS (legacy: both schedulers summed)", -1, mb, draSchedulerRSS, legacySchedulersRSS)
+	row("scheduler memory, peak RSS (legacy: the topology-aware scheduler alone)", -1, mb, draSchedulerRSS, topoSchedulerRSS)
+	row("scheduler Go heap in use, peak (legacy: both schedulers summed)", -1, mb, summed(heapOf, "kube-scheduler"), summed(heapOf, "kube-scheduler", topoScheduler))
 	row("API server memory, peak RSS", -1, mb, summed(rssOf, "kube-apiserver"), summed(rssOf, "kube-apiserver"))
 	row("API server Go heap in use, peak", -1, mb, summed(heapOf, "kube-apiserver"), summed(heapOf, "kube-apiserver"))
 	row("etcd memory, peak RSS", -1, mb, summed(rssOf, "etcd"), summed(rssOf, "etcd"))
-	b.WriteString("\n")
+	draGaveUp, draWaves := sumOver(pairs, gaveUpWaves(false), false), sumOver(pairs, wavesOf(false), false)
+	legacyGaveUp, legacyWaves := sumOver(pairs, gaveUpWaves(true), true), sumOver(pairs, wavesOf(true), true)
+	fmt.Fprintf(b, "\nWaves that gave up with pods never bound (saturating and steady waves, the churn workload), all runs: DRA %.0f of %.0f, legacy %.0f of %.0f.\n\n",
+		draGaveUp, draWaves, legacyGaveUp, legacyWaves)
+}
+
+// sumOver is one stack's figure (the legacy stack's when legacy is set) summed
+// over the runs.
+func sumOver(pairs []repeat, f figure, legacy bool) float64 {
+	total := 0.0
+	for _, v := range perRun(pairs, f, legacy) {
+		total += v
+	}
+	return total
 }
 
 func sizeOrBlank(k int) string {
@@ -224,7 +334,7 @@ func (r results) cpuPerPod(b *strings.Builder) {
 			for _, side := range []struct {
 				s    *stackResult
 				kind string
-			}{{&p.DRA, "aligned"}, {p.Legacy, "single-numa-node"}} {
+			}{{&p.DRA, draSaturating}, {p.Legacy, legacySaturating}} {
 				m, _ := cpuOfRow(side.s, k, side.kind, false)
 				for n := range m {
 					procs[n] = true
@@ -232,31 +342,13 @@ func (r results) cpuPerPod(b *strings.Builder) {
 			}
 		}
 		names := sortedKeys(procs)
-		names = append(names, "control plane total")
+		names = append(names, controlPlaneTotal)
 		for _, n := range names {
-			cpu := func(kind string, teardown bool) figure {
-				return func(s *stackResult) (float64, bool) {
-					m, ok := cpuOfRow(s, k, kind, teardown)
-					if !ok {
-						return 0, false
-					}
-					if n != "control plane total" {
-						v, ok := m[n]
-						return v, ok
-					}
-					total := 0.0
-					for p, v := range m {
-						if controlPlane(p) {
-							total += v
-						}
-					}
-					return total, len(m) > 0
-				}
-			}
+			cpu := func(kind string, teardown bool) figure { return cpuProc(n, k, kind, teardown) }
 			// A process of one stack alone (the topology-aware scheduler) has its
 			// own row, with "-" on the other side.
-			dra, legacy := overEach(pairs, cpu("aligned", false), false), overEach(pairs, cpu("single-numa-node", false), true)
-			tdDRA, tdLegacy := overEach(pairs, cpu("aligned", true), false), overEach(pairs, cpu("single-numa-node", true), true)
+			dra, legacy := overEach(pairs, cpu(draSaturating, false), false), overEach(pairs, cpu(legacySaturating, false), true)
+			tdDRA, tdLegacy := overEach(pairs, cpu(draSaturating, true), false), overEach(pairs, cpu(legacySaturating, true), true)
 			if dra == nil && legacy == nil {
 				continue
 			}
@@ -411,4 +503,39 @@ func (r results) requestsPerPod(b *strings.Builder) {
 		fmt.Fprintf(b, "| %s | %.2f | %.2f |\n", c, d, l)
 	}
 	fmt.Fprintf(b, "| all | %.2f | %.2f |\n\n", dt, lt)
+}
+
+// runs are every run's stacks, the first run first: both stacks where the
+// legacy one ran, else DRA alone.
+func (r results) runs() []repeat {
+	return append([]repeat{{DRA: r.DRA, Legacy: r.Legacy}}, r.Repeats...)
+}
+
+// requestSplit is every run's API requests per bound pod over the common
+// waves, with Lease renewals and the other periodic requests apart
+// (requestShares).
+func (r results) requestSplit(b *strings.Builder) {
+	b.WriteString("## API requests per bound pod, common waves, every run\n\n" +
+		"From the audit log. Lease renewals, and the other requests that grow with the length of the run rather than with its pods " +
+		"(node status writes, watch starts, non-resource GETs), are apart.")
+	if r.Legacy != nil {
+		b.WriteString(" On the legacy stack the rest still holds the simulated topology updater's interval writes " +
+			"and the topology-aware scheduler's retries, which the log cannot tell from per-pod work.")
+	}
+	b.WriteString("\n\n")
+	b.WriteString("| run | stack | all | Lease renewals | other periodic | the rest | writes among the rest | NodeResourceTopology writes |\n|---|---|---|---|---|---|---|---|\n")
+	for i, run := range r.runs() {
+		for _, st := range []namedStack{{"DRA", &run.DRA}, {"legacy", run.Legacy}} {
+			if st.s == nil {
+				continue
+			}
+			sh, ok := st.s.requestShares()
+			if !ok {
+				continue
+			}
+			fmt.Fprintf(b, "| %d | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", i+1, st.name,
+				sh.all, sh.leases, sh.periodic, sh.rest, sh.restWrites, sh.nrtWrites)
+		}
+	}
+	b.WriteString("\n")
 }

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -51,6 +54,48 @@ func TestTalkFiguresKeepTheFirstWaveApart(t *testing.T) {
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("report lacks %q:\n%s", want, got)
+		}
+	}
+}
+
+// Requests per bound pod: Lease renewals and the other periodic requests
+// apart from the rest, and the writes among the rest.
+func TestRequestShares(t *testing.T) {
+	s := stackResult{PodsBound: 2, RequestsByClient: map[string]map[string]int{
+		"kwok":                 {"update leases": 10, "watch leases": 1, "patch nodes": 3, "patch pods": 4},
+		"metrics-scraper":      {"get -": 1},
+		"nfd-topology-updater": {"get noderesourcetopologies": 5, "update noderesourcetopologies": 6},
+		"scale":                {"create pods": 2, "list pods": 1, "watch pods": 2},
+	}}
+	got, ok := s.requestShares()
+	want := requestShare{all: 35.0 / 2, leases: 10.0 / 2, periodic: 7.0 / 2, rest: 18.0 / 2, restWrites: 12.0 / 2, nrtWrites: 6.0 / 2}
+	if !ok || got != want {
+		t.Errorf("requestShares() = %+v, %v; want %+v", got, ok, want)
+	}
+	if _, ok := (&stackResult{}).requestShares(); ok {
+		t.Error("requestShares of a stack that bound no pod: ok")
+	}
+}
+
+// The committed reports of the fair-method runs are what the report's code
+// renders from the results beside them (go run . -rerender DIR writes them again).
+func TestCommittedReportsRenderFromTheirData(t *testing.T) {
+	for _, name := range []string{"scale-100-fair", "scale-500-fair", "scale-500-no-nrt", "scale-100-list-form"} {
+		raw, err := os.ReadFile(filepath.Join("../../docs/benchmarks", name+".json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r results
+		if err := json.Unmarshal(raw, &r); err != nil {
+			t.Fatalf("%s.json: %v", name, err)
+		}
+		report, err := os.ReadFile(filepath.Join("../../docs/benchmarks", name+".md"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.markdown() != string(report) {
+			t.Errorf("docs/benchmarks/%s.md is not what the report's code renders from %s.json: "+
+				"copy the .json to DIR/results.json, run go run . -rerender DIR and commit DIR/report.md as %s.md", name, name, name)
 		}
 	}
 }
