@@ -181,7 +181,13 @@ func latencyPlot(pairs []repeat, r *results, path string) error {
 	}
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("Latency, created to bound, at %g pods/s and under churn at %g pods/s (%d nodes)", r.SteadyRate, r.ChurnRate, r.Nodes)
-	p.Y.Label.Text = "milliseconds (" + runsText(pairs) + ")"
+	// The runs go under the axis: a y label longer than the plot is tall
+	// squashes the plot area and is cut at both ends.
+	p.Y.Label.Text = "milliseconds"
+	p.X.Label.Text = runsText(pairs)
+	// Top left, where the one-GPU waves leave room: at the right the legacy
+	// churn figures reach the top.
+	p.Legend.Left = true
 	return saveDots(p, pairs, cats, []dotSeries{
 		{"DRA p50", draw.CircleGlyph{}, palette[0], func(run repeat, i int) (float64, bool) { return lat(&run.DRA, i, true, false) }},
 		{"DRA p99", draw.RingGlyph{}, palette[0], func(run repeat, i int) (float64, bool) { return lat(&run.DRA, i, true, true) }},
