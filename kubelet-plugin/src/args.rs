@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::Args;
 use dra_kubeletplugin::uds::PluginSockets;
 use topodra_model::config::v1alpha1::TimeSliceInterval;
-use topodra_model::slice::{self, NumaNodeFormat};
+use topodra_model::slice::{self, AttributeSet, NumaNodeFormat};
 use topodra_node::discovery;
 
 #[derive(Debug, Args)]
@@ -285,6 +285,15 @@ pub(crate) struct DiscoveryFlags {
     /// v1.4.0) drivers through one `matchAttribute`.
     #[arg(long, env = "TOPODRA_NUMA_NODE_ALIASES", value_delimiter = ',')]
     pub(crate) numa_node_aliases: Vec<slice::NumaNodeAlias>,
+
+    /// Which attributes a GPU carries: `lean` leaves out `brand`, `architecture` and
+    /// `cudaDriverVersion`, which follow from `productName`, `cudaComputeCapability`
+    /// and `driverVersion` and which no shipped class or documented selector reads,
+    /// since every byte of a device is stored and sent to every slice watcher; `full`
+    /// publishes them too, for selectors written against them (NVIDIA's driver has
+    /// all three).
+    #[arg(long, env = "TOPODRA_ATTRIBUTES", default_value = "lean")]
+    pub(crate) attributes: AttributeSet,
 }
 
 impl DiscoveryFlags {

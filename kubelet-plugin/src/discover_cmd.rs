@@ -113,6 +113,7 @@ pub(crate) fn run(args: &DiscoverArgs, out: &mut impl Write) -> Result<()> {
     options.driver_name = args.discovery.driver_name.clone();
     options.numa_node_format = args.discovery.numa_node_format;
     options.numa_node_aliases = numa_node_aliases;
+    options.attributes = args.discovery.attributes;
     if args.preview_dynamic_mig {
         options.dynamic_mig = slice::DynamicMig::All;
     }

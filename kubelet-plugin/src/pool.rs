@@ -12,7 +12,9 @@ use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::DeviceTaint;
 use topodra_model::Inventory;
-use topodra_model::slice::{DynamicMig, NumaNodeAlias, NumaNodeFormat, SliceOptions, build_slices};
+use topodra_model::slice::{
+    AttributeSet, DynamicMig, NumaNodeAlias, NumaNodeFormat, SliceOptions, build_slices,
+};
 
 use dra_kubeletplugin::publish::DesiredPool;
 
@@ -41,6 +43,12 @@ impl PoolBuilder {
                 options
             },
         }
+    }
+
+    /// Publishes the attributes of `set` (`--attributes`).
+    pub(crate) fn with_attributes(mut self, set: AttributeSet) -> Self {
+        self.options.attributes = set;
+        self
     }
 
     /// Publishes the MIG partitions of the GPUs in MIG mode (`--dynamic-mig`);
@@ -124,6 +132,27 @@ mod tests {
             Vec::new(),
         );
         assert!(matches!(bad.build(BTreeMap::new()), DesiredPool::Invalid(e) if !e.is_empty()));
+    }
+
+    #[test]
+    fn the_attribute_set_reaches_the_slices() {
+        let mut inv = (*inventory(1)).clone();
+        inv.gpus[0].brand = Some("NVIDIA".to_owned());
+        inv.gpus[0].product_name = Some("NVIDIA H100 80GB HBM3".to_owned());
+        let pool = PoolBuilder::new(Arc::new(inv), DRIVER, NODE, NumaNodeFormat::Int, Vec::new());
+        let attrs = |pool: &PoolBuilder| {
+            let DesiredPool::Slices(slices) = pool.build(BTreeMap::new()) else {
+                panic!("expected slices");
+            };
+            slices[0].spec.devices.as_ref().unwrap()[0]
+                .attributes
+                .clone()
+                .unwrap()
+        };
+        let lean = attrs(&pool);
+        assert!(lean.contains_key("productName") && !lean.contains_key("brand"));
+        let full = attrs(&pool.with_attributes(AttributeSet::Full));
+        assert!(full.contains_key("productName") && full.contains_key("brand"));
     }
 
     /// The client the plugin hands the publisher is counted, so the publisher's

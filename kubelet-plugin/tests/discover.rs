@@ -18,13 +18,17 @@ fn discover(profile: &str, extra: &[&str]) -> Output {
 }
 
 fn discover_yaml(yaml: &str, extra: &[&str]) -> Output {
+    discover_node(yaml, "node-a", extra)
+}
+
+fn discover_node(yaml: &str, node_name: &str, extra: &[&str]) -> Output {
     let dir = tempfile::tempdir().unwrap();
     let node = sim::materialize(dir.path(), yaml, &topodra_fake_nvml::cdylib_path()).unwrap();
     Command::new(env!("CARGO_BIN_EXE_topodra-kubelet-plugin"))
         .arg("discover")
         .arg(format!("--nvml-lib={}", node.nvml_lib.display()))
         .arg(format!("--hwloc-xml={}", node.hwloc_xml.display()))
-        .args(["--node-name", "node-a"])
+        .args(["--node-name", node_name])
         .args(extra)
         .env_remove("TOPODRA_DISCOVER_STRICT")
         .output()
@@ -183,23 +187,7 @@ fn numa_node_aliases_carry_the_numa_node_and_bad_ones_stop_the_command() {
 /// int and the list form of `numaNode`.
 #[test]
 fn slice_sizes_in_the_docs_are_what_discover_prints() {
-    let doc = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/attributes.md"),
-    )
-    .unwrap();
-    let figure = |after: &str| -> usize {
-        let at = doc
-            .find(after)
-            .unwrap_or_else(|| panic!("{after:?} not in the doc"))
-            + after.len();
-        let digits: String = doc[at..]
-            .trim_start()
-            .chars()
-            .take_while(|c| c.is_ascii_digit() || *c == ',')
-            .filter(char::is_ascii_digit)
-            .collect();
-        digits.parse().unwrap()
-    };
+    let figure = doc_figure;
     let size = |extra: &[&str]| -> (usize, usize) {
         let dir = tempfile::tempdir().unwrap();
         let yaml = std::fs::read_to_string(topodra_fake_nvml::profiles_dir().join("dgx-h100.yaml"))
@@ -230,6 +218,74 @@ fn slice_sizes_in_the_docs_are_what_discover_prints() {
     assert_eq!(figure("one device object alone is"), device);
     assert_eq!(figure("compact JSON\n("), int / 8, "per device");
     assert_eq!(figure("`numaNode` it is"), list);
+    let (full, full_device) = size(&["--attributes=full"]);
+    assert_eq!(figure("With `--attributes full` the slice is"), full);
+    assert_eq!(figure("a device alone"), full_device);
+}
+
+/// The number docs/attributes.md writes right after the first `after` (`5,395`).
+fn doc_figure(after: &str) -> usize {
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/attributes.md"),
+    )
+    .unwrap();
+    let at = doc
+        .find(after)
+        .unwrap_or_else(|| panic!("{after:?} not in the doc"))
+        + after.len();
+    let digits: String = doc[at..]
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == ',')
+        .filter(char::is_ascii_digit)
+        .collect();
+    digits.parse().unwrap()
+}
+
+/// Slice bytes per GPU of the simulated DGX H100 as the scale benchmark counts them
+/// (`tests/scale/fleet.go`, `sliceBytesPerGPU`: the JSON of every slice's spec over
+/// the devices, node named as its kwok nodes are): the lean default takes no more
+/// than NVIDIA's attribute set on the same GPUs (568, docs/benchmarks.md), and
+/// `--attributes=full` is the set before lean slices.
+#[test]
+fn lean_slices_take_no_more_bytes_per_gpu_than_nvidias_attribute_set() {
+    let measure = |extra: &[&str]| -> (usize, usize, usize) {
+        let mut args = vec!["-o", "json"];
+        args.extend_from_slice(extra);
+        let out = discover_node(&profile_yaml("dgx-h100"), "kwok-gpu-0000", &args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let items = list["items"].as_array().unwrap();
+        let spec: usize = items
+            .iter()
+            .map(|s| serde_json::to_vec(&s["spec"]).unwrap().len())
+            .sum();
+        let devices: usize = items
+            .iter()
+            .map(|s| s["spec"]["devices"].as_array().map_or(0, Vec::len))
+            .sum();
+        let device = serde_json::to_vec(&items[0]["spec"]["devices"][0])
+            .unwrap()
+            .len();
+        (spec, devices, device)
+    };
+    let (lean, n, lean_device) = measure(&[]);
+    let (full, _, full_device) = measure(&["--attributes=full"]);
+    assert_eq!(n, 8);
+    assert!(lean <= 568 * n, "{lean} bytes over {n} GPUs");
+    // 540.125 and 644.125 bytes per GPU; the device alone 522 and 626.
+    assert_eq!((lean, lean_device), (4_321, 522));
+    assert_eq!((full, full_device), (5_153, 626));
+    assert_eq!(measure(&["--attributes=lean"]).0, lean);
+    // docs/attributes.md, "Lean and full attribute sets", in whole bytes.
+    assert_eq!(doc_figure("a GPU then takes"), lean / n);
+    assert_eq!(doc_figure("the device object alone"), lean_device);
+    assert_eq!(doc_figure("with every attribute it takes"), full / n);
+    assert_eq!(doc_figure("a device object\nalone:"), full_device);
 }
 
 /// The ResourceSlices `discover -o json` prints for the profile `yaml`.

@@ -207,7 +207,8 @@ func TestDGXH100(t *testing.T) {
 	})
 }
 
-// checkAttributes asserts the attributes of docs/attributes.md on a DGX H100.
+// checkAttributes asserts the attributes of docs/attributes.md on a DGX H100, with
+// the plugin's default (lean) attribute set.
 func checkAttributes(t *testing.T, devices map[string]resourceapi.Device) {
 	t.Helper()
 	perNUMA := map[int64]int{}
@@ -222,8 +223,7 @@ func checkAttributes(t *testing.T, devices map[string]resourceapi.Device) {
 			{"resource.kubernetes.io/pcieRoot", "string"},
 			{"resource.kubernetes.io/pciBusID", "string"},
 			{"type", "string"}, {"uuid", "string"}, {"minor", "int"},
-			{"productName", "string"}, {"brand", "string"}, {"architecture", "string"},
-			{"cudaComputeCapability", "version"}, {"driverVersion", "version"}, {"cudaDriverVersion", "version"},
+			{"productName", "string"}, {"cudaComputeCapability", "version"}, {"driverVersion", "version"},
 			{"socket", "int"}, {"nvlinkDomain", "string"},
 		} {
 			v, ok := attr(d, a.name)
@@ -238,6 +238,12 @@ func checkAttributes(t *testing.T, devices map[string]resourceapi.Device) {
 		}
 		if _, ok := attr(d, "index"); ok {
 			t.Errorf("%s: publishes index, which NVML does not keep stable", name)
+		}
+		// Only --attributes=full publishes these: each follows from one above.
+		for _, full := range []string{"brand", "architecture", "cudaDriverVersion"} {
+			if _, ok := attr(d, full); ok {
+				t.Errorf("%s: publishes %s by default, which only --attributes=full should", name, full)
+			}
 		}
 		if v, _ := attr(d, "type"); v.StringValue == nil || *v.StringValue != "gpu" {
 			t.Errorf("%s: type %+v", name, v)

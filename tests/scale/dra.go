@@ -245,8 +245,15 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 		return res, err
 	}
 	res.SliceBytesPerGPU = sliceBytesPerGPU(ordered[0])
+	// NVIDIA's attribute set includes brand, architecture and cudaDriverVersion,
+	// which topodra's default (lean) slices leave out: its equivalent is cut from
+	// one node's slices with every attribute.
+	full, err := simulatedSlices(c.bins.plugin, append(append([]string(nil), flags...), "--attributes=full"), 1, "int")
+	if err != nil {
+		return res, err
+	}
 	var nv []resourcev1.ResourceSlice
-	for _, s := range ordered[0] {
+	for _, s := range full[0] {
 		nv = append(nv, nvidiaEquivalent(s))
 	}
 	res.NvidiaBytesPerGPU = sliceBytesPerGPU(nv)

@@ -123,6 +123,8 @@ func publishSlices(ctx context.Context, cs kubernetes.Interface, slices [][]reso
 // PCI address twice (pcieBusID in its domain and the standard
 // resource.kubernetes.io/pciBusID), resource.kubernetes.io/pcieRoot, and capacity
 // memory; the values are ours. Labels are left off: the figure compares devices.
+// Give it slices of `discover --attributes=full`: the lean default lacks brand,
+// architecture and cudaDriverVersion.
 func nvidiaEquivalent(s resourcev1.ResourceSlice) resourcev1.ResourceSlice {
 	keep := map[resourcev1.QualifiedName]bool{
 		"type": true, "uuid": true, "productName": true, "brand": true, "architecture": true,

@@ -28,8 +28,9 @@ fn read_json(path: &Path) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
 }
 
-/// The inventory and the slices (int `numaNode`, default driver name) discovery
-/// gives for the machine, as JSON.
+/// The inventory and the slices (int `numaNode`, default driver name, every
+/// attribute) discovery gives for the machine, as JSON. The recordings predate the
+/// lean attribute set, so the full set is what reproduces them.
 fn discover(machine: &str, node_name: &str) -> (Value, Value) {
     let dir = real_dir(machine);
     let nvml = std::fs::read_to_string(dir.join("nvml.yaml")).unwrap();
@@ -41,7 +42,9 @@ fn discover(machine: &str, node_name: &str) -> (Value, Value) {
     config.topology = TopologyInput::HwlocXml(dir.join("lstopo.xml"));
     config.sysfs_root = PathBuf::from("/nonexistent");
     let inventory = discovery::discover(&config).unwrap();
-    let slices = slice::build_slices(&inventory, &SliceOptions::new(node_name.to_owned())).unwrap();
+    let mut opts = SliceOptions::new(node_name.to_owned());
+    opts.attributes = slice::AttributeSet::Full;
+    let slices = slice::build_slices(&inventory, &opts).unwrap();
     (
         serde_json::to_value(&inventory).unwrap(),
         serde_json::to_value(slice::to_list(&slices)).unwrap(),

@@ -57,6 +57,25 @@ fn numa_node_aliases_are_a_checked_list() {
 }
 
 #[test]
+fn the_attribute_set_is_lean_unless_asked_for_full() {
+    let parse = |flags: &[&str]| {
+        let argv = ["serve", "--node-name=node-a"].iter().chain(flags);
+        Cli::try_parse_from(argv).map(|c| c.serve.discovery.attributes)
+    };
+    assert_eq!(parse(&[]).unwrap(), AttributeSet::Lean);
+    assert_eq!(parse(&["--attributes=full"]).unwrap(), AttributeSet::Full);
+    assert_eq!(
+        parse(&["--attributes", "lean"]).unwrap(),
+        AttributeSet::Lean
+    );
+    let err = parse(&["--attributes=all"]).unwrap_err();
+    assert!(
+        err.to_string().contains(r#"expected "lean" or "full""#),
+        "{err}"
+    );
+}
+
+#[test]
 fn limits_of_zero_are_refused() {
     for flag in [
         "--http-max-connections=0",
@@ -148,6 +167,7 @@ fn flag_names_and_environment_variables_stay_as_they_were() {
         ("sysfs-root", "TOPODRA_SYSFS_ROOT"),
         ("numa-node-format", "TOPODRA_NUMA_NODE_FORMAT"),
         ("numa-node-aliases", "TOPODRA_NUMA_NODE_ALIASES"),
+        ("attributes", "TOPODRA_ATTRIBUTES"),
         ("http-bind-address", "TOPODRA_HTTP_BIND_ADDRESS"),
         ("http-port", "TOPODRA_HTTP_PORT"),
         ("http-addr", "TOPODRA_HTTP_ADDR"),

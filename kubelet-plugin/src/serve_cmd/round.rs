@@ -57,7 +57,8 @@ pub(super) async fn serve(
         &args.node_name,
         args.discovery.numa_node_format,
         args.discovery.numa_node_aliases.clone(),
-    );
+    )
+    .with_attributes(args.discovery.attributes);
     if args.dynamic_mig {
         pool = pool.with_dynamic_mig(preparer.own_mig_instances().clone());
     }

@@ -245,6 +245,9 @@ Checks of values that would otherwise fail at run time on every node.
 {{- if not (has .Values.kubeletPlugin.numaNodeFormat (list "int" "list")) }}
 {{- fail (printf "kubeletPlugin.numaNodeFormat must be \"int\" or \"list\", not %q" .Values.kubeletPlugin.numaNodeFormat) }}
 {{- end }}
+{{- if not (has .Values.kubeletPlugin.attributes (list "lean" "full")) }}
+{{- fail (printf "kubeletPlugin.attributes must be \"lean\" or \"full\", not %q" .Values.kubeletPlugin.attributes) }}
+{{- end }}
 {{- range .Values.kubeletPlugin.numaNodeAliases }}
 {{- if or (hasPrefix "resource.kubernetes.io/" .) (hasPrefix (printf "%s/" $.Values.driverName) .) }}
 {{- fail (printf "kubeletPlugin.numaNodeAliases: %q is in resource.kubernetes.io or this driver's own domain; an alias is another driver's name, such as dra.net/numaNode" .) }}

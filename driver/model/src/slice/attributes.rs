@@ -3,11 +3,19 @@
 //! An attribute is published only when the inventory knows its value; a selector that
 //! tests a missing attribute fails to match, which is the honest answer, whereas a
 //! made-up default would let the scheduler align devices that are not aligned.
+//!
+//! Which attributes a whole GPU carries is the operator's choice of [`AttributeSet`]:
+//! the lean default leaves out the three of [`FULL_ONLY`], whose values follow from
+//! attributes it keeps, because every byte of a device is stored in etcd, held by the
+//! API server and sent to every watcher of ResourceSlices, once per GPU of the fleet.
 
 use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
 
 use k8s_openapi::api::resource::v1::{DeviceAttribute, DeviceCapacity};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use serde::{Deserialize, Serialize};
 
 use super::quantity;
 use super::validate::{MAX_VALUE_LEN, check_version};
@@ -53,6 +61,75 @@ pub(crate) const MEMORY: &str = "memory";
 /// Capacity name for a MIG device's streaming multiprocessors.
 pub(crate) const MULTIPROCESSORS: &str = "multiprocessors";
 
+/// The attributes only [`AttributeSet::Full`] publishes. Each follows from one the lean
+/// set keeps, and no class, policy, example, document or the controller selects on it:
+/// - `brand`: on every data-centre GPU NVML reports `NVIDIA`, and where it does not
+///   (`Tesla`, `GeForce`, `Quadro`) `productName` names the line too;
+/// - `architecture`: a function of `cudaComputeCapability` (8.0 and 8.6 Ampere, 8.9
+///   Ada, 9.0 Hopper, 10.0 and 12.0 Blackwell, …), which a selector compares as a
+///   version (`isGreaterThan(semver("8.9.0"))`) instead of listing names;
+/// - `cudaDriverVersion`: the highest CUDA version of the kernel driver, fixed by its
+///   branch, so `driverVersion` (the same for every GPU of the node) decides it.
+///
+/// NVIDIA's DRA driver publishes all three, so selectors ported from it that read them
+/// need [`AttributeSet::Full`] or a rewrite onto the attributes above.
+pub const FULL_ONLY: [&str; 3] = [BRAND, ARCHITECTURE, CUDA_DRIVER_VERSION];
+
+/// Which attributes a whole GPU carries (`--attributes`, chart
+/// `kubeletPlugin.attributes`). MIG devices and shared devices take their GPU's, so
+/// the choice holds for them too; dynamic MIG partitions carry only topology and
+/// identity either way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttributeSet {
+    /// Everything but [`FULL_ONLY`]: topology (`resource.kubernetes.io/numaNode`,
+    /// `pcieRoot`, `pciBusID`, `socket`, `pcieSwitch`, `nvlinkDomain`, `nvlinkClique`,
+    /// `memoryNumaNode`), identity (`type`, `uuid`, `minor`) and what selectors pick a
+    /// GPU by (`productName`, `cudaComputeCapability`, `driverVersion`). A DGX H100's
+    /// GPU takes 540 bytes of slice spec, under the 568 of NVIDIA's attribute set.
+    #[default]
+    Lean,
+    /// Every attribute topodra knows, the set before lean slices.
+    Full,
+}
+
+impl AttributeSet {
+    pub(crate) fn as_str(&self) -> &'static str {
+        match self {
+            Self::Lean => "lean",
+            Self::Full => "full",
+        }
+    }
+
+    /// Whether a whole GPU's attribute `name` is published under this set.
+    pub fn publishes(self, name: &str) -> bool {
+        self == Self::Full || !FULL_ONLY.contains(&name)
+    }
+}
+
+impl fmt::Display for AttributeSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An attribute set other than `lean` or `full`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid attribute set {0:?}: expected \"lean\" or \"full\"")]
+pub struct AttributeSetError(pub String);
+
+impl FromStr for AttributeSet {
+    type Err = AttributeSetError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "lean" => Ok(Self::Lean),
+            "full" => Ok(Self::Full),
+            _ => Err(AttributeSetError(s.to_owned())),
+        }
+    }
+}
+
 /// Value of [`TYPE`] for a whole GPU.
 pub(crate) const TYPE_GPU: &str = "gpu";
 /// Value of [`TYPE`] for a MIG device.
@@ -86,8 +163,6 @@ pub(crate) fn device_attributes(
     a.string(UUID, gpu.uuid.clone());
     a.int(MINOR, gpu.minor);
     a.string(PRODUCT_NAME, gpu.product_name.clone());
-    a.string(BRAND, gpu.brand.clone());
-    a.string(ARCHITECTURE, gpu.architecture.clone());
     a.version(
         CUDA_COMPUTE_CAPABILITY,
         gpu.cuda_compute_capability
@@ -97,11 +172,17 @@ pub(crate) fn device_attributes(
         DRIVER_VERSION,
         inv.driver_version.as_deref().and_then(normalize_version),
     );
-    a.version(
-        CUDA_DRIVER_VERSION,
-        inv.cuda_driver_version
-            .map(|v| format!("{}.{}.0", v.major, v.minor)),
-    );
+    // Not computed at all under the lean set, so a value the API would refuse is not
+    // warned about for an attribute nobody asked for.
+    if opts.attributes == AttributeSet::Full {
+        a.string(BRAND, gpu.brand.clone());
+        a.string(ARCHITECTURE, gpu.architecture.clone());
+        a.version(
+            CUDA_DRIVER_VERSION,
+            inv.cuda_driver_version
+                .map(|v| format!("{}.{}.0", v.major, v.minor)),
+        );
+    }
 
     a.int(SOCKET, socket(gpu, inv));
     a.string(PCIE_SWITCH, gpu.pcie_switch.map(|s| s.to_string()));

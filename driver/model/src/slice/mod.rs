@@ -36,6 +36,7 @@ use serde::{Deserialize, Serialize};
 pub use aliases::{
     MAX_NUMA_NODE_ALIASES, NumaNodeAlias, NumaNodeAliasError, check_numa_node_aliases,
 };
+pub use attributes::{AttributeSet, AttributeSetError};
 pub(crate) use attributes::{allocatable_attributes, allocatable_capacity};
 pub use partitions::{DynamicDevice, DynamicMig, dynamic_devices, partition_device_name};
 pub use sharing::{
@@ -120,6 +121,9 @@ pub struct SliceOptions {
     /// Other drivers' names for the NUMA node, published with the same value
     /// (see [`aliases`]).
     pub numa_node_aliases: Vec<NumaNodeAlias>,
+    /// Which attributes a GPU carries: the lean default, or every one
+    /// ([`AttributeSet`]).
+    pub attributes: AttributeSet,
     /// Bumped by the publisher whenever the pool's content changes.
     pub pool_generation: i64,
     /// UID of the core/v1 Node; when known, slices are owned by the Node and are
@@ -145,13 +149,14 @@ pub struct SliceOptions {
 
 impl SliceOptions {
     /// Defaults for everything but the node: the default driver name, int NUMA nodes,
-    /// generation 1, no owner.
+    /// the lean attribute set, generation 1, no owner.
     pub fn new(node_name: impl Into<String>) -> Self {
         Self {
             driver_name: DEFAULT_DRIVER_NAME.to_owned(),
             node_name: node_name.into(),
             numa_node_format: NumaNodeFormat::Int,
             numa_node_aliases: Vec::new(),
+            attributes: AttributeSet::Lean,
             pool_generation: 1,
             node_uid: None,
             max_devices_per_slice: None,

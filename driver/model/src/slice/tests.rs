@@ -279,3 +279,98 @@ fn an_alias_in_the_drivers_own_domain_refuses_the_pool() {
         ))
     ));
 }
+
+/// Slice bytes per GPU as the scale benchmark counts them (`tests/scale/fleet.go`,
+/// `sliceBytesPerGPU`: the JSON of every slice's spec over the devices), for a DGX
+/// H100 node named as the benchmark names its nodes. NVIDIA's attribute set on the
+/// same GPUs takes 568 (docs/benchmarks.md); the lean default must not take more.
+/// A DGX H100's GPUs share no PCIe switch (each switch holds one GPU and its NIC),
+/// so, as on the simulated node of `tests/fake-nvml/profiles/dgx-h100.yaml`, they
+/// publish no `pcieSwitch`; the fixture gives them one, which is taken off here.
+/// `discover` on the simulated node is checked the same way in kubelet-plugin's
+/// `--test discover`.
+#[test]
+fn lean_slices_take_no_more_bytes_per_gpu_than_nvidias_attribute_set() {
+    let mut inv = dgx_h100();
+    for g in &mut inv.gpus {
+        g.pcie_switch = None;
+    }
+    let per_gpu = |set: AttributeSet| -> (usize, usize, usize) {
+        let opts = SliceOptions {
+            attributes: set,
+            ..SliceOptions::new("kwok-gpu-0000")
+        };
+        let slices = build_slices(&inv, &opts).unwrap();
+        let devices: Vec<&Device> = slices
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .collect();
+        let spec: usize = slices
+            .iter()
+            .map(|s| serde_json::to_vec(&s.spec).unwrap().len())
+            .sum();
+        let device = serde_json::to_vec(devices[0]).unwrap().len();
+        (spec, devices.len(), device)
+    };
+    let (lean, n, lean_device) = per_gpu(AttributeSet::Lean);
+    let (full, _, full_device) = per_gpu(AttributeSet::Full);
+    println!(
+        "bytes per GPU: lean {:.3} ({lean_device} the device), full {:.3} ({full_device})",
+        lean as f64 / n as f64,
+        full as f64 / n as f64
+    );
+    assert_eq!(n, 8);
+    assert!(lean <= 568 * n, "{lean} bytes over {n} GPUs");
+    // 542.125 and 646.125 bytes per GPU: FULL_ONLY is 104 bytes of each device.
+    assert_eq!((lean, lean_device), (4_337, 524));
+    assert_eq!((full, full_device), (5_169, 628));
+}
+
+/// The attribute set changes what a whole GPU says about itself, never which devices
+/// there are: the prepare path (dynamic MIG partitions, shares) and the checkpoint
+/// find the same devices under either, and partitions are the same bytes.
+#[test]
+fn the_attribute_set_changes_no_device_but_whole_gpus_attributes() {
+    let with = |set: AttributeSet| {
+        let mut opts = SliceOptions::new("dgx-01");
+        opts.attributes = set;
+        opts.dynamic_mig = DynamicMig::All;
+        opts.sharing.time_slicing = Some(TimeSlicing::default());
+        opts.sharing.mig_profiles = vec!["3g.40gb".to_owned()];
+        opts
+    };
+    let (lean, full) = (with(AttributeSet::Lean), with(AttributeSet::Full));
+    for inv in [dgx_h100(), fixtures::dgx_h100_mig()] {
+        assert_eq!(dynamic_devices(&inv, &lean), dynamic_devices(&inv, &full));
+        assert_eq!(shared_devices(&inv, &lean), shared_devices(&inv, &full));
+        let a = build_slices(&inv, &lean).unwrap();
+        let b = build_slices(&inv, &full).unwrap();
+        assert_eq!(a.len(), b.len());
+        for (a, b) in a.iter().zip(&b) {
+            assert_eq!(a.spec.shared_counters, b.spec.shared_counters);
+            let (a, b) = (
+                a.spec.devices.iter().flatten(),
+                b.spec.devices.iter().flatten(),
+            );
+            for (a, b) in a.zip(b) {
+                assert_eq!(a.name, b.name);
+                assert_eq!(a.capacity, b.capacity);
+                assert_eq!(a.consumes_counters, b.consumes_counters);
+                let (mut a, mut b) = (a.attributes.clone(), b.attributes.clone());
+                // A partition carries no attribute of FULL_ONLY under either set.
+                if a.as_ref()
+                    .is_some_and(|m| m.contains_key(attributes::PROFILE))
+                    && !a.as_ref().is_some_and(|m| m.contains_key(attributes::UUID))
+                {
+                    assert_eq!(a, b, "{}", a.as_ref().map_or(0, |m| m.len()));
+                }
+                for m in [a.as_mut(), b.as_mut()].into_iter().flatten() {
+                    for name in attributes::FULL_ONLY {
+                        m.remove(name);
+                    }
+                }
+                assert_eq!(a, b);
+            }
+        }
+    }
+}

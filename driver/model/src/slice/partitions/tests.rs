@@ -7,7 +7,7 @@ use crate::inventory::MigMode;
 use crate::slice::fixtures::{
     counter_sets, devices, dgx_h100, dgx_h100_mig, h100_mig_profiles, int, string,
 };
-use crate::slice::{SliceError, build_slices, validate};
+use crate::slice::{AttributeSet, SliceError, build_slices, validate};
 
 fn dynamic(node: &str) -> SliceOptions {
     SliceOptions {
@@ -627,13 +627,24 @@ fn bytes_per_gpu_with_and_without_partitions() {
     // How much one GPU's partitions add to what the API server stores and sends
     // to every watcher: the slices of the DGX H100 fixture as JSON, per GPU.
     let size = |slices: &[ResourceSlice]| serde_json::to_vec(slices).unwrap().len();
-    let whole = size(&build_slices(&dgx_h100(), &SliceOptions::new("dgx")).unwrap());
-    let carved = size(&build_slices(&dgx_h100_mig(), &dynamic("dgx")).unwrap());
-    let per_gpu_whole = whole / 8;
-    let per_gpu_carved = carved / 8;
-    println!("bytes per GPU: whole only {per_gpu_whole}, with partitions {per_gpu_carved}");
-    // docs/attributes.md quotes both figures ("Dynamic MIG").
-    assert_eq!((per_gpu_whole, per_gpu_carved), (712, 15_644));
+    let per_gpu = |set: AttributeSet| {
+        let whole = SliceOptions {
+            attributes: set,
+            ..SliceOptions::new("dgx")
+        };
+        let carved = SliceOptions {
+            attributes: set,
+            ..dynamic("dgx")
+        };
+        let whole = size(&build_slices(&dgx_h100(), &whole).unwrap()) / 8;
+        let carved = size(&build_slices(&dgx_h100_mig(), &carved).unwrap()) / 8;
+        println!("{set}: bytes per GPU: whole only {whole}, with partitions {carved}");
+        (whole, carved)
+    };
+    // docs/attributes.md quotes the default's figures ("Dynamic MIG"). Partitions
+    // carry no attribute the sets differ in: only the whole GPU's device grows.
+    assert_eq!(per_gpu(AttributeSet::Lean), (608, 15_540));
+    assert_eq!(per_gpu(AttributeSet::Full), (712, 15_644));
 }
 
 #[test]
