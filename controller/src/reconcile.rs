@@ -148,11 +148,13 @@ async fn reconcile(
         match state.nrt_plan(&name, &ctx.opts) {
             NrtPlan::UpToDate => {
                 state.settled(&name);
+                ctx.metrics.set_nrt_nodes_waiting(state.nodes_waiting());
                 ctx.metrics.write_skipped();
                 return Ok(Action::await_change());
             }
             NrtPlan::Nothing => {
                 state.settled(&name);
+                ctx.metrics.set_nrt_nodes_waiting(state.nodes_waiting());
                 return Ok(Action::await_change());
             }
             NrtPlan::Apply(_) | NrtPlan::Delete => {}
@@ -212,7 +214,10 @@ async fn reconcile(
             Ok(Action::await_change())
         }
         Err(source) => {
-            ctx.state().write_failed(&name, since);
+            let mut state = ctx.state();
+            state.write_failed(&name, since);
+            ctx.metrics.set_nrt_nodes_waiting(state.nodes_waiting());
+            drop(state);
             Err(WriteError {
                 node: name,
                 operation,

@@ -224,6 +224,7 @@ pub(crate) async fn run(cli: Args) -> Result<()> {
                     let mut state = lock(&state);
                     let applied = state.apply(input);
                     report_findings(&applied.findings, &metrics);
+                    metrics.set_nrt_nodes_waiting(state.nodes_waiting());
                     if synced && nrt_enabled {
                         send_triggers(&mut state, &triggers);
                     }

@@ -443,9 +443,12 @@ func TestController(t *testing.T) {
 		if max := int(idle/(10*time.Second)) + 2; renewals > max {
 			t.Errorf("%d Lease writes in %s, more than the %d the renewal period allows", renewals, idle, max)
 		}
-		// And the object still matches.
+		// And the object still matches, with no node left waiting for a write.
 		if err := e.nrtMatches(ctx, dyn, devices); err != nil {
 			t.Error(err)
+		}
+		if l := leader(); l.metric("topodra_controller_nrt_nodes_waiting") != 0 {
+			t.Errorf("leader %s: %v nodes waiting for a NodeResourceTopology write while idle", l.what, l.metric("topodra_controller_nrt_nodes_waiting"))
 		}
 	})
 }
