@@ -49,7 +49,7 @@ import (
 // each that this test owns; each must be there.
 var figureDocs = map[string][]string{
 	"README.md":          {"readme-numbers"},
-	"docs/benchmarks.md": {"bench-reorganisation", "bench-100", "bench-500", "bench-500-verdicts"},
+	"docs/benchmarks.md": {"bench-reorganisation", "bench-100", "bench-500", "bench-500-verdicts", "bench-controller-writes"},
 }
 
 const repoRoot = "../.."
@@ -358,6 +358,12 @@ func committedFigures(t testing.TB, load loader) figures {
 	}
 	f.set(t, "node.topodra.rss", whole(nodeRSSMiB(t, np, "topodra")))
 
+	// The controller's NodeResourceTopology writes, paced (runs at the commit that
+	// paced them, DRA stack alone): per pod, by the audit log, until no node waited.
+	for _, cw := range controllerWriteRuns {
+		controllerWriteFigures(t, f, cw.prefix, decode[results](t, load, cw.file))
+	}
+
 	// The peer waves (run 1 of the 100-node runs): topodra's slices before and
 	// after NVIDIA's plugin's, against them.
 	var peer []float64
@@ -416,6 +422,35 @@ func committedFigures(t testing.TB, load loader) figures {
 	}
 	f.set(t, "reorg.when", when)
 	return f
+}
+
+// controllerWriteRuns are the committed runs of the paced controller (their names
+// keep them out of the reorganisation check above: they were made after it).
+var controllerWriteRuns = []struct{ prefix, file string }{
+	{"cw100", "controller-writes-100.json"},
+	// {"cw500", "controller-writes-500.json"},
+}
+
+func controllerWriteFigures(t testing.TB, f figures, prefix string, r results) {
+	t.Helper()
+	k := func(name string) string { return prefix + "." + name }
+	s := r.DRA
+	if s.PodsBound == 0 || s.ControllerUntilSettled == nil {
+		t.Fatalf("%s: no bound pods or no count until settled", prefix)
+	}
+	w := controllerWritesOf(s.ControllerUntilSettled)
+	f.set(t, k("nodes"), whole(float64(r.Nodes)))
+	f.set(t, k("pods"), whole(float64(s.PodsBound)))
+	f.set(t, k("writes"), whole(float64(w.NRT)))
+	f.set(t, k("perPod"), fixed(3)(float64(w.NRT)/float64(s.PodsBound)))
+	f.set(t, k("settle"), whole(s.ControllerSettleSeconds)+" s")
+	n, mean, p50, p99 := writeLag(s.ControllerWaves)
+	if n == 0 {
+		t.Fatalf("%s: no write lag histogram", prefix)
+	}
+	f.set(t, k("lag.mean"), whole(mean)+" s")
+	f.set(t, k("lag.p50"), whole(p50)+" s")
+	f.set(t, k("lag.p99"), whole(p99)+" s")
 }
 
 func nodeRSSMiB(t testing.TB, np nodePath, driver string) float64 {
