@@ -387,17 +387,35 @@ fn bounded<K>(
     metrics: &Arc<Metrics>,
 ) -> BoxStream<'static, Result<Input, (Kind, watcher::Error)>>
 where
+    K: Watchable,
+{
+    bounded_events(client, config, kind, metrics)
+        .map_ok(wrap)
+        .boxed()
+}
+
+/// What [`bounded`] can watch: a cluster-wide API type that decodes, with a default
+/// to stand for a deleted object that did not.
+trait Watchable:
+    kube::Resource<DynamicType = ()>
+    + Clone
+    + Default
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + 'static
+{
+}
+
+impl<K> Watchable for K where
     K: kube::Resource<DynamicType = ()>
         + Clone
         + Default
         + serde::de::DeserializeOwned
         + std::fmt::Debug
         + Send
-        + 'static,
+        + 'static
 {
-    bounded_events(client, config, kind, metrics)
-        .map_ok(wrap)
-        .boxed()
 }
 
 /// The decoded events of [`bounded`], before they become inputs.
@@ -408,13 +426,7 @@ fn bounded_events<K>(
     metrics: &Arc<Metrics>,
 ) -> BoxStream<'static, Result<watcher::Event<K>, (Kind, watcher::Error)>>
 where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + Default
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + 'static,
+    K: Watchable,
 {
     let metrics = metrics.clone();
     watcher(

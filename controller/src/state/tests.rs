@@ -98,8 +98,8 @@ fn a_node_gets_its_object_once_and_no_write_when_nothing_changed() {
     );
 }
 
-#[test]
-fn a_deleted_nodes_object_is_left_to_the_garbage_collector() {
+/// [`synced`], with node-a's object written and echoed back by the server.
+fn written() -> State {
     let mut s = synced();
     let mut skipped = 0;
     let Write::ApplyNrt { object, .. } = s.plan_nrt(&nrt_options(), &mut skipped).remove(0) else {
@@ -109,6 +109,13 @@ fn a_deleted_nodes_object_is_left_to_the_garbage_collector() {
         serde_json::from_value(object).unwrap(),
     )));
     s.plan_nrt(&nrt_options(), &mut skipped);
+    s
+}
+
+#[test]
+fn a_deleted_nodes_object_is_left_to_the_garbage_collector() {
+    let mut s = written();
+    let mut skipped = 0;
     // The object names the Node as its owner: the garbage collector deletes it with
     // the Node, and there is no Node left to reconcile.
     let _ = s.apply(Input::Node(Event::Delete(node("node-a"))));
@@ -119,15 +126,7 @@ fn a_deleted_nodes_object_is_left_to_the_garbage_collector() {
 
 #[test]
 fn a_node_whose_gpus_go_loses_its_object() {
-    let mut s = synced();
-    let mut skipped = 0;
-    let Write::ApplyNrt { object, .. } = s.plan_nrt(&nrt_options(), &mut skipped).remove(0) else {
-        panic!()
-    };
-    let _ = s.apply(Input::Nrt(Event::Apply(
-        serde_json::from_value(object).unwrap(),
-    )));
-    s.plan_nrt(&nrt_options(), &mut skipped);
+    let mut s = written();
     let _ = s.apply(Input::Slice(Event::Delete(gpu_slice("node-a"))));
     assert_eq!(s.take_triggers(), ["node-a"]);
     assert_eq!(s.take_nrt_plan("node-a", &nrt_options()).0, NrtPlan::Delete);
