@@ -225,8 +225,16 @@ fn slice_sizes_in_the_docs_are_what_discover_prints() {
 
 /// The number docs/attributes.md writes right after the first `after` (`5,395`).
 fn doc_figure(after: &str) -> usize {
+    figure_in("docs/attributes.md", after)
+}
+
+/// The number the document `path` (from the repository root) writes right after the
+/// first `after`.
+fn figure_in(path: &str, after: &str) -> usize {
     let doc = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/attributes.md"),
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(path),
     )
     .unwrap();
     let at = doc
@@ -286,6 +294,12 @@ fn lean_slices_take_no_more_bytes_per_gpu_than_nvidias_attribute_set() {
     assert_eq!(doc_figure("the device object alone"), lean_device);
     assert_eq!(doc_figure("with every attribute it takes"), full / n);
     assert_eq!(doc_figure("a device object\nalone:"), full_device);
+    // README, "Numbers".
+    assert_eq!(
+        figure_in("README.md", "A whole GPU's slice entry is now"),
+        lean / n
+    );
+    assert_eq!(figure_in("README.md", "bytes by default ("), full / n);
 }
 
 /// The ResourceSlices `discover -o json` prints for the profile `yaml`.
