@@ -51,6 +51,31 @@ func writesAndLists(counts map[string]int) (writes, leaseWrites, lists int) {
 	return writes, leaseWrites, lists
 }
 
+// The kinds of request requestKind tells apart.
+const (
+	perPodRequest   = "per pod"
+	leaseRequest    = "Lease renewals"
+	periodicRequest = "other periodic"
+)
+
+// requestKind sorts one "verb resource" count by what makes it, for
+// requestShares and the node path's figures: Lease renewals; the other
+// requests that grow with the run's length rather than with its pods (watch
+// starts, non-resource GETs, node status writes); and the rest, per-pod work.
+// What the rest cannot tell apart: a plugin's periodic check of its prepared
+// claims (a GET each, every 10 minutes by default) is a GET of a claim like the
+// one of a prepare.
+func requestKind(verbResource string) string {
+	verb, res, _ := strings.Cut(verbResource, " ")
+	switch {
+	case res == "leases" && verb != "watch":
+		return leaseRequest
+	case verb == "watch", res == "-", res == "nodes" && cluster.WriteVerbs[verb]:
+		return periodicRequest
+	}
+	return perPodRequest
+}
+
 // requestShare is one stack's API requests over the common waves per bound pod
 // (audit log), split by what makes them. leases are Lease renewals (kwok's node
 // Leases, the API server's own); periodic is the rest of what grows with the
@@ -77,10 +102,10 @@ func (s *stackResult) requestShares() (requestShare, bool) {
 			verb, res, _ := strings.Cut(k, " ")
 			v := float64(n)
 			sh.all += v
-			switch {
-			case res == "leases" && verb != "watch":
+			switch requestKind(k) {
+			case leaseRequest:
 				sh.leases += v
-			case verb == "watch", res == "-", res == "nodes" && cluster.WriteVerbs[verb]:
+			case periodicRequest:
 				sh.periodic += v
 			default:
 				sh.rest += v

@@ -24,9 +24,20 @@ type pluginFleet struct {
 }
 
 func startPlugins(ctx context.Context, cl *cluster.Cluster, c config, simFlagsAll []string, n int) (*pluginFleet, error) {
+	nodes := make([]int, n)
+	for i := range nodes {
+		nodes[i] = i
+	}
+	return startPluginsOn(cl, c, simFlagsAll, filepath.Join(cl.Dir, "plugins"), "plugin-", nodes)
+}
+
+// startPluginsOn starts a plugin for each of the nodes, in a directory of its own
+// under root (its kubelet's registry and plugins directories, its CDI
+// directory; the checkpoint goes in its plugin directory), logging to
+// logPrefix<node>.log.
+func startPluginsOn(cl *cluster.Cluster, c config, simFlagsAll []string, root, logPrefix string, nodes []int) (*pluginFleet, error) {
 	f := &pluginFleet{}
-	root := filepath.Join(cl.Dir, "plugins")
-	for i := 0; i < n; i++ {
+	for _, i := range nodes {
 		dir := filepath.Join(root, nodeName(i))
 		for _, d := range []string{"registry", "plugins", "cdi"} {
 			if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
@@ -47,7 +58,7 @@ func startPlugins(ctx context.Context, cl *cluster.Cluster, c config, simFlagsAl
 			"--http-addr=127.0.0.1:0",
 			"--log-format=json",
 		}, simFlagsAll...)
-		logf, err := os.Create(filepath.Join(cl.LogsDir, "plugin-"+nodeName(i)+".log"))
+		logf, err := os.Create(filepath.Join(cl.LogsDir, logPrefix+nodeName(i)+".log"))
 		if err != nil {
 			return f, err
 		}
