@@ -145,7 +145,12 @@ type stackResult struct {
 	ControllerUntilSettled  map[string]int `json:"controllerUntilSettled,omitempty"`
 	ControllerSettleSeconds float64        `json:"controllerSettleSeconds,omitempty"`
 	Plugins                 *pluginFigures `json:"plugins,omitempty"`
-	Notes                   []string       `json:"notes,omitempty"`
+	// NodePath is the node path over the common waves (-node-path).
+	NodePath *nodePathFigures `json:"nodePath,omitempty"`
+	Notes    []string         `json:"notes,omitempty"`
+	// wavesWindow is the window of the common waves that RequestsByClient
+	// covers.
+	wavesWindow time.Duration
 }
 
 // clientQPS is the API client rate (and half the burst) of every scheduler, the
@@ -261,7 +266,33 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 	if err := createNodes(ctx, cs, c.nodes, false); err != nil {
 		return res, err
 	}
-	if err := publishSlices(ctx, cs, ordered); err != nil {
+	// The node path's nodes publish their own slices, from plugins started
+	// after their Node objects exist; the harness publishes the others'.
+	npNodes := min(c.nodePath, c.nodes)
+	var np *nodePathRun
+	if npNodes > 0 {
+		progress("dra: the node path: %d real topodra-kubelet-plugin processes and a kubelet stand-in", npNodes)
+		npStart := time.Now()
+		if np, err = startNodePath(ctx, cl, c, serveFlags, npNodes); err != nil {
+			return res, fmt.Errorf("node path: %w", err)
+		}
+		defer np.stop()
+		if err := publishSlices(ctx, cs, ordered[npNodes:]); err != nil {
+			return res, err
+		}
+		if err := waitSlices(ctx, cs, c.nodes, len(ordered[0]), 5*time.Minute); err != nil {
+			return res, fmt.Errorf("node path: %w (logs: %s/node-path-plugin-*.log)", err, cl.LogsDir)
+		}
+		startTo := time.Now()
+		startup, err := auditCounts(auditLog, npStart, startTo)
+		if err != nil {
+			return res, err
+		}
+		np.startSeconds, np.startup = startTo.Sub(npStart).Seconds(), startup[pluginClient]
+		if err := np.watch(ctx, cs); err != nil {
+			return res, err
+		}
+	} else if err := publishSlices(ctx, cs, ordered); err != nil {
 		return res, err
 	}
 	progress("dra: %d nodes and their slices are in", c.nodes)
@@ -269,6 +300,9 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 	sampler := newMemSampler(clusterPids(cl))
 	defer sampler.close()
 	m := newMeter(cl)
+	if np != nil {
+		m.settle = func(unprepared bool) { np.settle(ctx, unprepared, 2*time.Minute) }
+	}
 	var ctrl *controllerProc
 	if c.bins.controller != "" {
 		if ctrl, err = startController(ctx, cl, c); err != nil {
@@ -336,6 +370,31 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 			return res, err
 		}
 		res.ControllerUntilSettled = all["topodra-controller"]
+	}
+	if np != nil {
+		res.NodePath = np.figures()
+		res.NodePath.WavesSeconds = res.wavesWindow.Seconds()
+		res.deriveNodePath(c.nodes)
+		progress("dra: node path: %d pods there, %d prepared, %d unprepared; prepare p50 %.1f ms, p99 %.1f ms; %d prepare errors, %d unprepare errors, %d cut short",
+			res.NodePath.Pods, res.NodePath.Prepared, res.NodePath.Unprepared, res.NodePath.Prepare.P50Ms, res.NodePath.Prepare.P99Ms,
+			res.NodePath.PrepareErrors, res.NodePath.UnprepareErrors, res.NodePath.CutShort)
+		if c.draOnly {
+			// What only the DRA stack runs republishes the fleet's slices
+			// between its waves: the node path ends here, and the harness
+			// publishes its nodes' slices as it does the others'.
+			np.stop()
+			m.settle = nil
+			var names []string
+			for i := 0; i < npNodes; i++ {
+				names = append(names, nodeName(i))
+			}
+			if err := deleteNodeSlices(ctx, cs, names); err != nil {
+				return res, err
+			}
+			if err := publishSlices(ctx, cs, ordered[:npNodes]); err != nil {
+				return res, err
+			}
+		}
 	}
 	if !c.draOnly {
 		res.HeapSeries = m.series()
@@ -515,6 +574,7 @@ func (res *stackResult) each(sizes []int, one func(k int) (kindResult, error)) e
 // server's requests (against `before`) and Go heap, requests by client.
 func (res *stackResult) wavesDone(ctx context.Context, cs kubernetes.Interface, sampler *memSampler, m *meter, auditLog string, before map[string]float64, from time.Time) error {
 	to := time.Now()
+	res.wavesWindow = to.Sub(from)
 	res.MemoryPeak, _ = sampler.snapshot()
 	res.GoHeapPeak = m.takeHeapPeaks()
 	res.PodsBound = 0

@@ -39,6 +39,7 @@ type config struct {
 	// as NFD's updater does watching the kubelet's state directory.
 	updaterNotify bool
 	plugins       int
+	nodePath      int // nodes with a real plugin and the kubelet stand-in (nodepath.go)
 	gogc          int
 	goaway        float64
 	bins          bins
@@ -101,6 +102,10 @@ func main() {
 	flag.BoolVar(&c.draOnlyWaves, "dra-only", true, "after the common workload of the first DRA run, what only DRA runs: 8-GPU and unconstrained waves, claims made beforehand, the variants, the peer waves, the plugins and the idle period (false: the common workload only)")
 	flag.BoolVar(&c.legacy, "legacy", true, "run the legacy stack too (skipped, with the reason, when its scheduler is not built)")
 	flag.IntVar(&c.plugins, "plugins", 100, "real plugin processes (on the first nodes) publishing their slices for the idle period")
+	flag.IntVar(&c.nodePath, "node-path", 100, "the node path on the first min(N, -nodes) nodes (default 100, every node of a 100-node fleet): "+
+		"each runs a real topodra-kubelet-plugin from the start of the DRA stack, publishing its own slices, and the harness plays its kubelet, "+
+		"a GET of each claim as the kubelet and NodePrepareResources for a pod bound there, NodeUnprepareResources once it is deleted; "+
+		"through the common waves of every DRA run (0: none, the harness publishes every node's slices)")
 	flag.IntVar(&c.gogc, "apiserver-gogc", 0, "GOGC in the kube-apiserver's environment (0: unset, Go's default of 100)")
 	flag.Float64Var(&c.goaway, "goaway-chance", 0, "kube-apiserver --goaway-chance (0: off)")
 	flag.DurationVar(&c.updaterInt, "updater-interval", 60*time.Second, "the simulated topology updater's interval (the NFD updater's default)")
@@ -122,6 +127,10 @@ func main() {
 			os.Exit(2)
 		}
 		c.sizes = append(c.sizes, k)
+	}
+	if c.nodePath < 0 {
+		fmt.Fprintf(os.Stderr, "-node-path must not be negative\n")
+		os.Exit(2)
 	}
 	if c.runs < 1 {
 		fmt.Fprintf(os.Stderr, "-runs must be at least 1\n")

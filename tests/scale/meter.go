@@ -65,6 +65,10 @@ type meter struct {
 	// the stack (leases, heartbeats, resyncs): what a wave's CPU is corrected
 	// by, or a wave that waits would be charged for the waiting.
 	background map[string]float64
+	// settle, when set (-node-path), waits for the kubelet stand-in: at the
+	// end of a wave until its prepares are done, so that they fall in the
+	// wave's window, and after the teardown until its pods are unprepared.
+	settle func(unprepared bool)
 }
 
 // heapSeries is Go heap in use per component at every reading: point i was taken
@@ -444,12 +448,18 @@ func (m *meter) wave(ctx context.Context, run func() (waveResult, error), teardo
 	if err != nil {
 		return r, err
 	}
+	if m.settle != nil {
+		m.settle(false)
+	}
 	b := m.read(ctx)
 	c := between(a, b, pk)
 	c.BackgroundCPUSeconds = m.backgroundFor(c.Seconds)
 	r.Cost, r.BoundBy = &c, boundBy(c, runtime.NumCPU())
 	if err := teardown(); err != nil {
 		return r, err
+	}
+	if m.settle != nil {
+		m.settle(true)
 	}
 	t := between(b, m.read(ctx), peaks{})
 	t.BackgroundCPUSeconds = m.backgroundFor(t.Seconds)

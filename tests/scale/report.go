@@ -138,6 +138,7 @@ func (r results) markdown() string {
 		fmt.Fprintf(&b, "## Legacy stack\n\nNot run: %s.\n\n", r.LegacySkipped)
 	}
 	r.requestSplit(&b)
+	r.nodePathSection(&b)
 	r.whatBound(&b)
 	r.schedulerFigures(&b)
 
