@@ -50,8 +50,13 @@ func controllerWritesLine(s *stackResult) string {
 		w.NRT, s.PodsBound, float64(w.NRT)/pods, w.Events, float64(w.Events)/pods, w.Leases, w.Other)
 	if s.ControllerUntilSettled != nil {
 		u := controllerWritesOf(s.ControllerUntilSettled)
-		line += fmt.Sprintf("Until no node waited for a write (%.0f s after the waves): %d NodeResourceTopology writes, %.3f a pod.\n",
-			s.ControllerSettleSeconds, u.NRT, float64(u.NRT)/pods)
+		if s.ControllerStillWaiting > 0 {
+			line += fmt.Sprintf("Until the harness stopped waiting (%.0f s after the waves, %d nodes still waiting for a write, so the count is cut short): %d NodeResourceTopology writes, %.3f a pod.\n",
+				s.ControllerSettleSeconds, s.ControllerStillWaiting, u.NRT, float64(u.NRT)/pods)
+		} else {
+			line += fmt.Sprintf("Until no node waited for a write (%.0f s after the waves): %d NodeResourceTopology writes, %.3f a pod.\n",
+				s.ControllerSettleSeconds, u.NRT, float64(u.NRT)/pods)
+		}
 	}
 	if n, mean, p50, p99 := writeLag(s.ControllerWaves); n > 0 {
 		line += fmt.Sprintf("How long an object trailed its node's first unwritten change when written (the controller's histogram, %.0f writes): mean %.1f s, half within %g s, 99 %% within %g s.\n",

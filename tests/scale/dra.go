@@ -144,7 +144,10 @@ type stackResult struct {
 	// ControllerSettleSeconds after the waves ended.
 	ControllerUntilSettled  map[string]int `json:"controllerUntilSettled,omitempty"`
 	ControllerSettleSeconds float64        `json:"controllerSettleSeconds,omitempty"`
-	Plugins                 *pluginFigures `json:"plugins,omitempty"`
+	// ControllerStillWaiting is the nodes that still waited for a write when
+	// the harness stopped waiting (settleLimit): then the count is cut short.
+	ControllerStillWaiting int            `json:"controllerStillWaiting,omitempty"`
+	Plugins                *pluginFigures `json:"plugins,omitempty"`
 	// NodePath is the node path over the common waves (-node-path).
 	NodePath *nodePathFigures `json:"nodePath,omitempty"`
 	Notes    []string         `json:"notes,omitempty"`
@@ -362,9 +365,13 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 		// budget): the common waves' share is in once no node waits for a write
 		// and the count stops moving. What it wrote until then, by the audit log.
 		wavesEnd := time.Now()
-		settled := ctrl.settle(ctx, 15*time.Second, 20*time.Minute)
+		settled, waiting := ctrl.settle(ctx, 15*time.Second, settleLimit(c.nodes))
 		res.ControllerWaves = diff(ctrl.metrics(), ctrlBefore)
 		res.ControllerSettleSeconds = settled.Sub(wavesEnd).Seconds()
+		res.ControllerStillWaiting = int(waiting)
+		if waiting > 0 {
+			progress("dra: %d nodes still waited for a NodeResourceTopology write after %s: the count until settled is cut short", int(waiting), settleLimit(c.nodes))
+		}
 		all, err := auditCounts(auditLog, from, settled)
 		if err != nil {
 			return res, err
@@ -858,9 +865,17 @@ func (p *controllerProc) stop() {
 	}
 }
 
-// settle waits until the controller's write count has not moved for quiet, at most
-// limit.
-func (p *controllerProc) settle(ctx context.Context, quiet, limit time.Duration) time.Time {
+// settleLimit is how long the harness waits for the controller's paced writes
+// after the common waves: every node may wait for one, and the default budget
+// writes one a second, so 1.5 s a node, and never less than 20 minutes.
+func settleLimit(nodes int) time.Duration {
+	return max(20*time.Minute, time.Duration(nodes)*1500*time.Millisecond)
+}
+
+// settle waits until no node waits for a write and the controller's write count
+// has not moved for quiet, at most limit. It returns when the count last moved
+// and the nodes still waiting (0 unless the limit cut it short).
+func (p *controllerProc) settle(ctx context.Context, quiet, limit time.Duration) (time.Time, float64) {
 	state := func() (writes, waiting float64) {
 		for k, v := range p.metrics() {
 			if strings.HasPrefix(k, "topodra_controller_writes_total") {
@@ -881,7 +896,7 @@ func (p *controllerProc) settle(ctx context.Context, quiet, limit time.Duration)
 			last, since = w, time.Now()
 		}
 	}
-	return since
+	return since, waiting
 }
 
 // metrics are the controller's own samples (topodra_controller_*).

@@ -438,6 +438,9 @@ func controllerWriteFigures(t testing.TB, f figures, prefix string, r results) {
 	if s.PodsBound == 0 || s.ControllerUntilSettled == nil {
 		t.Fatalf("%s: no bound pods or no count until settled", prefix)
 	}
+	if s.ControllerStillWaiting > 0 {
+		t.Fatalf("%s: %d nodes still waited for a write: the count is not until settled", prefix, s.ControllerStillWaiting)
+	}
 	w := controllerWritesOf(s.ControllerUntilSettled)
 	f.set(t, k("nodes"), whole(float64(r.Nodes)))
 	f.set(t, k("pods"), whole(float64(s.PodsBound)))
@@ -451,6 +454,46 @@ func controllerWriteFigures(t testing.TB, f figures, prefix string, r results) {
 	f.set(t, k("lag.mean"), whole(mean)+" s")
 	f.set(t, k("lag.p50"), whole(p50)+" s")
 	f.set(t, k("lag.p99"), whole(p99)+" s")
+	if s.NodePath != nil {
+		nodePathKeys(t, f, prefix+".np", s)
+	}
+}
+
+// nodePathKeys are a run's node path (-node-path), recomputed from its
+// pod counts and the audit counts by client.
+func nodePathKeys(t testing.TB, f figures, prefix string, s stackResult) {
+	t.Helper()
+	k := func(name string) string { return prefix + "." + name }
+	np := s.NodePath
+	if np.Pods == 0 {
+		t.Fatalf("%s: no pod on the node path", prefix)
+	}
+	f.set(t, k("nodes"), whole(float64(np.Nodes)))
+	f.set(t, k("pods"), whole(float64(np.Pods)))
+	f.set(t, k("prepared"), whole(float64(np.Prepared)))
+	f.set(t, k("unprepared"), whole(float64(np.Unprepared)))
+	f.set(t, k("errors"), whole(float64(np.PrepareErrors+np.UnprepareErrors+np.Unsettled)))
+	f.set(t, k("cutShort"), whole(float64(np.CutShort)))
+	f.set(t, k("devices"), whole(float64(np.Devices)))
+	f.set(t, k("allocated"), whole(float64(np.Allocated)))
+	f.set(t, k("prepare.p50"), fixed(1)(np.Prepare.P50Ms)+" ms")
+	f.set(t, k("prepare.p99"), fixed(1)(np.Prepare.P99Ms)+" ms")
+	f.set(t, k("unprepare.p50"), fixed(1)(np.Unprepare.P50Ms)+" ms")
+	per := s.nodePathPerPod()
+	f.set(t, k("kubelet.perPod"), fixed(2)(per[kubeletClient]))
+	f.set(t, k("plugin.perPod"), fixed(2)(per[pluginClient]))
+	all := 0
+	for _, counts := range s.RequestsByClient {
+		for _, n := range counts {
+			all += n
+		}
+	}
+	f.set(t, k("all.perPod"), fixed(1)(float64(all)/float64(s.PodsBound)))
+	every, ok := s.allPerPodEveryNodePath()
+	if !ok {
+		t.Fatalf("%s: no requests per pod with every node path", prefix)
+	}
+	f.set(t, k("all.perPod.every"), fixed(1)(every))
 }
 
 func nodeRSSMiB(t testing.TB, np nodePath, driver string) float64 {

@@ -151,6 +151,27 @@ func TestControllerWritesSplitByResource(t *testing.T) {
 	}
 }
 
+// A count the harness stopped waiting for says so: it is not "until settled".
+func TestControllerWritesCutShortSaySo(t *testing.T) {
+	s := &stackResult{PodsBound: 100, RequestsByClient: map[string]map[string]int{},
+		ControllerUntilSettled:  map[string]int{"patch noderesourcetopologies": 40},
+		ControllerSettleSeconds: 1200}
+	if got := controllerWritesLine(s); !strings.Contains(got, "Until no node waited for a write (1200 s after the waves): 40") {
+		t.Errorf("settled: got %q", got)
+	}
+	s.ControllerStillWaiting = 7
+	got := controllerWritesLine(s)
+	if strings.Contains(got, "Until no node waited") || !strings.Contains(got, "7 nodes still waiting for a write, so the count is cut short): 40") {
+		t.Errorf("cut short: got %q", got)
+	}
+	// The limit leaves the default budget (one write a second) room for every node.
+	for nodes, want := range map[int]time.Duration{100: 20 * time.Minute, 500: 20 * time.Minute, 2000: 50 * time.Minute} {
+		if got := settleLimit(nodes); got != want {
+			t.Errorf("settleLimit(%d) = %s, want %s", nodes, got, want)
+		}
+	}
+}
+
 func TestWriteLagFromTheHistogram(t *testing.T) {
 	m := map[string]float64{
 		"topodra_controller_nrt_write_lag_seconds_count":             100,
