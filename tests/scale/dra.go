@@ -148,6 +148,8 @@ type stackResult struct {
 	// the harness stopped waiting (settleLimit): then the count is cut short.
 	ControllerStillWaiting int            `json:"controllerStillWaiting,omitempty"`
 	Plugins                *pluginFigures `json:"plugins,omitempty"`
+	// AttributeSets are the attribute-set waves' phases (-attribute-sets).
+	AttributeSets []attributeSetFigures `json:"attributeSets,omitempty"`
 	// NodePath is the node path over the common waves (-node-path).
 	NodePath *nodePathFigures `json:"nodePath,omitempty"`
 	Notes    []string         `json:"notes,omitempty"`
@@ -462,6 +464,20 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 			}
 		}
 		if err := republish(ctx, cs, ordered); err != nil {
+			return res, err
+		}
+	}
+
+	if c.attributeSets {
+		sampler.mark("attribute-sets")
+		full, err := simulatedSlices(c.bins.plugin, append(append([]string(nil), flags...), "--attributes=full"), c.nodes, "int")
+		if err != nil {
+			return res, err
+		}
+		kinds, sets, err := attributeSetWaves(ctx, cs, c, m, ns, ordered, full)
+		res.Kinds = append(res.Kinds, kinds...)
+		res.AttributeSets = sets
+		if err != nil {
 			return res, err
 		}
 	}

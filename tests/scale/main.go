@@ -39,7 +39,8 @@ type config struct {
 	// as NFD's updater does watching the kubelet's state directory.
 	updaterNotify bool
 	plugins       int
-	nodePath      int // nodes with a real plugin and the kubelet stand-in (nodepath.go)
+	nodePath      int  // nodes with a real plugin and the kubelet stand-in (nodepath.go)
+	attributeSets bool // the attribute-set waves (attrsets.go)
 	gogc          int
 	goaway        float64
 	bins          bins
@@ -100,6 +101,8 @@ func main() {
 	flag.StringVar(&c.rerender, "rerender", "", "write DIR/report.md again from DIR/results.json, running nothing (after a change of the report's code)")
 	flag.BoolVar(&c.keep, "keep", false, "keep every control plane's directory (etcd data, audit log, logs; hundreds of MB a stack); a failed run's are always kept")
 	flag.BoolVar(&c.draOnlyWaves, "dra-only", true, "after the common workload of the first DRA run, what only DRA runs: 8-GPU and unconstrained waves, claims made beforehand, the variants, the peer waves, the plugins and the idle period (false: the common workload only)")
+	flag.BoolVar(&c.attributeSets, "attribute-sets", false, "in what only DRA runs, the attribute-set waves: the fleet published with topodra's lean set, its full set, NVIDIA's set and the lean set again, "+
+		"unconstrained and aligned waves of the common sizes on each under the one kube-scheduler (a run of its own: -sizes 1,4 -waves 1 keeps it short)")
 	flag.BoolVar(&c.legacy, "legacy", true, "run the legacy stack too (skipped, with the reason, when its scheduler is not built)")
 	flag.IntVar(&c.plugins, "plugins", 100, "real plugin processes (on the first nodes) publishing their slices for the idle period")
 	flag.IntVar(&c.nodePath, "node-path", 100, "the node path on the first min(N, -nodes) nodes (default 100, every node of a 100-node fleet): "+

@@ -139,6 +139,7 @@ func (r results) markdown() string {
 	}
 	r.requestSplit(&b)
 	r.nodePathSection(&b)
+	r.attributeSetSection(&b)
 	r.whatBound(&b)
 	r.schedulerFigures(&b)
 
