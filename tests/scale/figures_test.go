@@ -446,6 +446,9 @@ func controllerWriteFigures(t testing.TB, f figures, prefix string, r results) {
 	f.set(t, k("pods"), whole(float64(s.PodsBound)))
 	f.set(t, k("writes"), whole(float64(w.NRT)))
 	f.set(t, k("perPod"), fixed(3)(float64(w.NRT)/float64(s.PodsBound)))
+	waves := controllerWritesOf(s.RequestsByClient["topodra-controller"])
+	f.set(t, k("waves.writes"), whole(float64(waves.NRT)))
+	f.set(t, k("waves.perPod"), fixed(3)(float64(waves.NRT)/float64(s.PodsBound)))
 	f.set(t, k("settle"), whole(s.ControllerSettleSeconds)+" s")
 	n, mean, p50, p99 := writeLag(s.ControllerWaves)
 	if n == 0 {
