@@ -428,7 +428,7 @@ func committedFigures(t testing.TB, load loader) figures {
 // keep them out of the reorganisation check above: they were made after it).
 var controllerWriteRuns = []struct{ prefix, file string }{
 	{"cw100", "controller-writes-100.json"},
-	// {"cw500", "controller-writes-500.json"},
+	{"cw500", "controller-writes-500.json"},
 }
 
 func controllerWriteFigures(t testing.TB, f figures, prefix string, r results) {
@@ -458,13 +458,13 @@ func controllerWriteFigures(t testing.TB, f figures, prefix string, r results) {
 	f.set(t, k("lag.p50"), whole(p50)+" s")
 	f.set(t, k("lag.p99"), whole(p99)+" s")
 	if s.NodePath != nil {
-		nodePathKeys(t, f, prefix+".np", s)
+		nodePathKeys(t, f, prefix+".np", s, r.Nodes)
 	}
 }
 
 // nodePathKeys are a run's node path (-node-path), recomputed from its
 // pod counts and the audit counts by client.
-func nodePathKeys(t testing.TB, f figures, prefix string, s stackResult) {
+func nodePathKeys(t testing.TB, f figures, prefix string, s stackResult, fleetNodes int) {
 	t.Helper()
 	k := func(name string) string { return prefix + "." + name }
 	np := s.NodePath
@@ -485,6 +485,11 @@ func nodePathKeys(t testing.TB, f figures, prefix string, s stackResult) {
 	per := s.nodePathPerPod()
 	f.set(t, k("kubelet.perPod"), fixed(2)(per[kubeletClient]))
 	f.set(t, k("plugin.perPod"), fixed(2)(per[pluginClient]))
+	for _, r := range topodraRequests(&s, fleetNodes) {
+		if r.Process == pluginClient && r.Request == "watch resourceslices" {
+			f.set(t, k("plugin.watch.perNodeHour"), fixed(1)(r.PerNodeHour))
+		}
+	}
 	all := 0
 	for _, counts := range s.RequestsByClient {
 		for _, n := range counts {
