@@ -244,3 +244,114 @@ fn error_policy(
     warn!(node = name, error = %error, retry_in = ?delay, "writing the NodeResourceTopology failed; will retry");
     Action::requeue(delay)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as StdError;
+
+    use http_body_util::{BodyExt, Full};
+    use kube::runtime::reflector;
+    use kube::runtime::watcher::Event;
+    use serde_json::json;
+    use tokio::time::Instant;
+    use topodra_ops::requests::RequestCounter;
+
+    use super::*;
+    use crate::fixtures::{gpu_slice, nrt_options};
+    use crate::run::nrt_api;
+    use crate::state::Input;
+
+    type Writes = Arc<Mutex<Vec<(String, Instant)>>>;
+
+    /// kube's Client over a stand-in API server that records each write's object
+    /// name and (paused) time, and answers with the object it was sent.
+    fn recording_client(writes: Writes) -> kube::Client {
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let writes = writes.clone();
+            async move {
+                let name = req.uri().path().rsplit('/').next().unwrap_or("").to_owned();
+                writes.lock().unwrap().push((name, Instant::now()));
+                let body = req.into_body().collect().await?.to_bytes();
+                Ok::<_, Box<dyn StdError + Send + Sync>>(http::Response::new(Full::new(body)))
+            }
+        });
+        kube::Client::new(service, "default")
+    }
+
+    fn node(name: &str) -> PartialObjectMeta<Node> {
+        serde_json::from_value(
+            json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+            "metadata": {"name": name, "uid": format!("uid-{name}")}}),
+        )
+        .unwrap()
+    }
+
+    /// Nodes that ask one after another are written in the order they asked, one a
+    /// budget turn apart, however many wait: the budget's queue is first come, first
+    /// served, and nothing ahead of it reorders them (under a limit on reconciles at
+    /// once, kube-runtime's runner takes held nodes in hash-set order).
+    #[tokio::test(start_paused = true)]
+    async fn waiting_nodes_are_written_in_the_order_they_asked() {
+        const NODES: usize = 40;
+        let names: Vec<String> = (0..NODES).map(|i| format!("node-{i:02}")).collect();
+        let mut state = State::new("gpu.topodra.dev", vec!["gpu.topodra.dev".into()]);
+        let (store, mut writer) = reflector::store::<PartialObjectMeta<Node>>();
+        let _ = state.apply(Input::Slice(Event::Init));
+        for n in &names {
+            let _ = state.apply(Input::Slice(Event::InitApply(gpu_slice(n))));
+        }
+        let _ = state.apply(Input::Slice(Event::InitDone));
+        // The applier starts once the store has had its first list.
+        for event in std::iter::once(Event::Init)
+            .chain(names.iter().map(|n| Event::InitApply(node(n))))
+            .chain(std::iter::once(Event::InitDone))
+        {
+            writer.apply_watcher_event(&event);
+            let _ = state.apply(Input::Node(event));
+        }
+        let _ = state.apply(Input::Nrt(Event::Init));
+        let _ = state.apply(Input::Nrt(Event::InitDone));
+
+        let writes: Writes = Arc::default();
+        let (_leader_tx, leader) = watch::channel(true);
+        let ctx = Arc::new(Reconciler::new(
+            nrt_api(recording_client(writes.clone())),
+            Arc::new(Mutex::new(state)),
+            nrt_options(),
+            leader,
+            WriteBudget::per_second(1.0),
+            NodeInterval::new(Duration::from_secs(60)),
+            Arc::new(Metrics::new(&RequestCounter::new())),
+        ));
+        let (triggers, rx) = mpsc::unbounded_channel();
+        let debounce = Duration::from_millis(10);
+        tokio::spawn(run(ctx, store, rx, debounce));
+
+        // One node asks every 100 ms: all of them wait long before the last is written.
+        let start = Instant::now();
+        let mut asked = Vec::new();
+        for n in &names {
+            asked.push(Instant::now());
+            triggers.send(n.clone()).unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(NODES as u64 + 10)).await;
+
+        let writes = writes.lock().unwrap().clone();
+        let order: Vec<&str> = writes.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(order, names, "written out of the order asked");
+        for (i, (name, at)) in writes.iter().enumerate() {
+            // Its turn: the debounce, then one second for each node ahead of it.
+            let bound = debounce + Duration::from_secs(i as u64) + Duration::from_millis(50);
+            assert!(
+                *at - asked[i] <= bound,
+                "{name} written {:?} after it asked, bound {bound:?}",
+                *at - asked[i]
+            );
+            assert!(
+                *at - start >= Duration::from_secs(i as u64),
+                "{name}: budget not kept"
+            );
+        }
+    }
+}
