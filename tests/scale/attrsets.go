@@ -29,26 +29,26 @@ type attributeSetFigures struct {
 	GoHeapPeak map[string]float64 `json:"goHeapPeakBytes,omitempty"`
 }
 
+// attributeSetPhase is one set's slices for the fleet, and whether it runs
+// aligned waves.
+type attributeSetPhase struct {
+	set     string
+	slices  [][]resourcev1.ResourceSlice
+	aligned bool
+}
+
 // attributeSetPhases are the phases in run order and the slices of each: lean
 // is `ordered` (the default), full what `discover --attributes=full` builds,
 // nvidia that cut to NVIDIA's attribute set. NVIDIA's set has no NUMA node, so
 // only lean and full run aligned waves.
-func attributeSetPhases(lean, full [][]resourcev1.ResourceSlice) []struct {
-	set     string
-	slices  [][]resourcev1.ResourceSlice
-	aligned bool
-} {
+func attributeSetPhases(lean, full [][]resourcev1.ResourceSlice) []attributeSetPhase {
 	nvidia := make([][]resourcev1.ResourceSlice, len(full))
 	for i, node := range full {
 		for _, s := range node {
 			nvidia[i] = append(nvidia[i], nvidiaEquivalent(s))
 		}
 	}
-	return []struct {
-		set     string
-		slices  [][]resourcev1.ResourceSlice
-		aligned bool
-	}{
+	return []attributeSetPhase{
 		{"lean-a", lean, true},
 		{"full", full, true},
 		{"nvidia", nvidia, false},

@@ -257,8 +257,13 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 	res.SliceBytesPerGPU = sliceBytesPerGPU(ordered[0])
 	// NVIDIA's attribute set includes brand, architecture and cudaDriverVersion,
 	// which topodra's default (lean) slices leave out: its equivalent is cut from
-	// one node's slices with every attribute.
-	full, err := simulatedSlices(c.bins.plugin, append(append([]string(nil), flags...), "--attributes=full"), 1, "int")
+	// one node's slices with every attribute. The attribute-set waves publish
+	// every node's full slices: built here once for both.
+	fullNodes := 1
+	if c.attributeSets && c.draOnly {
+		fullNodes = c.nodes
+	}
+	full, err := simulatedSlices(c.bins.plugin, append(append([]string(nil), flags...), "--attributes=full"), fullNodes, "int")
 	if err != nil {
 		return res, err
 	}
@@ -470,10 +475,6 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 
 	if c.attributeSets {
 		sampler.mark("attribute-sets")
-		full, err := simulatedSlices(c.bins.plugin, append(append([]string(nil), flags...), "--attributes=full"), c.nodes, "int")
-		if err != nil {
-			return res, err
-		}
 		kinds, sets, err := attributeSetWaves(ctx, cs, c, m, ns, ordered, full)
 		res.Kinds = append(res.Kinds, kinds...)
 		res.AttributeSets = sets

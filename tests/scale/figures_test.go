@@ -490,13 +490,11 @@ func nodePathKeys(t testing.TB, f figures, prefix string, s stackResult, fleetNo
 			f.set(t, k("plugin.watch.perNodeHour"), fixed(1)(r.PerNodeHour))
 		}
 	}
-	all := 0
-	for _, counts := range s.RequestsByClient {
-		for _, n := range counts {
-			all += n
-		}
+	sh, ok := s.requestShares()
+	if !ok {
+		t.Fatalf("%s: no bound pod", prefix)
 	}
-	f.set(t, k("all.perPod"), fixed(1)(float64(all)/float64(s.PodsBound)))
+	f.set(t, k("all.perPod"), fixed(1)(sh.all)) // requestShares are per bound pod
 	every, ok := s.allPerPodEveryNodePath()
 	if !ok {
 		t.Fatalf("%s: no requests per pod with every node path", prefix)

@@ -112,14 +112,9 @@ func (s *stackResult) allPerPodEveryNodePath() (float64, bool) {
 	if s.NodePath == nil || s.NodePath.Pods == 0 || s.PodsBound == 0 {
 		return 0, false
 	}
-	all := 0
-	for _, counts := range s.RequestsByClient {
-		for _, n := range counts {
-			all += n
-		}
-	}
+	sh, _ := s.requestShares() // per bound pod
 	bound := float64(s.PodsBound)
-	v := float64(all) / bound
+	v := sh.all
 	for c, perNodePathPod := range s.nodePathPerPod() {
 		v += perNodePathPod - float64(perPodCount(s.RequestsByClient[c]))/bound
 	}
