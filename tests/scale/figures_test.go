@@ -457,9 +457,34 @@ func controllerWriteFigures(t testing.TB, f figures, prefix string, r results) {
 	f.set(t, k("lag.mean"), whole(mean)+" s")
 	f.set(t, k("lag.p50"), whole(p50)+" s")
 	f.set(t, k("lag.p99"), whole(p99)+" s")
+	f.set(t, k("bound"), whole(stalenessBound(t, r.Nodes).Seconds())+" s")
 	if s.NodePath != nil {
 		nodePathKeys(t, f, prefix+".np", s, r.Nodes)
 	}
+}
+
+// stalenessBound is docs/controller.md's bound on how long an object trails its
+// node ("How stale an object can be") with the controller's defaults, read from
+// its flags' source so that the figure follows a change of default: write delay
+// + node interval + one turn of the budget for every node of the fleet.
+func stalenessBound(t testing.TB, nodes int) time.Duration {
+	t.Helper()
+	src := readDoc(t, "controller/src/args.rs")
+	def := func(field string) float64 {
+		m := regexp.MustCompile(`default_value_t = ([0-9_.]+)\s*\)\]\s*pub\(crate\) ` + field + `:`).FindStringSubmatch(src)
+		if m == nil {
+			t.Fatalf("controller/src/args.rs: no default for %s", field)
+		}
+		v, err := strconv.ParseFloat(strings.ReplaceAll(m[1], "_", ""), 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	delay := def("write_delay_milliseconds") / 1000
+	interval := def("nrt_node_interval_seconds")
+	rate := def("nrt_writes_per_second")
+	return time.Duration((delay + interval + float64(nodes)/rate) * float64(time.Second))
 }
 
 // nodePathKeys are a run's node path (-node-path), recomputed from its
