@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/client-go/kubernetes"
@@ -27,6 +28,12 @@ type attributeSetFigures struct {
 	// waves (read once a second). The slices of the phase before were deleted
 	// just before, so what a collection has not freed yet can count.
 	GoHeapPeak map[string]float64 `json:"goHeapPeakBytes,omitempty"`
+	// GoHeapFloor is each component's lowest Go heap in use over the quiet
+	// window before the phase's waves (-attribute-set-quiet), with only this
+	// set's slices published: what the slices themselves keep live, without
+	// the waves' garbage. A collection runs at least every two minutes, so a
+	// window longer than that holds one.
+	GoHeapFloor map[string]float64 `json:"goHeapFloorBytes,omitempty"`
 }
 
 // attributeSetPhase is one set's slices for the fleet, and whether it runs
@@ -66,6 +73,7 @@ func attributeSetWaves(ctx context.Context, cs kubernetes.Interface, c config, m
 		if err := republish(ctx, cs, ph.slices); err != nil {
 			return kinds, sets, fmt.Errorf("attribute set %s: %w", ph.set, err)
 		}
+		floor := heapFloor(ctx, m, c.attributeQuiet)
 		m.takeHeapPeaks()
 		for _, k := range commonSizes(c.sizes) {
 			kr, err := draKind(ctx, cs, c, m, ns, k, "any", ph.set, 0)
@@ -81,9 +89,32 @@ func attributeSetWaves(ctx context.Context, cs kubernetes.Interface, c config, m
 			}
 			kinds = append(kinds, kr)
 		}
-		sets = append(sets, attributeSetFigures{Set: ph.set, BytesPerGPU: sliceBytesPerGPU(ph.slices[0]), GoHeapPeak: m.takeHeapPeaks()})
+		sets = append(sets, attributeSetFigures{Set: ph.set, BytesPerGPU: sliceBytesPerGPU(ph.slices[0]), GoHeapPeak: m.takeHeapPeaks(), GoHeapFloor: floor})
 	}
 	return kinds, sets, republish(ctx, cs, ordered)
+}
+
+// heapFloor reads every metered process for d, every two seconds, with nothing
+// asked of the stack, and keeps each one's lowest Go heap in use (nil for d 0).
+func heapFloor(ctx context.Context, m *meter, d time.Duration) map[string]float64 {
+	if d <= 0 {
+		return nil
+	}
+	floor := map[string]float64{}
+	for end := time.Now().Add(d); ctx.Err() == nil && time.Now().Before(end); {
+		for name, s := range m.read(ctx).samples {
+			if h, ok := s["go_memstats_heap_inuse_bytes"]; ok {
+				if prev, seen := floor[name]; !seen || h < prev {
+					floor[name] = h
+				}
+			}
+		}
+		select {
+		case <-time.After(2 * time.Second):
+		case <-ctx.Done():
+		}
+	}
+	return floor
 }
 
 // attributeSetSection is the report's section on the attribute-set waves: per
@@ -99,9 +130,9 @@ func (r results) attributeSetSection(b *strings.Builder) {
 	b.WriteString("The fleet published with each attribute set in turn (lean first and last, so drift shows), the same waves on each. " +
 		"nvidia is NVIDIA's attribute set with topodra's values; it names no NUMA node, so it has no aligned waves. " +
 		"Scheduler CPU is kube-scheduler's per bound pod (medians over the waves); heap peaks are over each set's waves, " +
-		"with the set before's slices deleted just before.\n\n")
-	b.WriteString("| set | bytes a GPU | GPUs | unconstrained pods/s | scheduler CPU ms/pod | aligned pods/s | scheduler CPU ms/pod | kube-scheduler heap peak | kube-apiserver heap peak |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
+		"with the set before's slices deleted just before; heap floors are the lowest heap in use over the quiet window before the set's waves, with only its slices published.\n\n")
+	b.WriteString("| set | bytes a GPU | GPUs | unconstrained pods/s | scheduler CPU ms/pod | aligned pods/s | scheduler CPU ms/pod | kube-scheduler heap floor | kube-apiserver heap floor | kube-scheduler heap peak | kube-apiserver heap peak |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, set := range s.AttributeSets {
 		for _, kr := range s.Kinds {
 			if kr.Kind != "any-"+set.Set {
@@ -113,14 +144,15 @@ func (r results) attributeSetSection(b *strings.Builder) {
 			if kr, ok := s.kind(k, "aligned-"+set.Set); ok {
 				alPS, alCPU = fmt.Sprintf("%.1f", kr.PodsPerSec), fmt.Sprintf("%.2f", kr.CPUMsPerPod["kube-scheduler"])
 			}
-			fmt.Fprintf(b, "| %s | %.0f | %d | %s | %s | %s | %s | %s | %s |\n", set.Set, set.BytesPerGPU, k, anyPS, anyCPU, alPS, alCPU,
+			fmt.Fprintf(b, "| %s | %.0f | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", set.Set, set.BytesPerGPU, k, anyPS, anyCPU, alPS, alCPU,
+				heapMiB(set.GoHeapFloor, "kube-scheduler"), heapMiB(set.GoHeapFloor, "kube-apiserver"),
 				heapMiB(set.GoHeapPeak, "kube-scheduler"), heapMiB(set.GoHeapPeak, "kube-apiserver"))
 		}
 	}
 	b.WriteString("\n")
 }
 
-// heapMiB is a heap peak as whole MiB, "-" where it was not read.
+// heapMiB is a heap figure as whole MiB, "-" where it was not read.
 func heapMiB(peaks map[string]float64, component string) string {
 	if v, ok := peaks[component]; ok && v > 0 {
 		return mib(int64(v))

@@ -41,7 +41,7 @@ func TestAttributeSetPhases(t *testing.T) {
 }
 
 // The report's table: a row per set and size, aligned figures only where the
-// set ran aligned waves, heap peaks in MiB.
+// set ran aligned waves, heap floors and peaks in MiB.
 func TestAttributeSetSection(t *testing.T) {
 	kr := func(kind string, size int, pps, cpu float64) kindResult {
 		return kindResult{Size: size, Kind: kind, PodsPerSec: pps, CPUMsPerPod: map[string]float64{"kube-scheduler": cpu}}
@@ -49,7 +49,8 @@ func TestAttributeSetSection(t *testing.T) {
 	r := results{Nodes: 500, DRA: stackResult{
 		Kinds: []kindResult{kr("aligned", 1, 50, 9), kr("any-lean-a", 1, 60, 5.5), kr("aligned-lean-a", 1, 55, 6.25), kr("any-nvidia", 1, 61, 5)},
 		AttributeSets: []attributeSetFigures{
-			{Set: "lean-a", BytesPerGPU: 540, GoHeapPeak: map[string]float64{"kube-scheduler": 200 << 20, "kube-apiserver": 800 << 20}},
+			{Set: "lean-a", BytesPerGPU: 540, GoHeapPeak: map[string]float64{"kube-scheduler": 200 << 20, "kube-apiserver": 800 << 20},
+				GoHeapFloor: map[string]float64{"kube-scheduler": 120 << 20, "kube-apiserver": 500 << 20}},
 			{Set: "nvidia", BytesPerGPU: 568, GoHeapPeak: map[string]float64{"kube-scheduler": 190 << 20}},
 		},
 	}}
@@ -58,8 +59,8 @@ func TestAttributeSetSection(t *testing.T) {
 	got := b.String()
 	for _, want := range []string{
 		"## Attribute sets under one kube-scheduler (run 1, 500 nodes)",
-		"| lean-a | 540 | 1 | 60.0 | 5.50 | 55.0 | 6.25 | 200 MiB | 800 MiB |",
-		"| nvidia | 568 | 1 | 61.0 | 5.00 | - | - | 190 MiB | - |",
+		"| lean-a | 540 | 1 | 60.0 | 5.50 | 55.0 | 6.25 | 120 MiB | 500 MiB | 200 MiB | 800 MiB |",
+		"| nvidia | 568 | 1 | 61.0 | 5.00 | - | - | - | - | 190 MiB | - |",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("no %q in\n%s", want, got)

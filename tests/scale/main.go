@@ -41,10 +41,13 @@ type config struct {
 	plugins       int
 	nodePath      int  // nodes with a real plugin and the kubelet stand-in (nodepath.go)
 	attributeSets bool // the attribute-set waves (attrsets.go)
-	gogc          int
-	goaway        float64
-	bins          bins
-	repo          string
+	// attributeQuiet is how long each attribute set's slices sit with nothing
+	// asked of the stack before its waves, for the heap floor (0: none).
+	attributeQuiet time.Duration
+	gogc           int
+	goaway         float64
+	bins           bins
+	repo           string
 	// steadyRate is the arrival rate of the steady waves, pods a second (0:
 	// none); churn the length of the mixed-size workload with churn (0: none),
 	// churnRate its arrival rate.
@@ -103,6 +106,8 @@ func main() {
 	flag.BoolVar(&c.draOnlyWaves, "dra-only", true, "after the common workload of the first DRA run, what only DRA runs: 8-GPU and unconstrained waves, claims made beforehand, the variants, the peer waves, the plugins and the idle period (false: the common workload only)")
 	flag.BoolVar(&c.attributeSets, "attribute-sets", false, "in what only DRA runs, the attribute-set waves: the fleet published with topodra's lean set, its full set, NVIDIA's set and the lean set again, "+
 		"unconstrained and aligned waves of the common sizes on each under the one kube-scheduler (a run of its own: -sizes 1,4 -waves 1 keeps it short)")
+	flag.DurationVar(&c.attributeQuiet, "attribute-set-quiet", 150*time.Second, "with -attribute-sets, how long each set's slices sit with nothing asked of the stack before its waves; "+
+		"the lowest Go heap in use over that window is the set's heap floor (over two minutes: Go collects at least every two minutes; 0: none)")
 	flag.BoolVar(&c.legacy, "legacy", true, "run the legacy stack too (skipped, with the reason, when its scheduler is not built)")
 	flag.IntVar(&c.plugins, "plugins", 100, "real plugin processes (on the first nodes) publishing their slices for the idle period")
 	flag.IntVar(&c.nodePath, "node-path", 100, "the node path on the first min(N, -nodes) nodes (default 100, every node of a 100-node fleet): "+
