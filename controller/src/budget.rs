@@ -32,14 +32,21 @@ impl WriteBudget {
         }
     }
 
-    /// Waits for this write's turn. An idle budget serves the first write at once:
-    /// it does not save turns up, so a burst after a quiet hour is paced as any other.
-    pub(crate) async fn turn(&self) {
+    /// Waits for a turn, then runs `take` at it: `take` returns what the turn is
+    /// used for, or `None` where nothing needs writing any more (a node whose pods came
+    /// and went while it waited), and then the turn passes to the next waiter at once:
+    /// only a write costs a turn. An idle budget serves the first write at once: it
+    /// does not save turns up, so a burst after a quiet hour is paced as any other.
+    pub(crate) async fn turn<T>(&self, take: impl FnOnce() -> Option<T>) -> Option<T> {
         let mut next = self.next.lock().await;
         let now = Instant::now();
         let at = next.map_or(now, |n| n.max(now));
         tokio::time::sleep_until(at).await;
-        *next = Some(at.checked_add(self.gap).unwrap_or(at));
+        let taken = take();
+        if taken.is_some() {
+            *next = Some(at.checked_add(self.gap).unwrap_or(at));
+        }
+        taken
     }
 }
 
@@ -93,17 +100,34 @@ mod tests {
         let budget = WriteBudget::per_second(2.0);
         let start = Instant::now();
         for _ in 0..5 {
-            budget.turn().await;
+            budget.turn(|| Some(())).await;
         }
         // The first at once, then one every 500 ms.
         assert_eq!(start.elapsed(), Duration::from_millis(2000));
 
         tokio::time::sleep(Duration::from_secs(3600)).await;
         let quiet = Instant::now();
-        budget.turn().await;
-        budget.turn().await;
-        budget.turn().await;
+        budget.turn(|| Some(())).await;
+        budget.turn(|| Some(())).await;
+        budget.turn(|| Some(())).await;
         assert_eq!(quiet.elapsed(), Duration::from_millis(1000));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_turn_nothing_was_written_in_costs_nothing() {
+        let budget = WriteBudget::per_second(1.0);
+        let start = Instant::now();
+        assert_eq!(budget.turn(|| Some(1)).await, Some(1));
+        // Three turns that found nothing to write: all at once, one second after the
+        // write before them.
+        for _ in 0..3 {
+            assert_eq!(budget.turn(|| None::<u32>).await, None);
+        }
+        assert_eq!(start.elapsed(), Duration::from_secs(1));
+        budget.turn(|| Some(2)).await;
+        assert_eq!(start.elapsed(), Duration::from_secs(1));
+        budget.turn(|| Some(3)).await;
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
     }
 
     #[tokio::test(start_paused = true)]
@@ -114,7 +138,7 @@ mod tests {
         for i in 0..4 {
             let (budget, order) = (budget.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
-                budget.turn().await;
+                budget.turn(|| Some(())).await;
                 order.lock().unwrap().push(i);
             }));
             // Each asks after the one before it.
