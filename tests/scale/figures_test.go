@@ -429,6 +429,7 @@ func committedFigures(t testing.TB, load loader) figures {
 var controllerWriteRuns = []struct{ prefix, file string }{
 	{"cw100", "controller-writes-100.json"},
 	{"cw500", "controller-writes-500.json"},
+	{"cw2000", "controller-writes-2000.json"},
 }
 
 func controllerWriteFigures(t testing.TB, f figures, prefix string, r results) {
@@ -449,6 +450,7 @@ func controllerWriteFigures(t testing.TB, f figures, prefix string, r results) {
 	waves := controllerWritesOf(s.RequestsByClient["topodra-controller"])
 	f.set(t, k("waves.writes"), whole(float64(waves.NRT)))
 	f.set(t, k("waves.perPod"), fixed(3)(float64(waves.NRT)/float64(s.PodsBound)))
+	f.set(t, k("tail"), whole(float64(w.NRT-waves.NRT))) // after the waves, until none waited
 	f.set(t, k("settle"), whole(s.ControllerSettleSeconds)+" s")
 	n, mean, p50, p99 := writeLag(s.ControllerWaves)
 	if n == 0 {
@@ -458,6 +460,14 @@ func controllerWriteFigures(t testing.TB, f figures, prefix string, r results) {
 	f.set(t, k("lag.p50"), whole(p50)+" s")
 	f.set(t, k("lag.p99"), whole(p99)+" s")
 	f.set(t, k("bound"), whole(stalenessBound(t, r.Nodes).Seconds())+" s")
+	if s.NodePath != nil && s.NodePath.WavesSeconds > 0 {
+		// The waves' window (the audit window of "during the waves"): the rate
+		// the machine bound pods at, and the controller's writes a second in it.
+		secs := s.NodePath.WavesSeconds
+		f.set(t, k("waves.seconds"), whole(secs)+" s")
+		f.set(t, k("waves.podsPerSec"), fixed(1)(float64(s.PodsBound)/secs))
+		f.set(t, k("waves.writesPerSec"), fixed(2)(float64(waves.NRT)/secs))
+	}
 	if s.NodePath != nil {
 		nodePathKeys(t, f, prefix+".np", s, r.Nodes)
 	}
