@@ -49,7 +49,7 @@ import (
 // each that this test owns; each must be there.
 var figureDocs = map[string][]string{
 	"README.md":          {"readme-numbers"},
-	"docs/benchmarks.md": {"bench-reorganisation", "bench-100", "bench-500", "bench-500-verdicts", "bench-controller-writes"},
+	"docs/benchmarks.md": {"bench-reorganisation", "bench-100", "bench-500", "bench-500-verdicts", "bench-controller-writes", "bench-attribute-sets"},
 }
 
 const repoRoot = "../.."
@@ -363,6 +363,8 @@ func committedFigures(t testing.TB, load loader) figures {
 	for _, cw := range controllerWriteRuns {
 		controllerWriteFigures(t, f, cw.prefix, decode[results](t, load, cw.file))
 	}
+	// The attribute sets under one kube-scheduler (-attribute-sets, 500 nodes).
+	attributeSetKeys(t, f, "as500", decode[results](t, load, "attribute-sets-500.json"))
 
 	// The peer waves (run 1 of the 100-node runs): topodra's slices before and
 	// after NVIDIA's plugin's, against them.
@@ -495,6 +497,38 @@ func stalenessBound(t testing.TB, nodes int) time.Duration {
 	interval := def("nrt_node_interval_seconds")
 	rate := def("nrt_writes_per_second")
 	return time.Duration((delay + interval + float64(nodes)/rate) * float64(time.Second))
+}
+
+// attributeSetKeys are a -attribute-sets run's figures per set (lean-a, full,
+// nvidia, lean-b): bytes a GPU, kube-scheduler CPU a pod in the 1-GPU
+// unconstrained and aligned waves, and the heap floors of the scheduler and the
+// API server, keyed PREFIX.SET.NAME.
+func attributeSetKeys(t testing.TB, f figures, prefix string, r results) {
+	t.Helper()
+	s := r.DRA
+	if len(s.AttributeSets) == 0 {
+		t.Fatalf("%s: no attribute sets", prefix)
+	}
+	f.set(t, prefix+".nodes", whole(float64(r.Nodes)))
+	bytes := map[string]float64{}
+	for _, set := range s.AttributeSets {
+		bytes[set.Set] = set.BytesPerGPU
+	}
+	f.set(t, prefix+".bytesFullOverLean", whole(bytes["full"]-bytes["lean-a"]))
+	for _, set := range s.AttributeSets {
+		k := func(name string) string { return prefix + "." + set.Set + "." + name }
+		f.set(t, k("bytes"), whole(set.BytesPerGPU))
+		for _, kind := range []string{"any", "aligned"} {
+			if kr, ok := s.kind(1, kind+"-"+set.Set); ok {
+				f.set(t, k("cpu."+kind), fixed(2)(kr.CPUMsPerPod["kube-scheduler"])+" ms")
+			}
+		}
+		for component, name := range map[string]string{"kube-scheduler": "sched", "kube-apiserver": "api"} {
+			if v := set.GoHeapFloor[component]; v > 0 {
+				f.set(t, k("floor."+name), mibText(v))
+			}
+		}
+	}
 }
 
 // nodePathKeys are a run's node path (-node-path), recomputed from its
