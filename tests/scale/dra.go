@@ -190,10 +190,18 @@ func startCluster(ctx context.Context, c config, name string) (*cluster.Cluster,
 	if c.gogc > 0 {
 		env[cluster.APIServer] = []string{fmt.Sprintf("GOGC=%d", c.gogc)}
 	}
+	extra := map[string][]string{cluster.APIServer: apiArgs}
+	if s := kwokLeaseSeconds(c.kwokLease); s > 0 {
+		// Later flags win: these override the cluster package's 40 s Lease.
+		// The grace period is how long the node lifecycle controller waits
+		// for a renewal before it marks a node NotReady and taints it.
+		extra[cluster.Kwok] = []string{fmt.Sprintf("--node-lease-duration-seconds=%d", s)}
+		extra[cluster.ControllerManager] = []string{fmt.Sprintf("--node-monitor-grace-period=%ds", s)}
+	}
 	cl, err := cluster.Start(ctx, cluster.Options{
 		Dir:       filepath.Join(dir, "cluster"),
 		Kwok:      true,
-		ExtraArgs: map[string][]string{cluster.APIServer: apiArgs},
+		ExtraArgs: extra,
 		Env:       env,
 		Verbosity: 1,
 		ClientQPS: clientQPS,
@@ -312,6 +320,7 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 	m := newMeter(cl)
 	if np != nil {
 		m.settle = func(unprepared bool) { np.settle(ctx, unprepared, 2*time.Minute) }
+		m.addGroup(pluginClient, np.fleet.pids())
 	}
 	var ctrl *controllerProc
 	if c.bins.controller != "" {
@@ -565,6 +574,18 @@ func waveRates(c config) []float64 {
 		return []float64{0, c.steadyRate}
 	}
 	return []float64{0}
+}
+
+// defaultKwokLease is the kubelet's node Lease duration, the cluster package's
+// for kwok.
+const defaultKwokLease = 40 * time.Second
+
+// kwokLeaseSeconds is -kwok-lease where it lengthened the Lease, else 0.
+func kwokLeaseSeconds(d time.Duration) int {
+	if d <= defaultKwokLease {
+		return 0
+	}
+	return int(d / time.Second)
 }
 
 // wavePods is how many pods of k GPUs ask for the -fill share of the fleet.

@@ -284,6 +284,15 @@ func committedFigures(t testing.TB, load loader) figures {
 
 	scaleFigures(t, f, "s100", s100)
 	scaleFigures(t, f, "s500", s500)
+	// The paced controller's writes in the first DRA run of each.
+	for _, r := range []struct {
+		prefix string
+		res    results
+	}{{"s100.cw", s100}, {"s500.cw", s500}} {
+		if r.res.DRA.ControllerUntilSettled != nil {
+			controllerWriteFigures(t, f, r.prefix, results{Nodes: r.res.Nodes, DRA: r.res.DRA})
+		}
+	}
 	// The DRA stack with NodeResourceTopology off, against the legacy stack of
 	// the 500-node run (same size, same method).
 	if noNRT.Legacy != nil || noNRT.Nodes != s500.Nodes {
@@ -384,7 +393,7 @@ func committedFigures(t testing.TB, load loader) figures {
 	f.set(t, "talk.sched", ratioText(talkSchedulerTo/talkSchedulerFrom))
 	f.set(t, "talk.apiserver", fixed(1)(talkAPIServer))
 
-	// Every run quoted was made before the reorganisation.
+	// When each run quoted was made, against the reorganisation.
 	files, date := reorganisationFiles, reorganisationDate
 	if out, err := exec.Command("git", "-C", repoRoot, "show", "--shortstat", "--format=%cI", reorganisation).Output(); err != nil {
 		t.Logf("git show %s: %v; taking %d files and %s as recorded here", reorganisation, err, files, date)
@@ -415,14 +424,34 @@ func committedFigures(t testing.TB, load loader) figures {
 		r := decode[results](t, load, name)
 		ends[name] = r.Started.Add(time.Duration(r.Seconds * float64(time.Second)))
 	}
-	when := "before"
-	for _, name := range sortedKeys(ends) {
-		if end := ends[name]; end.IsZero() || !end.Before(date) {
-			t.Logf("%s: run ended %s, not before %s (%s)", name, end, reorganisation, date)
-			when = "after"
+	// The fair runs, re-run after it, and every other run: each group is
+	// "before" or "after" only where all of its runs are.
+	fair := map[string]bool{"scale-100-fair.json": true, "scale-500-fair.json": true}
+	whenOf := func(inGroup func(string) bool) string {
+		before, after := 0, 0
+		for _, name := range sortedKeys(ends) {
+			if !inGroup(name) {
+				continue
+			}
+			if end := ends[name]; !end.IsZero() && end.Before(date) {
+				before++
+			} else {
+				t.Logf("%s: run ended %s, not before %s (%s)", name, end, reorganisation, date)
+				after++
+			}
 		}
+		switch {
+		case after == 0:
+			return "before"
+		case before == 0:
+			return "after"
+		}
+		return "partly before and partly after"
 	}
-	f.set(t, "reorg.when", when)
+	f.set(t, "reorg.fair", whenOf(func(name string) bool { return fair[name] }))
+	f.set(t, "reorg.s100", whenOf(func(name string) bool { return name == "scale-100-fair.json" }))
+	f.set(t, "reorg.s500", whenOf(func(name string) bool { return name == "scale-500-fair.json" }))
+	f.set(t, "reorg.others", whenOf(func(name string) bool { return !fair[name] }))
 	return f
 }
 
@@ -611,6 +640,10 @@ func scaleFigures(t testing.TB, f figures, prefix string, r results) {
 	ratio("fresh", fresh)
 	f.set(t, k("fresh.dra"), fixed(1)(fresh.dra))
 	f.set(t, k("fresh.legacy"), fixed(1)(fresh.legacy))
+	if several {
+		f.set(t, k("fresh.dra.runs"), joined(perRun(pairs, firstWavePodsPerSec(draSaturating), false), fixed(1)))
+		f.set(t, k("fresh.legacy.runs"), joined(perRun(pairs, firstWavePodsPerSec(legacySaturating), true), fixed(1)))
+	}
 
 	// Latency at a steady rate by size, and under churn: medians, and where
 	// there are several runs the lowest and highest of any size and run.
@@ -713,7 +746,7 @@ func scaleFigures(t testing.TB, f figures, prefix string, r results) {
 		" + "+msOne(*overEach(pairs, cpuProc(topoScheduler, firstWaveRow, legacySaturating, false), true)))
 
 	// CPU per pod by process, the first 1-GPU wave: "13.41 | 8.95", "– | 4.66".
-	for _, proc := range []string{"kube-apiserver", "kube-scheduler", topoScheduler, "kube-controller-manager", "etcd", "topodra-controller", "kwok"} {
+	for _, proc := range []string{"kube-apiserver", "kube-scheduler", topoScheduler, "kube-controller-manager", "etcd", "topodra-controller", "kwok", "harness", pluginClient} {
 		cell := func(kind string, legacy bool) string {
 			if v := overEach(pairs, cpuProc(proc, firstWaveRow, kind, false), legacy); v != nil {
 				return fixed(2)(*v)
@@ -721,6 +754,19 @@ func scaleFigures(t testing.TB, f figures, prefix string, r results) {
 			return "–"
 		}
 		dra, legacy := cell(draSaturating, false), cell(legacySaturating, true)
+		if several {
+			// Each run's own: the same work a pod costs more CPU in a run where
+			// this machine is slower, so the runs' spread is the machine's drift.
+			for _, side := range []struct {
+				name   string
+				kind   string
+				legacy bool
+			}{{"dra", draSaturating, false}, {"legacy", legacySaturating, true}} {
+				if vs := perRun(pairs, cpuProc(proc, firstWaveRow, side.kind, false), side.legacy); len(vs) > 0 {
+					f.set(t, k("cpu1."+proc+"."+side.name+".runs"), joined(vs, fixed(2)))
+				}
+			}
+		}
 		f.set(t, k("cpu1."+proc), dra+" | "+legacy)
 		f.set(t, k("cpu1."+proc+".dra"), dra)
 		f.set(t, k("cpu1."+proc+".legacy"), legacy)
@@ -778,6 +824,24 @@ func scaleFigures(t testing.TB, f figures, prefix string, r results) {
 		pick("writes", 1, func(s requestShare) float64 { return s.restWrites })
 		pick("nrt", 2, func(s requestShare) float64 { return s.nrtWrites })
 	}
+
+	// The node path (-node-path) of the DRA runs: the first run's in full, and
+	// over every run the pods it prepared and the errors.
+	if pairs[0].DRA.NodePath == nil {
+		return
+	}
+	nodePathKeys(t, f, k("np"), pairs[0].DRA, r.Nodes)
+	prepared, errs := 0, 0
+	for i, p := range pairs {
+		np := p.DRA.NodePath
+		if np == nil {
+			t.Fatalf("%s run %d: no node path where run 1 had one", prefix, i+1)
+		}
+		prepared += np.Prepared
+		errs += np.PrepareErrors + np.UnprepareErrors + np.Unsettled
+	}
+	f.set(t, k("np.prepared.all"), whole(float64(prepared)))
+	f.set(t, k("np.errors.all"), whole(float64(errs)))
 }
 
 // A region of a document, its blocks, and the numbers in them.
@@ -894,8 +958,9 @@ func numbers(s string) [][2]int {
 	return out
 }
 
-// findFigure finds want in s at or after from, not inside a longer number; a
-// space in want stands for any run of white space (a line break, an indent).
+// findFigure finds want in s at or after from, not inside a longer number or a
+// name; a space in want stands for any run of white space (a line break, an
+// indent).
 // It returns the match's offsets, or -1.
 func findFigure(s, want string, from int) (int, int) {
 	parts := strings.Fields(want)
@@ -909,7 +974,8 @@ func findFigure(s, want string, from int) (int, int) {
 			return -1, -1
 		}
 		i, end := at+m[0], at+m[1]
-		startsInNumber := isDigit(s[i]) && i > 0 && (isDigit(s[i-1]) || (s[i-1] == '.' || s[i-1] == ',') && i > 1 && isDigit(s[i-2]))
+		startsInNumber := isDigit(s[i]) && i > 0 && (isDigit(s[i-1]) || (s[i-1] == '.' || s[i-1] == ',') && i > 1 && isDigit(s[i-2]) ||
+			isLetter(s[i-1])) // a name such as H100 is no figure, as numbers has it
 		endsInNumber := isDigit(s[end-1]) && end < len(s) && (isDigit(s[end]) || (s[end] == '.' || s[end] == ',') && end+1 < len(s) && isDigit(s[end+1]))
 		if !startsInNumber && !endsInNumber {
 			return i, end

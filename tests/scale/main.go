@@ -46,8 +46,11 @@ type config struct {
 	attributeQuiet time.Duration
 	gogc           int
 	goaway         float64
-	bins           bins
-	repo           string
+	// kwokLease is the fake nodes' Lease duration; kwok renews a Lease every
+	// quarter of it, as the kubelet does.
+	kwokLease time.Duration
+	bins      bins
+	repo      string
 	// steadyRate is the arrival rate of the steady waves, pods a second (0:
 	// none); churn the length of the mixed-size workload with churn (0: none),
 	// churnRate its arrival rate.
@@ -116,6 +119,8 @@ func main() {
 		"through the common waves of every DRA run (0: none, the harness publishes every node's slices)")
 	flag.IntVar(&c.gogc, "apiserver-gogc", 0, "GOGC in the kube-apiserver's environment (0: unset, Go's default of 100)")
 	flag.Float64Var(&c.goaway, "goaway-chance", 0, "kube-apiserver --goaway-chance (0: off)")
+	flag.DurationVar(&c.kwokLease, "kwok-lease", defaultKwokLease, "the kwok nodes' Lease duration, renewed every quarter of it as a kubelet does (the kubelet's default, 40s); "+
+		"longer, the controller-manager's --node-monitor-grace-period is raised to it: on two cores the renewals of thousands of nodes take CPU the waves need")
 	flag.DurationVar(&c.updaterInt, "updater-interval", 60*time.Second, "the simulated topology updater's interval (the NFD updater's default)")
 	flag.BoolVar(&c.updaterNotify, "updater-notify", true, "the simulated updater also writes a node's object when a pod is admitted there (NFD's -kubelet-state-dir trigger, on by default)")
 	flag.StringVar(&c.bins.plugin, "plugin", "", "topodra-kubelet-plugin binary (default: target/release, else target/debug)")
@@ -138,6 +143,10 @@ func main() {
 	}
 	if c.nodePath < 0 {
 		fmt.Fprintf(os.Stderr, "-node-path must not be negative\n")
+		os.Exit(2)
+	}
+	if c.kwokLease < defaultKwokLease || c.kwokLease%time.Second != 0 {
+		fmt.Fprintf(os.Stderr, "-kwok-lease must be whole seconds, at least %s\n", defaultKwokLease)
 		os.Exit(2)
 	}
 	if c.runs < 1 {
@@ -180,7 +189,7 @@ func run(ctx context.Context, c config) error {
 	c.bins.simNode = findBin(c.repo, c.bins.simNode, "topodra-sim-node")
 	c.bins.controller = findBin(c.repo, c.bins.controller, "topodra-controller")
 	res := results{Nodes: c.nodes, GPUs: c.nodes * gpusPerNode, Waves: c.waves, Fill: c.fill, Started: time.Now().UTC(),
-		APIServerGOGC: c.gogc, GoawayChance: c.goaway, SteadyRate: c.steadyRate, ChurnSeconds: c.churn.Seconds(), ChurnRate: c.churnRate}
+		APIServerGOGC: c.gogc, GoawayChance: c.goaway, KwokLeaseSeconds: kwokLeaseSeconds(c.kwokLease), SteadyRate: c.steadyRate, ChurnSeconds: c.churn.Seconds(), ChurnRate: c.churnRate}
 	res.Machine = machine()
 
 	started := time.Now()

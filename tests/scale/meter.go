@@ -111,6 +111,16 @@ func (m *meter) add(name string, pid int, url string) {
 	m.procs = append(m.procs, metered{name, pid, url})
 }
 
+// addGroup meters processes together under one name, their CPU summed: the
+// node path's plugins, a hundred processes that are one component.
+func (m *meter) addGroup(name string, pids []int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, pid := range pids {
+		m.procs = append(m.procs, metered{name, pid, ""})
+	}
+}
+
 func (m *meter) read(ctx context.Context) reading {
 	m.mu.Lock()
 	procs := append([]metered(nil), m.procs...)
@@ -119,7 +129,7 @@ func (m *meter) read(ctx context.Context) reading {
 	r.busy, r.total = machineJiffies()
 	for _, p := range procs {
 		if s, err := procCPUSeconds(p.pid); err == nil {
-			r.cpu[p.name] = s
+			r.cpu[p.name] += s // a group's processes add up
 		}
 	}
 	for _, p := range procs {
@@ -398,9 +408,12 @@ func schedulerFigures(d map[string]float64, binding, heap float64) schedFigures 
 }
 
 // controlPlane are the processes whose CPU a scheduled pod is charged with;
-// kwok (the fake kubelets) and the harness (the load and the simulated topology
-// updater) are recorded beside them.
-func controlPlane(name string) bool { return name != cluster.Kwok && name != "harness" }
+// kwok (the fake kubelets), the harness (the load, the simulated topology
+// updater and the node path's kubelet stand-in) and the node path's plugins
+// run on nodes in a real cluster, and are recorded beside them.
+func controlPlane(name string) bool {
+	return name != cluster.Kwok && name != "harness" && name != pluginClient
+}
 
 // boundBy names what held a window back: a client rate limiter that made
 // requests wait, else a process near a whole core (kube-scheduler schedules one

@@ -194,7 +194,7 @@ func (r results) nodePathSection(b *strings.Builder) {
 		"then for each pod bound there what the kubelet's DRA manager (v1.37) does before the pod's containers start, a GET of each " +
 		"of its claims under the kubelet's user agent and NodePrepareResources over the plugin's socket, and once the pod is deleted " +
 		"NodeUnprepareResources (the kubelet reads nothing from the API server to unprepare). The common waves only: the plugins " +
-		"stop after them. Prepare is the kubelet's whole PrepareResources (claim GETs and the call); the plugins' CPU is not metered.\n\n")
+		"stop after them. Prepare is the kubelet's whole PrepareResources (claim GETs and the call). " + r.pluginCPUText() + "\n\n")
 	b.WriteString("| run | pods there | prepared | unprepared | prepare p50 ms | prepare p99 ms | NodePrepareResources p50 ms | p99 ms | NodeUnprepareResources p50 ms | p99 ms | prepare errors | unprepare errors | cut short by deletion | not through in 2 min |\n" +
 		"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for i, run := range r.runs() {
@@ -277,4 +277,23 @@ func (r results) nodePathSection(b *strings.Builder) {
 		b.WriteString(strings.Join(parts, ", ") + ".\n")
 	}
 	b.WriteString("\n")
+}
+
+// pluginCPUText says where the node path's plugins' CPU is: runs before the
+// harness metered it have none.
+func (r results) pluginCPUText() string {
+	for _, run := range r.runs() {
+		for _, k := range run.DRA.Kinds {
+			for _, w := range k.Waves {
+				if w.Cost == nil {
+					continue
+				}
+				if _, ok := w.Cost.CPUSeconds[pluginClient]; ok {
+					return "The plugins' CPU is metered, their processes summed, as " + pluginClient +
+						" in each wave's cost (and the CPU table where both stacks ran), outside the control plane's total."
+				}
+			}
+		}
+	}
+	return "The plugins' CPU is not metered in this run."
 }

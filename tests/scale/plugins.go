@@ -23,6 +23,15 @@ type pluginFleet struct {
 	done  []chan struct{}
 }
 
+// pids are the fleet's processes.
+func (f *pluginFleet) pids() []int {
+	var out []int
+	for _, p := range f.procs {
+		out = append(out, p.Process.Pid)
+	}
+	return out
+}
+
 func startPlugins(ctx context.Context, cl *cluster.Cluster, c config, simFlagsAll []string, n int) (*pluginFleet, error) {
 	nodes := make([]int, n)
 	for i := range nodes {

@@ -26,6 +26,9 @@ type results struct {
 	SteadyRate   float64 `json:"steadyRate,omitempty"`
 	ChurnSeconds float64 `json:"churnSeconds,omitempty"`
 	ChurnRate    float64 `json:"churnRate,omitempty"`
+	// KwokLeaseSeconds is the fake nodes' Lease duration where -kwok-lease
+	// lengthened it (0: the kubelet's default, 40 s).
+	KwokLeaseSeconds int `json:"kwokLeaseSeconds,omitempty"`
 }
 
 // repeat is one more run of both stacks.
@@ -92,6 +95,10 @@ func (r results) markdown() string {
 		"Steady waves at %g pods/s; the churn workload %g s at %g pods/s, sizes 1, 2 and 4 mixed, %.0f%% of the GPUs busy once settled.\n\n",
 		orDash(r.DRA.FeatureGates), clientQPS, 2*clientQPS, r.SteadyRate, r.ChurnSeconds, r.ChurnRate, churnBusy*100)
 	fmt.Fprintf(&b, "kube-apiserver: %s, %s.\n\n", r.gogcText(), r.goawayText())
+	if r.KwokLeaseSeconds > 0 {
+		fmt.Fprintf(&b, "kwok's node Leases: %d s, renewed every %d s (a kubelet's: 40 s, every 10 s), the controller-manager's node-monitor grace period raised to %d s (-kwok-lease).\n\n",
+			r.KwokLeaseSeconds, r.KwokLeaseSeconds/4, r.KwokLeaseSeconds)
+	}
 
 	b.WriteString("## Scheduling, DRA stack (kube-scheduler, topodra slices)\n\n")
 	b.WriteString("| GPUs | kind | constraint | pods/s | p50 ms | p99 ms | unscheduled |\n|---|---|---|---|---|---|---|\n")

@@ -324,7 +324,9 @@ func (r results) cpuPerPod(b *strings.Builder) {
 	b.WriteString("CPU time from /proc at the edges of each wave, less the process's background over the same time " +
 		"(measured in a quiet window before the waves), per bound pod (median over waves, then over runs); " +
 		"pods per CPU-second is its inverse. kwok plays the kubelets and the harness makes the load (and, on the legacy " +
-		"stack, plays the topology updater and the kubelet's admission): both are shown, neither is in the total.\n\n")
+		"stack, plays the topology updater and the kubelet's admission; with -node-path, on the DRA stack, the node path's kubelets), " +
+		"and with -node-path the node path's plugins (topodra-kubelet-plugin, their processes summed) run on the same cores: " +
+		"each is shown, none is in the total, which is the control plane's.\n\n")
 	b.WriteString("The rows \"1, first wave\" are each run's first wave alone: the legacy stack's only wave on fresh NodeResourceTopology " +
 		"(its later waves mostly wait for the updater).\n\n")
 	b.WriteString("| GPUs | process | DRA ms/pod | legacy ms/pod | DRA pods per CPU-s | legacy pods per CPU-s | teardown DRA ms/pod | teardown legacy ms/pod |\n|---|---|---|---|---|---|---|---|\n")
