@@ -278,7 +278,6 @@ func committedFigures(t testing.TB, load loader) figures {
 	f := figures{}
 	s100 := decode[results](t, load, "scale-100-fair.json")
 	s500 := decode[results](t, load, "scale-500-fair.json")
-	noNRT := decode[results](t, load, "scale-500-no-nrt.json")
 	idle := decode[results](t, load, "tuning-default.json")
 	np := decode[nodePath](t, load, "node-path.json")
 
@@ -293,14 +292,6 @@ func committedFigures(t testing.TB, load loader) figures {
 			controllerWriteFigures(t, f, r.prefix, results{Nodes: r.res.Nodes, DRA: r.res.DRA})
 		}
 	}
-	// The DRA stack with NodeResourceTopology off, against the legacy stack of
-	// the 500-node run (same size, same method).
-	if noNRT.Legacy != nil || noNRT.Nodes != s500.Nodes {
-		t.Fatalf("scale-500-no-nrt.json: want a DRA-only run of %d nodes", s500.Nodes)
-	}
-	scaleFigures(t, f, "nonrt", results{Nodes: noNRT.Nodes, GPUs: noNRT.GPUs, Machine: noNRT.Machine,
-		SteadyRate: noNRT.SteadyRate, ChurnSeconds: noNRT.ChurnSeconds, ChurnRate: noNRT.ChurnRate,
-		DRA: noNRT.DRA, Legacy: s500.Legacy})
 
 	// The simulated topology updater, as each legacy run's note records it.
 	interval, onAdmission := "", ""
@@ -781,11 +772,21 @@ func scaleFigures(t testing.TB, f figures, prefix string, r results) {
 	f.set(t, k("cpuMedian.dra"), joined(of(med, draOf), fixed(2)))
 	f.set(t, k("cpuMedian.legacy"), joined(of(med, legacyOf), fixed(2)))
 	f.set(t, k("cpuMedian1.legacy"), msOne(med[0].legacy))
-	cheaper := "DRA is the cheaper stack at every size"
+	draCheaper, legacyCheaper := 0, 0
 	for _, sp := range med {
-		if sp.dra >= sp.legacy {
-			cheaper = "neither stack is the cheaper one at every size"
+		switch {
+		case sp.dra < sp.legacy:
+			draCheaper++
+		case sp.legacy < sp.dra:
+			legacyCheaper++
 		}
+	}
+	cheaper := "neither stack is the cheaper one at every size"
+	switch len(med) {
+	case draCheaper:
+		cheaper = "DRA is the cheaper stack at every size"
+	case legacyCheaper:
+		cheaper = "the legacy stack is the cheaper one at every size"
 	}
 	f.set(t, k("cpuMedian.cheaper"), cheaper)
 	td := one(t, pairs, cpuTotal(firstWaveRow, draSaturating, true), cpuTotal(firstWaveRow, legacySaturating, true))
