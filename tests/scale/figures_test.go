@@ -440,8 +440,6 @@ func committedFigures(t testing.TB, load loader) figures {
 		return "partly before and partly after"
 	}
 	f.set(t, "reorg.fair", whenOf(func(name string) bool { return fair[name] }))
-	f.set(t, "reorg.s100", whenOf(func(name string) bool { return name == "scale-100-fair.json" }))
-	f.set(t, "reorg.s500", whenOf(func(name string) bool { return name == "scale-500-fair.json" }))
 	f.set(t, "reorg.others", whenOf(func(name string) bool { return !fair[name] }))
 	return f
 }
