@@ -213,11 +213,14 @@ bench-socket: setup
 ## SCALE_ARGS="-waves 5 -idle 10m".
 SCALE_NODES ?= 100
 SCALE_ARGS ?=
+# The topology-aware scheduler (a kube-scheduler of its own, 10-20 minutes cold) only
+# where the legacy stack runs.
+SCALE_TOOLS = kube etcd kwok helm $(if $(findstring -legacy=false,$(SCALE_ARGS)),,topo-sched)
 bench-scale: setup
 	@echo "== release builds of the plugin, the fake NVML and the controller"
 	$(CARGO) build --release -p topodra-fake-nvml -p topodra-kubelet-plugin -p topodra-controller
-	@bash tests/tools/build.sh kube etcd kwok helm topo-sched
-	eval "$$(bash tests/tools/build.sh --env kube etcd kwok helm topo-sched)" && cd tests/scale && \
+	@bash tests/tools/build.sh $(SCALE_TOOLS)
+	eval "$$(bash tests/tools/build.sh --env $(SCALE_TOOLS))" && cd tests/scale && \
 		CGO_ENABLED=0 go run -trimpath . -nodes $(SCALE_NODES) -out target/bench-scale $(SCALE_ARGS)
 
 ## bench-node: the node path against the reference driver (sigs.k8s.io/dra-example-driver)

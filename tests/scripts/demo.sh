@@ -106,33 +106,63 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-step "building (first run: the Rust workspace alongside Kubernetes from its Go modules, about 10 min on 2 cores)"
+step "building (first run: the Rust workspace alongside Kubernetes from its Go modules, 15-20 min on 2 cores)"
 # Into this run's directory: demos may run side by side (the e2e test runs every
 # profile's), and one could otherwise replace a binary another is starting.
 gobin=$dir/bin
 mkdir -p "$gobin"
-# The Go side: the control plane's components, NVIDIA's nvidia-cdi-hook (built from the
-# pinned toolkit module: the plugin installs it into its directory under the node's
-# kubelet plugins directory, as it installs the image's copy on a real node, and the
-# claims' CDI specs name it), then the cluster CLI and the kubelet harness, whose
-# kubelet code is the largest compile after Kubernetes itself.
-build_go() {
-    bash tests/tools/build.sh kube etcd nvidia-ctk &&
+gobuild_log() { printf '[tools %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+# The Go side in two parts. Kubernetes' components, then the cluster CLI and the
+# kubelet harness, whose kubelet code is the largest compile after Kubernetes itself:
+# in that order because the three share their Kubernetes packages, built once
+# (tests/tools/kube pins the modules the harness's go.mod does). And NVIDIA's
+# nvidia-cdi-hook (built from the pinned toolkit module: the plugin installs it into
+# its directory under the node's kubelet plugins directory, as it installs the
+# image's copy on a real node, and the claims' CDI specs name it) with etcd, which
+# share nothing with the rest and fill the cores once cargo is done.
+build_go_kube() {
+    bash tests/tools/build.sh kube &&
+        gobuild_log "the cluster CLI and the kubelet harness: building" &&
         (cd tests/cluster && CGO_ENABLED=0 go build -trimpath -o "$gobin/topodra-cluster" ./cmd/topodra-cluster) &&
-        (cd tests/e2e && CGO_ENABLED=0 go build -trimpath -o "$gobin/topodra-kubelet-harness" ./cmd/topodra-kubelet-harness)
+        (cd tests/e2e && CGO_ENABLED=0 go build -trimpath -o "$gobin/topodra-kubelet-harness" ./cmd/topodra-kubelet-harness) &&
+        gobuild_log "the cluster CLI and the kubelet harness: built"
 }
+build_go_rest() { bash tests/tools/build.sh etcd nvidia-ctk; }
 if [[ ${TOPODRA_DEMO_PREBUILT:-} == 1 ]]; then
     for b in topodra-sim-node topodra-kubelet-plugin topodra-controller kubectl-topodra; do
         [[ -x target/debug/$b ]] || fail "TOPODRA_DEMO_PREBUILT=1, but there is no target/debug/$b"
     done
-    build_go >&2 || fail "building the Go side failed"
+    { build_go_kube && build_go_rest; } >&2 || fail "building the Go side failed"
 else
-    # The Go side builds alongside cargo: neither keeps both cores busy all the time.
-    build_go >"$dir/tools-build.log" 2>&1 &
-    tools_pid=$!
-    cargo build -q -p topodra-fake-nvml -p topodra-kubelet-plugin -p topodra-controller
-    wait "$tools_pid" || { cat "$dir/tools-build.log" >&2; fail "building the Go side failed"; }
-    sed 's/^/   /' "$dir/tools-build.log"
+    # Kubernetes builds alongside cargo: neither keeps both cores busy all the time.
+    # The Go builds' progress lines (each says every minute that it is still going)
+    # are followed as they come; cargo, quiet, says so too.
+    : >"$dir/tools-build.log"
+    build_go_kube >>"$dir/tools-build.log" 2>&1 &
+    kube_pid=$!
+    # tail follows until the placeholder process it watches ends, once both Go parts are.
+    sleep infinity &
+    hold_pid=$!
+    tail --pid="$hold_pid" -n +1 -f "$dir/tools-build.log" 2>/dev/null | sed -u -n 's/^\(\[tools .*\)/   \1/p' &
+    follow_pid=$!
+    cargo_start=$SECONDS
+    (while sleep 60; do printf '   [cargo %s] the Rust workspace: still building (%ds)\n' "$(date +%H:%M:%S)" $((SECONDS - cargo_start)); done) &
+    beat_pid=$!
+    # Stopped by cleanup when the demo fails here.
+    pids+=("$kube_pid" "$hold_pid" "$beat_pid")
+    cargo_rc=0
+    cargo build -q -p topodra-fake-nvml -p topodra-kubelet-plugin -p topodra-controller || cargo_rc=$?
+    kill "$beat_pid" 2>/dev/null || true
+    wait "$beat_pid" 2>/dev/null || true
+    ((cargo_rc == 0)) || fail "building the Rust workspace failed"
+    printf '   [cargo %s] the Rust workspace: built in %ds\n' "$(date +%H:%M:%S)" $((SECONDS - cargo_start))
+    rest_rc=0
+    build_go_rest >>"$dir/tools-build.log" 2>&1 || rest_rc=$?
+    kube_rc=0
+    wait "$kube_pid" || kube_rc=$?
+    kill "$hold_pid" 2>/dev/null || true
+    wait "$follow_pid" 2>/dev/null || true
+    ((kube_rc == 0 && rest_rc == 0)) || { cat "$dir/tools-build.log" >&2; fail "building the Go side failed"; }
 fi
 eval "$(bash tests/tools/build.sh --env kube etcd)"
 hook=$(bash tests/tools/build.sh --print-path nvidia-ctk)/nvidia-cdi-hook

@@ -116,7 +116,10 @@ require (
 	go.uber.org/multierr v1.11.0 // indirect
 	go.uber.org/zap v1.27.1 // indirect
 	go.yaml.in/yaml/v2 v2.4.4 // indirect
-	go.yaml.in/yaml/v3 v3.0.4 // indirect
+	// v3.0.5, not Kubernetes' v3.0.4: the version the e2e module's CDI library needs,
+	// so that the kubelet harness and the cluster CLI reuse the packages compiled
+	// here (go.yaml.in/yaml/v3 is under apimachinery, through kube-openapi).
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/crypto v0.54.0 // indirect
 	golang.org/x/exp v0.0.0-20260410095643-746e56fc9e2f // indirect
 	golang.org/x/net v0.57.0 // indirect
