@@ -181,33 +181,33 @@ async fn reconcile(
                 .set_cpu_numa_ignored(state.ignored_cpu_numa_nodes());
             ctx.metrics.set_nrt_nodes_waiting(state.nodes_waiting());
             match plan {
+                NrtPlan::Apply(object) => Some((Some(object), since)),
+                NrtPlan::Delete => Some((None, since)),
                 NrtPlan::UpToDate => {
                     ctx.metrics.write_skipped();
                     None
                 }
                 NrtPlan::Nothing => None,
-                NrtPlan::Apply(_) | NrtPlan::Delete => Some((plan, since)),
             }
         })
         .await;
-    let Some((plan, since)) = taken else {
+    // The object to apply, or None to delete it.
+    let Some((object, since)) = taken else {
         return Ok(Action::await_change());
     };
-    let (operation, result) = match &plan {
-        NrtPlan::Apply(object) => {
+    let (operation, result) = match object {
+        Some(object) => {
             let params = PatchParams::apply(FIELD_MANAGER).force();
             let r = ctx.api.patch(&name, &params, &Patch::Apply(object)).await;
             ("apply", r.map(|_| ()))
         }
-        NrtPlan::Delete => {
+        None => {
             let r = match ctx.api.delete(&name, &DeleteParams::default()).await {
                 Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
                 r => r.map(|_| ()),
             };
             ("delete", r)
         }
-        // Not taken: the turn passed these on above.
-        NrtPlan::UpToDate | NrtPlan::Nothing => return Ok(Action::await_change()),
     };
     ctx.metrics.write(operation, result.is_ok());
     match result {
