@@ -24,6 +24,11 @@ func auditCounts(path string, from, to time.Time) (map[string]map[string]int, er
 	if err != nil {
 		return nil, err
 	}
+	return countRequests(evs), nil
+}
+
+// countRequests counts audit records by client, then "verb resource".
+func countRequests(evs []cluster.AuditEvent) map[string]map[string]int {
 	out := map[string]map[string]int{}
 	for _, ev := range evs {
 		c := client(ev.UserAgent)
@@ -32,7 +37,7 @@ func auditCounts(path string, from, to time.Time) (map[string]map[string]int, er
 		}
 		out[c][ev.Verb+" "+ev.Resource()]++
 	}
-	return out, nil
+	return out
 }
 
 // writesAndLists sums one client's writes (Lease renewals apart) and LISTs.

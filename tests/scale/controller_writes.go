@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"topodra.dev/tests/cluster"
 )
@@ -98,4 +99,65 @@ func writeLag(m map[string]float64) (count, mean, p50, p99 float64) {
 		return math.Inf(1)
 	}
 	return count, m[name+"_sum"] / count, at(0.5), at(0.99)
+}
+
+// window closes a kind's window, opened at from, now.
+func (k *kindResult) window(from time.Time) {
+	k.from, k.to = from, time.Now()
+	k.WindowSeconds = k.to.Sub(from).Seconds()
+}
+
+// nrtWritesByKind counts the controller's NodeResourceTopology writes in each
+// kind's window. Its writes trail the pods by its write delay and its turn in the
+// budget, so a window's count is what it wrote while that workload ran, not what
+// that workload made it write; with the budget spent the two are the same rate.
+func nrtWritesByKind(kinds []kindResult, evs []cluster.AuditEvent) {
+	for i := range kinds {
+		k := &kinds[i]
+		if k.from.IsZero() {
+			continue
+		}
+		n := 0
+		for _, ev := range evs {
+			at := ev.RequestReceivedTimestamp
+			if client(ev.UserAgent) == "topodra-controller" && cluster.WriteVerbs[ev.Verb] &&
+				ev.Resource() == "noderesourcetopologies" && !at.Before(k.from) && at.Before(k.to) {
+				n++
+			}
+		}
+		k.NRTWrites = &n
+	}
+}
+
+// controllerWritesByKind is the report's table of those counts, empty where no kind
+// has one: the same arrival rate gives the same writes a pod at any fleet size while
+// the budget is what bounds the writes.
+func controllerWritesByKind(s *stackResult) string {
+	var b strings.Builder
+	for _, k := range s.Kinds {
+		if k.NRTWrites == nil || k.WindowSeconds <= 0 {
+			continue
+		}
+		if b.Len() == 0 {
+			b.WriteString("\nThe controller's NodeResourceTopology writes by workload (audit log; each window from the first wave's first create to the last wave's teardown; writes trail their pods, so a window holds what was written while it ran):\n\n| GPUs | kind | arrival | pods bound | seconds | writes | a pod | a second |\n|---|---|---|---|---|---|---|---|\n")
+		}
+		bound := 0
+		for _, w := range k.Waves {
+			bound += w.Bound
+		}
+		size, arrival := strconv.Itoa(k.Size), "as fast as scheduled"
+		if k.Size == 0 {
+			size = "mixed"
+		}
+		if k.Rate > 0 {
+			arrival = fmt.Sprintf("%g pods/s", k.Rate)
+		}
+		perPod := "-"
+		if bound > 0 {
+			perPod = fmt.Sprintf("%.3f", float64(*k.NRTWrites)/float64(bound))
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %d | %.0f | %d | %s | %.2f |\n",
+			size, k.Kind, arrival, bound, k.WindowSeconds, *k.NRTWrites, perPod, float64(*k.NRTWrites)/k.WindowSeconds)
+	}
+	return b.String()
 }

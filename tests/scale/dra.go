@@ -43,6 +43,14 @@ type kindResult struct {
 	TeardownCPUMsPerPod map[string]float64 `json:"teardownCPUMsPerPod,omitempty"`
 	LimiterWaitSeconds  map[string]float64 `json:"limiterWaitSeconds,omitempty"`
 	BoundBy             []string           `json:"boundBy,omitempty"`
+	// WindowSeconds is how long the kind's waves ran, their teardown included,
+	// and NRTWrites the NodeResourceTopology writes topodra's controller made in
+	// that window by the audit log (the DRA stack's common kinds, where the
+	// controller ran): the writes a pod of each arrival rate, at every fleet size.
+	WindowSeconds float64 `json:"windowSeconds,omitempty"`
+	NRTWrites     *int    `json:"nrtWrites,omitempty"`
+	// from and to bound that window.
+	from, to time.Time
 }
 
 // perPod is the median over waves of a cost's CPU per bound pod, by process.
@@ -367,10 +375,12 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 		}
 	}
 	if c.churn > 0 {
+		churnFrom := time.Now()
 		kr, err := draChurn(ctx, cs, c, m, ns)
 		if err != nil {
 			return res, err
 		}
+		kr.window(churnFrom)
 		res.Kinds = append(res.Kinds, kr)
 	}
 	if err := res.wavesDone(ctx, cs, sampler, m, auditLog, before, from); err != nil {
@@ -388,11 +398,12 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 		if waiting > 0 {
 			progress("dra: %d nodes still waited for a NodeResourceTopology write after %s: the count until settled is cut short", int(waiting), settleLimit(c.nodes))
 		}
-		all, err := auditCounts(auditLog, from, settled)
+		evs, err := cluster.ReadAuditLog(auditLog, from, settled)
 		if err != nil {
 			return res, err
 		}
-		res.ControllerUntilSettled = all["topodra-controller"]
+		res.ControllerUntilSettled = countRequests(evs)["topodra-controller"]
+		nrtWritesByKind(res.Kinds, evs)
 	}
 	if np != nil {
 		res.NodePath = np.figures()
@@ -606,10 +617,12 @@ func fastClient(cl *cluster.Cluster) (kubernetes.Interface, error) {
 // each runs one kind per claim size, in order, and keeps its results.
 func (res *stackResult) each(sizes []int, one func(k int) (kindResult, error)) error {
 	for _, k := range sizes {
+		from := time.Now()
 		kr, err := one(k)
 		if err != nil {
 			return err
 		}
+		kr.window(from)
 		res.Kinds = append(res.Kinds, kr)
 	}
 	return nil

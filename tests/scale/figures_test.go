@@ -491,6 +491,34 @@ func controllerWriteFigures(t testing.TB, f figures, prefix string, r results) {
 	if s.NodePath != nil {
 		nodePathKeys(t, f, prefix+".np", s, r.Nodes)
 	}
+	// By workload, where the run counted them (PREFIX.kind.LABEL.SIZE.*, SIZE "mixed"
+	// for the churn), and the fake nodes' Lease where the run lengthened it.
+	for _, kr := range s.Kinds {
+		if kr.NRTWrites == nil || kr.WindowSeconds <= 0 {
+			continue
+		}
+		bound := 0
+		for _, w := range kr.Waves {
+			bound += w.Bound
+		}
+		size := strconv.Itoa(kr.Size)
+		if kr.Size == 0 {
+			size = "mixed"
+		}
+		kk := func(name string) string { return k("kind." + kr.Kind + "." + size + "." + name) }
+		f.set(t, kk("pods"), whole(float64(bound)))
+		f.set(t, kk("writes"), whole(float64(*kr.NRTWrites)))
+		f.set(t, kk("perPod"), fixed(3)(float64(*kr.NRTWrites)/float64(bound)))
+		f.set(t, kk("writesPerSec"), fixed(2)(float64(*kr.NRTWrites)/kr.WindowSeconds))
+		f.set(t, kk("podsPerSec"), fixed(1)(float64(bound)/kr.WindowSeconds))
+		if kr.Rate > 0 {
+			f.set(t, kk("rate"), whole(kr.Rate))
+		}
+	}
+	f.set(t, k("podsPerNode"), fixed(1)(float64(s.PodsBound)/float64(r.Nodes)))
+	if r.KwokLeaseSeconds > 0 {
+		f.set(t, k("kwokLease"), whole(float64(r.KwokLeaseSeconds))+" s")
+	}
 }
 
 // stalenessBound is docs/controller.md's bound on how long an object trails its

@@ -48,6 +48,10 @@ type metered struct {
 	name string
 	pid  int
 	url  string
+	// started is the process's start time (/proc/PID/stat field 22) where it was
+	// taken when the process was added: a group's plugins stop before the run ends,
+	// and a later process given one of their pids must not be counted as theirs.
+	started string
 }
 
 // meter reads what one stack's processes spent. A reading is taken at each edge
@@ -92,7 +96,7 @@ func newMeter(cl *cluster.Cluster) *meter {
 		if name == cluster.Etcd && cl.EtcdURL != "" {
 			url = cl.EtcdURL + "/metrics"
 		}
-		m.procs = append(m.procs, metered{name, pid, url})
+		m.procs = append(m.procs, metered{name: name, pid: pid, url: url})
 	}
 	m.add("harness", os.Getpid(), "")
 	return m
@@ -104,11 +108,11 @@ func (m *meter) add(name string, pid int, url string) {
 	defer m.mu.Unlock()
 	for i := range m.procs {
 		if m.procs[i].name == name {
-			m.procs[i] = metered{name, pid, url}
+			m.procs[i] = metered{name: name, pid: pid, url: url}
 			return
 		}
 	}
-	m.procs = append(m.procs, metered{name, pid, url})
+	m.procs = append(m.procs, metered{name: name, pid: pid, url: url})
 }
 
 // addGroup meters processes together under one name, their CPU summed: the
@@ -117,7 +121,11 @@ func (m *meter) addGroup(name string, pids []int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, pid := range pids {
-		m.procs = append(m.procs, metered{name, pid, ""})
+		started := ""
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
+			started = procStartTime(string(b))
+		}
+		m.procs = append(m.procs, metered{name: name, pid: pid, started: started})
 	}
 }
 
@@ -128,7 +136,11 @@ func (m *meter) read(ctx context.Context) reading {
 	r := reading{at: time.Now(), cpu: map[string]float64{}, samples: map[string]map[string]float64{}}
 	r.busy, r.total = machineJiffies()
 	for _, p := range procs {
-		if s, err := procCPUSeconds(p.pid); err == nil {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.pid))
+		if err != nil || (p.started != "" && procStartTime(string(b)) != p.started) {
+			continue // gone, or its pid now another process's
+		}
+		if s, err := parseProcStatCPU(string(b)); err == nil {
 			r.cpu[p.name] += s // a group's processes add up
 		}
 	}
@@ -231,16 +243,22 @@ func (m *meter) pollPeaks(ctx context.Context, schedulers ...string) func() peak
 	}
 }
 
-// procCPUSeconds is utime+stime of a process: fields 14 and 15 of
-// /proc/<pid>/stat, counted after the command name, which may hold spaces.
-func procCPUSeconds(pid int) (float64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
+// procStartTime is field 22 of a /proc/PID/stat line (the process's start, in clock
+// ticks after boot), "" where the line is too short.
+func procStartTime(stat string) string {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return ""
 	}
-	return parseProcStatCPU(string(b))
+	f := strings.Fields(stat[i+1:])
+	if len(f) < 20 {
+		return ""
+	}
+	return f[19] // f[0] is field 3
 }
 
+// parseProcStatCPU is utime+stime of a process: fields 14 and 15 of a
+// /proc/<pid>/stat line, counted after the command name, which may hold spaces.
 func parseProcStatCPU(stat string) (float64, error) {
 	i := strings.LastIndexByte(stat, ')')
 	if i < 0 {

@@ -19,6 +19,12 @@ func TestProcStatCPUCountsAfterTheCommandName(t *testing.T) {
 	if _, err := parseProcStatCPU("4242 (short) S 1"); err == nil {
 		t.Error("a short line must be an error")
 	}
+	if got := procStartTime(stat); got != "100" {
+		t.Errorf("start time %q, want 100 (field 22)", got)
+	}
+	if got := procStartTime("4242 (short) S 1"); got != "" {
+		t.Errorf("start time of a short line %q, want none", got)
+	}
 }
 
 func TestKeepSamplesByExactName(t *testing.T) {

@@ -216,6 +216,7 @@ func (r results) markdown() string {
 	if line := controllerWritesLine(&r.DRA); line != "" {
 		b.WriteString("\n" + line)
 	}
+	b.WriteString(controllerWritesByKind(&r.DRA))
 	if m := r.DRA.ControllerMetrics; m != nil {
 		b.WriteString("\n## topodra's controller\n\n| metric | value |\n|---|---|\n")
 		for _, k := range sortedKeys(m) {

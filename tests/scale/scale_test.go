@@ -13,6 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+
+	"topodra.dev/tests/cluster"
 )
 
 func TestClientNamesTheProgram(t *testing.T) {
@@ -184,5 +186,51 @@ func TestWriteLagFromTheHistogram(t *testing.T) {
 	n, mean, p50, p99 := writeLag(m)
 	if n != 100 || mean != 15 || p50 != 16 || p99 != 64 {
 		t.Errorf("got %v %v %v %v", n, mean, p50, p99)
+	}
+}
+
+// Each kind's window counts only the controller's NodeResourceTopology writes made
+// in it, and the table gives them a pod and a second.
+func TestControllerWritesByKindWindow(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	kinds := []kindResult{
+		{Size: 1, Kind: "aligned", Waves: []waveResult{{Bound: 100}}, from: at(0), to: at(50), WindowSeconds: 50},
+		{Size: 1, Kind: "aligned-steady", Rate: 20, Waves: []waveResult{{Bound: 200}}, from: at(50), to: at(100), WindowSeconds: 50},
+		{Kind: "mixed-churn", Rate: 10}, // no window: not counted
+	}
+	ev := func(s int, agent, verb, res string) cluster.AuditEvent {
+		e := cluster.AuditEvent{Verb: verb, UserAgent: agent, RequestReceivedTimestamp: at(s)}
+		e.ObjectRef = &struct {
+			Resource string `json:"resource"`
+			Name     string `json:"name"`
+		}{Resource: res}
+		return e
+	}
+	const ctrl = "topodra-controller/0.1"
+	evs := []cluster.AuditEvent{
+		ev(10, ctrl, "patch", "noderesourcetopologies"),
+		ev(20, ctrl, "create", "events"),
+		ev(30, "kube-scheduler/v1.37.2", "patch", "noderesourcetopologies"),
+		ev(49, ctrl, "get", "noderesourcetopologies"),
+		ev(50, ctrl, "patch", "noderesourcetopologies"), // the second window's
+		ev(60, ctrl, "delete", "noderesourcetopologies"),
+		ev(100, ctrl, "patch", "noderesourcetopologies"), // after both
+	}
+	nrtWritesByKind(kinds, evs)
+	if kinds[0].NRTWrites == nil || *kinds[0].NRTWrites != 1 || *kinds[1].NRTWrites != 2 || kinds[2].NRTWrites != nil {
+		t.Fatalf("counts %v %v %v, want 1, 2, none", kinds[0].NRTWrites, kinds[1].NRTWrites, kinds[2].NRTWrites)
+	}
+	got := controllerWritesByKind(&stackResult{Kinds: kinds})
+	for _, want := range []string{
+		"| 1 | aligned | as fast as scheduled | 100 | 50 | 1 | 0.010 | 0.02 |",
+		"| 1 | aligned-steady | 20 pods/s | 200 | 50 | 2 | 0.010 | 0.04 |",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("table lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "mixed-churn") {
+		t.Errorf("a kind without a window is in the table:\n%s", got)
 	}
 }
