@@ -161,9 +161,23 @@ type stackResult struct {
 	// NodePath is the node path over the common waves (-node-path).
 	NodePath *nodePathFigures `json:"nodePath,omitempty"`
 	Notes    []string         `json:"notes,omitempty"`
+	// Scheduler is what the stack's scheduler says with --version: the
+	// Kubernetes release each stack's scheduling code is from.
+	Scheduler string `json:"scheduler,omitempty"`
 	// wavesWindow is the window of the common waves that RequestsByClient
 	// covers.
 	wavesWindow time.Duration
+}
+
+// schedulerVersion is `bin --version`, or why it could not be read.
+func schedulerVersion(ctx context.Context, bin string) string {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, "--version").Output()
+	if err != nil {
+		return fmt.Sprintf("unknown (%s --version: %v)", filepath.Base(bin), err)
+	}
+	return strings.TrimSpace(string(out))
 }
 
 // clientQPS is the API client rate (and half the burst) of every scheduler, the
@@ -234,6 +248,9 @@ func clusterPids(cl *cluster.Cluster) map[string]int {
 
 func runDRA(ctx context.Context, c config) (stackResult, error) {
 	var res stackResult
+	if bin, err := cluster.FindTool(os.Getenv(cluster.ToolsEnv), "kube-scheduler"); err == nil {
+		res.Scheduler = "kube-scheduler: " + schedulerVersion(ctx, bin)
+	}
 	if c.bins.plugin == "" || c.bins.simNode == "" {
 		return res, fmt.Errorf("topodra-kubelet-plugin and topodra-sim-node must be built (cargo build --release -p topodra-kubelet-plugin -p topodra-fake-nvml)")
 	}

@@ -287,7 +287,7 @@ func runLegacy(ctx context.Context, c config) (*stackResult, string) {
 }
 
 func legacy(ctx context.Context, c config, bin string) (*stackResult, error) {
-	res := &stackResult{}
+	res := &stackResult{Scheduler: topoScheduler + ": " + schedulerVersion(ctx, bin)}
 	cl, auditLog, err := startCluster(ctx, c, "legacy")
 	if err != nil {
 		return nil, err

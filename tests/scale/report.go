@@ -95,6 +95,9 @@ func (r results) markdown() string {
 		"Steady waves at %g pods/s; the churn workload %g s at %g pods/s, sizes 1, 2 and 4 mixed, %.0f%% of the GPUs busy once settled.\n\n",
 		orDash(r.DRA.FeatureGates), clientQPS, 2*clientQPS, r.SteadyRate, r.ChurnSeconds, r.ChurnRate, churnBusy*100)
 	fmt.Fprintf(&b, "kube-apiserver: %s, %s.\n\n", r.gogcText(), r.goawayText())
+	if line := r.schedulersText(); line != "" {
+		b.WriteString(line)
+	}
 	if r.KwokLeaseSeconds > 0 {
 		fmt.Fprintf(&b, "kwok's node Leases: %d s, renewed every %d s (a kubelet's: 40 s, every 10 s), the controller-manager's node-monitor grace period raised to %d s (-kwok-lease).\n\n",
 			r.KwokLeaseSeconds, r.KwokLeaseSeconds/4, r.KwokLeaseSeconds)
@@ -287,4 +290,19 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// schedulersText names each stack's scheduler and its release, where the run
+// recorded them (runs before the record have none).
+func (r results) schedulersText() string {
+	var names []string
+	for _, s := range []*stackResult{&r.DRA, r.Legacy} {
+		if s != nil && s.Scheduler != "" {
+			names = append(names, s.Scheduler)
+		}
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	return "Schedulers (--version): " + strings.Join(names, "; ") + ".\n\n"
 }

@@ -234,3 +234,17 @@ func TestControllerWritesByKindWindow(t *testing.T) {
 		t.Errorf("a kind without a window is in the table:\n%s", got)
 	}
 }
+
+// Each stack's scheduler and its release head the report where the run recorded
+// them, and nothing where it did not.
+func TestSchedulersText(t *testing.T) {
+	r := results{DRA: stackResult{Scheduler: "kube-scheduler: Kubernetes v1.37.2"},
+		Legacy: &stackResult{Scheduler: "topology-aware-scheduler: Kubernetes v1.34.7+scheduler-plugins.v0.34.7"}}
+	want := "Schedulers (--version): kube-scheduler: Kubernetes v1.37.2; topology-aware-scheduler: Kubernetes v1.34.7+scheduler-plugins.v0.34.7.\n\n"
+	if got := r.schedulersText(); got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if got := (results{}).schedulersText(); got != "" {
+		t.Errorf("a run without the record: got %q", got)
+	}
+}
