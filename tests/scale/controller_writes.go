@@ -101,6 +101,15 @@ func writeLag(m map[string]float64) (count, mean, p50, p99 float64) {
 	return count, m[name+"_sum"] / count, at(0.5), at(0.99)
 }
 
+// bound is the pods its waves bound.
+func (k kindResult) bound() int {
+	n := 0
+	for _, w := range k.Waves {
+		n += w.Bound
+	}
+	return n
+}
+
 // window closes a kind's window, opened at from, now.
 func (k *kindResult) window(from time.Time) {
 	k.from, k.to = from, time.Now()
@@ -117,14 +126,13 @@ func nrtWritesByKind(kinds []kindResult, evs []cluster.AuditEvent) {
 		if k.from.IsZero() {
 			continue
 		}
-		n := 0
+		var in []cluster.AuditEvent
 		for _, ev := range evs {
-			at := ev.RequestReceivedTimestamp
-			if client(ev.UserAgent) == "topodra-controller" && cluster.WriteVerbs[ev.Verb] &&
-				ev.Resource() == "noderesourcetopologies" && !at.Before(k.from) && at.Before(k.to) {
-				n++
+			if at := ev.RequestReceivedTimestamp; !at.Before(k.from) && at.Before(k.to) {
+				in = append(in, ev)
 			}
 		}
+		n := controllerWritesOf(countRequests(in)["topodra-controller"]).NRT
 		k.NRTWrites = &n
 	}
 }
@@ -141,14 +149,7 @@ func controllerWritesByKind(s *stackResult) string {
 		if b.Len() == 0 {
 			b.WriteString("\nThe controller's NodeResourceTopology writes by workload (audit log; each window from the first wave's first create to the last wave's teardown; writes trail their pods, so a window holds what was written while it ran):\n\n| GPUs | kind | arrival | pods bound | seconds | writes | a pod | a second |\n|---|---|---|---|---|---|---|---|\n")
 		}
-		bound := 0
-		for _, w := range k.Waves {
-			bound += w.Bound
-		}
-		size, arrival := strconv.Itoa(k.Size), "as fast as scheduled"
-		if k.Size == 0 {
-			size = "mixed"
-		}
+		bound, arrival := k.bound(), "as fast as scheduled"
 		if k.Rate > 0 {
 			arrival = fmt.Sprintf("%g pods/s", k.Rate)
 		}
@@ -157,7 +158,7 @@ func controllerWritesByKind(s *stackResult) string {
 			perPod = fmt.Sprintf("%.3f", float64(*k.NRTWrites)/float64(bound))
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %d | %.0f | %d | %s | %.2f |\n",
-			size, k.Kind, arrival, bound, k.WindowSeconds, *k.NRTWrites, perPod, float64(*k.NRTWrites)/k.WindowSeconds)
+			sizeText(k.Size), k.Kind, arrival, bound, k.WindowSeconds, *k.NRTWrites, perPod, float64(*k.NRTWrites)/k.WindowSeconds)
 	}
 	return b.String()
 }

@@ -654,9 +654,7 @@ func (res *stackResult) wavesDone(ctx context.Context, cs kubernetes.Interface, 
 	res.GoHeapPeak = m.takeHeapPeaks()
 	res.PodsBound = 0
 	for _, k := range res.Kinds {
-		for _, w := range k.Waves {
-			res.PodsBound += w.Bound
-		}
+		res.PodsBound += k.bound()
 	}
 	after, err := apiserverMetrics(ctx, cs, "apiserver_request_total", "go_memstats_heap_inuse_bytes", cpuMetric)
 	if err != nil {

@@ -497,15 +497,8 @@ func controllerWriteFigures(t testing.TB, f figures, prefix string, r results) {
 		if kr.NRTWrites == nil || kr.WindowSeconds <= 0 {
 			continue
 		}
-		bound := 0
-		for _, w := range kr.Waves {
-			bound += w.Bound
-		}
-		size := strconv.Itoa(kr.Size)
-		if kr.Size == 0 {
-			size = "mixed"
-		}
-		kk := func(name string) string { return k("kind." + kr.Kind + "." + size + "." + name) }
+		bound := kr.bound()
+		kk := func(name string) string { return k("kind." + kr.Kind + "." + sizeText(kr.Size) + "." + name) }
 		f.set(t, kk("pods"), whole(float64(bound)))
 		f.set(t, kk("writes"), whole(float64(*kr.NRTWrites)))
 		f.set(t, kk("perPod"), fixed(3)(float64(*kr.NRTWrites)/float64(bound)))
