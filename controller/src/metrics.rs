@@ -7,6 +7,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::info::Info;
 use topodra_model::capacity::{Cluster, Finding, Level, SET_SIZES};
 use topodra_ops::metrics::Registry;
 use topodra_ops::requests::RequestCounter;
@@ -198,6 +199,28 @@ impl Metrics {
         m
     }
 
+    /// The NodeResourceTopology write pacing this controller runs with, as an info
+    /// series: what bounds an object's staleness (docs/controller.md) is on the
+    /// dashboard beside the lag it produced, and a benchmark reads the settings its
+    /// run had from the process itself rather than from the defaults in the source.
+    pub(crate) fn with_nrt_pacing(
+        mut self,
+        write_delay: std::time::Duration,
+        node_interval: std::time::Duration,
+        writes_per_second: f64,
+    ) -> Self {
+        self.registry.registry_mut().register(
+            "nrt_pacing",
+            "NodeResourceTopology write pacing: write delay and per-node interval in seconds, fleet-wide writes a second",
+            Info::new(vec![
+                ("write_delay_seconds", write_delay.as_secs_f64().to_string()),
+                ("node_interval_seconds", node_interval.as_secs_f64().to_string()),
+                ("writes_per_second", writes_per_second.to_string()),
+            ]),
+        );
+        self
+    }
+
     /// Counts what the model did not take from a slice.
     pub(crate) fn finding(&self, finding: &Finding) {
         match finding {
@@ -364,6 +387,18 @@ mod tests {
         let text = m.encode();
         assert!(!text.contains("sharing=\""), "{text}");
         assert!(text.contains("topodra_controller_gpus{state=\"shared\"} 0"));
+    }
+
+    #[test]
+    fn the_write_pacing_is_an_info_series() {
+        let m = Metrics::new(&RequestCounter::new()).with_nrt_pacing(
+            std::time::Duration::from_millis(10_000),
+            std::time::Duration::from_secs(60),
+            0.5,
+        );
+        let text = m.encode();
+        let line = "topodra_controller_nrt_pacing_info{write_delay_seconds=\"10\",node_interval_seconds=\"60\",writes_per_second=\"0.5\"} 1";
+        assert!(text.contains(line), "{line} not in\n{text}");
     }
 
     #[test]

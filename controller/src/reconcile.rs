@@ -301,7 +301,7 @@ mod tests {
 
     /// A fleet of GPU nodes, each with its slice and Node and no
     /// NodeResourceTopology yet, and a reconciler over them that writes to a
-    /// recording stand-in with the defaults' budget (1 a second) and interval;
+    /// recording stand-in with a budget of one write a second and the default interval;
     /// it leads while the returned sender lives.
     fn fleet(
         names: &[String],

@@ -44,7 +44,11 @@ pub(crate) async fn run(cli: Args) -> Result<()> {
         .context("finding the API server (kubeconfig or in-cluster)")?;
     let client =
         counted_client(config, &requests, USER_AGENT).context("building the API client")?;
-    let metrics = Arc::new(Metrics::new(&requests));
+    let metrics = Arc::new(Metrics::new(&requests).with_nrt_pacing(
+        Duration::from_millis(cli.write_delay_milliseconds),
+        Duration::from_secs(cli.nrt_node_interval_seconds),
+        cli.nrt_writes_per_second,
+    ));
 
     // Readiness: every watch has delivered its initial state.
     let unsynced: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(vec!["starting".into()]));

@@ -49,6 +49,10 @@ func controllerWritesLine(s *stackResult) string {
 	pods := float64(s.PodsBound)
 	line := fmt.Sprintf("topodra's controller over the common waves, by the API server's audit log: %d NodeResourceTopology writes for %d bound pods, %.3f a pod; %d Events (%.3f a pod), %d Lease writes, %d other writes.\n",
 		w.NRT, s.PodsBound, float64(w.NRT)/pods, w.Events, float64(w.Events)/pods, w.Leases, w.Other)
+	if p := s.ControllerPacing; p != nil {
+		line += fmt.Sprintf("Its write pacing (its nrt_pacing_info): a node's first change gathered for %g s, a node written at most every %g s, %g writes a second over the fleet.\n",
+			p.WriteDelaySeconds, p.NodeIntervalSeconds, p.WritesPerSecond)
+	}
 	if s.ControllerUntilSettled != nil {
 		u := controllerWritesOf(s.ControllerUntilSettled)
 		if s.ControllerStillWaiting > 0 {

@@ -154,8 +154,11 @@ type stackResult struct {
 	ControllerSettleSeconds float64        `json:"controllerSettleSeconds,omitempty"`
 	// ControllerStillWaiting is the nodes that still waited for a write when
 	// the harness stopped waiting (settleLimit): then the count is cut short.
-	ControllerStillWaiting int            `json:"controllerStillWaiting,omitempty"`
-	Plugins                *pluginFigures `json:"plugins,omitempty"`
+	ControllerStillWaiting int `json:"controllerStillWaiting,omitempty"`
+	// ControllerPacing is the write pacing the controller ran with, from its own
+	// metrics; absent in runs made before it was recorded.
+	ControllerPacing *controllerPacing `json:"controllerPacing,omitempty"`
+	Plugins          *pluginFigures    `json:"plugins,omitempty"`
 	// AttributeSets are the attribute-set waves' phases (-attribute-sets).
 	AttributeSets []attributeSetFigures `json:"attributeSets,omitempty"`
 	// NodePath is the node path over the common waves (-node-path).
@@ -353,6 +356,7 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 			res.Notes = append(res.Notes, "controller not run: "+err.Error())
 		} else {
 			defer ctrl.stop()
+			res.ControllerPacing = pacingOf(ctrl.metrics())
 			sampler.add("topodra-controller", ctrl.cmd.Process.Pid)
 			m.add("topodra-controller", ctrl.cmd.Process.Pid, "")
 		}
@@ -408,12 +412,13 @@ func runDRA(ctx context.Context, c config) (stackResult, error) {
 		// budget): the common waves' share is in once no node waits for a write
 		// and the count stops moving. What it wrote until then, by the audit log.
 		wavesEnd := time.Now()
-		settled, waiting := ctrl.settle(ctx, 15*time.Second, settleLimit(c.nodes))
+		limit := settleLimit(c.nodes, res.ControllerPacing)
+		settled, waiting := ctrl.settle(ctx, 15*time.Second, limit)
 		res.ControllerWaves = diff(ctrl.metrics(), ctrlBefore)
 		res.ControllerSettleSeconds = settled.Sub(wavesEnd).Seconds()
 		res.ControllerStillWaiting = int(waiting)
 		if waiting > 0 {
-			progress("dra: %d nodes still waited for a NodeResourceTopology write after %s: the count until settled is cut short", int(waiting), settleLimit(c.nodes))
+			progress("dra: %d nodes still waited for a NodeResourceTopology write after %s: the count until settled is cut short", int(waiting), limit)
 		}
 		evs, err := cluster.ReadAuditLog(auditLog, from, settled)
 		if err != nil {
@@ -767,8 +772,20 @@ func classKind(ctx context.Context, cs kubernetes.Interface, c config, m *meter,
 		}
 		waveProgress("dra", label, k, w, r)
 		kr.Waves = append(kr.Waves, r)
+		waveGap(ctx, c)
 	}
 	return summarize(kr), nil
+}
+
+// waveGap pauses after a common wave's teardown for -wave-gap, or until ctx ends.
+func waveGap(ctx context.Context, c config) {
+	if c.waveGap <= 0 {
+		return
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(c.waveGap):
+	}
 }
 
 // kindLabel is the row name: the kind, its slices' variant, "steady" for waves
@@ -932,10 +949,11 @@ func (p *controllerProc) stop() {
 }
 
 // settleLimit is how long the harness waits for the controller's paced writes
-// after the common waves: every node may wait for one, and the default budget
-// writes one a second, so 1.5 s a node, and never less than 20 minutes.
-func settleLimit(nodes int) time.Duration {
-	return max(20*time.Minute, time.Duration(nodes)*1500*time.Millisecond)
+// after the common waves: every node may wait for one turn of the budget, so half
+// as long again as a turn for every node, and never less than 20 minutes.
+func settleLimit(nodes int, pacing *controllerPacing) time.Duration {
+	perSecond := pacing.writesPerSecond()
+	return max(20*time.Minute, time.Duration(1.5*float64(nodes)/perSecond*float64(time.Second)))
 }
 
 // settle waits until no node waits for a write and the controller's write count

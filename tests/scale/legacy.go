@@ -64,6 +64,8 @@ type updater struct {
 	// removal frees its devices in that checkpoint only at the node's next
 	// allocation, so removals wait for a trigger or the interval.
 	triggered map[string]bool
+	// onDelete triggers a node's write when a pod leaves it as well (-updater-on-delete).
+	onDelete bool
 }
 
 type placement struct {
@@ -72,9 +74,9 @@ type placement struct {
 	k    int
 }
 
-func newUpdater(dyn dynamic.Interface, kubelet kubernetes.Interface, nodes int) *updater {
+func newUpdater(dyn dynamic.Interface, kubelet kubernetes.Interface, nodes int, onDelete bool) *updater {
 	u := &updater{dyn: dyn, kubelet: kubelet, free: map[string]*[numaZones]int{}, pods: map[string]map[string]bool{},
-		placed: map[types.UID]placement{}, dirty: map[string]bool{}, refused: map[types.UID]bool{}, triggered: map[string]bool{}}
+		placed: map[types.UID]placement{}, dirty: map[string]bool{}, refused: map[types.UID]bool{}, triggered: map[string]bool{}, onDelete: onDelete}
 	for i := 0; i < nodes; i++ {
 		u.free[nodeName(i)] = &[numaZones]int{gpusPerZone, gpusPerZone}
 		u.pods[nodeName(i)] = map[string]bool{}
@@ -130,6 +132,9 @@ func (u *updater) gone(p *corev1.Pod) {
 	delete(u.refused, p.UID)
 	delete(u.pods[pl.node], p.Namespace+"/"+p.Name)
 	u.dirty[pl.node] = true
+	if u.onDelete {
+		u.triggered[pl.node] = true
+	}
 	if pl.zone >= 0 {
 		u.free[pl.node][pl.zone] += pl.k
 		u.dirty[pl.node] = true
@@ -326,7 +331,7 @@ func legacy(ctx context.Context, c config, bin string) (*stackResult, error) {
 	if err := createNodes(ctx, cs, c.nodes, true); err != nil {
 		return nil, err
 	}
-	up := newUpdater(dyn, kubeletCS, c.nodes)
+	up := newUpdater(dyn, kubeletCS, c.nodes, c.updaterOnDelete)
 	// Every node of that stack runs the updater itself as a DaemonSet pod; its pods
 	// are part of the node's pod set, which the scheduler's cache checks the
 	// objects' fingerprints against.
@@ -423,6 +428,7 @@ func legacy(ctx context.Context, c config, bin string) (*stackResult, error) {
 				}
 				waveProgress("legacy", label, k, w, r)
 				kr.Waves = append(kr.Waves, r)
+				waveGap(ctx, c)
 			}
 			res.Kinds = append(res.Kinds, summarize(kr))
 		}
@@ -441,7 +447,7 @@ func legacy(ctx context.Context, c config, bin string) (*stackResult, error) {
 	if err := res.wavesDone(ctx, cs, sampler, m, auditLog, before, from); err != nil {
 		return nil, err
 	}
-	res.Notes = append(res.Notes, fmt.Sprintf("legacy: the simulated topology updater wrote %d NodeResourceTopology objects (interval %s, only changed nodes; on admissions too: %v)", up.writes, c.updaterInt, c.updaterNotify))
+	res.Notes = append(res.Notes, fmt.Sprintf("legacy: the simulated topology updater wrote %d NodeResourceTopology objects (interval %s, only changed nodes; on admissions too: %v; on deletions too: %v; gap after each wave: %s)", up.writes, c.updaterInt, c.updaterNotify, c.updaterOnDelete, c.waveGap))
 	if !c.draOnly {
 		res.HeapSeries = m.series()
 		res.MemorySeries = sampler.series()

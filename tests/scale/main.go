@@ -38,6 +38,12 @@ type config struct {
 	// updaterNotify also writes a node's object when a pod is admitted there,
 	// as NFD's updater does watching the kubelet's state directory.
 	updaterNotify bool
+	// updaterOnDelete also writes a node's object when a pod leaves it, which
+	// NFD's updater does not (it waits for the interval or the next admission).
+	updaterOnDelete bool
+	// waveGap is a pause after each common wave's teardown, on both stacks: with
+	// one longer than the updater's interval no wave starts on stale objects.
+	waveGap       time.Duration
 	plugins       int
 	nodePath      int  // nodes with a real plugin and the kubelet stand-in (nodepath.go)
 	attributeSets bool // the attribute-set waves (attrsets.go)
@@ -123,6 +129,8 @@ func main() {
 		"longer, the controller-manager's --node-monitor-grace-period is raised to it: on two cores the renewals of thousands of nodes take CPU the waves need")
 	flag.DurationVar(&c.updaterInt, "updater-interval", 60*time.Second, "the simulated topology updater's interval (the NFD updater's default)")
 	flag.BoolVar(&c.updaterNotify, "updater-notify", true, "the simulated updater also writes a node's object when a pod is admitted there (NFD's -kubelet-state-dir trigger, on by default)")
+	flag.BoolVar(&c.updaterOnDelete, "updater-on-delete", false, "the simulated updater also writes a node's object when a pod leaves it (NFD's does not: a removal shows at the next interval or admission)")
+	flag.DurationVar(&c.waveGap, "wave-gap", 0, "a pause after each wave's teardown, on both stacks (0: the next wave starts at once)")
 	flag.StringVar(&c.bins.plugin, "plugin", "", "topodra-kubelet-plugin binary (default: target/release, else target/debug)")
 	flag.StringVar(&c.bins.simNode, "sim-node", "", "topodra-sim-node binary")
 	flag.StringVar(&c.bins.controller, "controller", "", "topodra-controller binary")
@@ -189,7 +197,7 @@ func run(ctx context.Context, c config) error {
 	c.bins.simNode = findBin(c.repo, c.bins.simNode, "topodra-sim-node")
 	c.bins.controller = findBin(c.repo, c.bins.controller, "topodra-controller")
 	res := results{Nodes: c.nodes, GPUs: c.nodes * gpusPerNode, Waves: c.waves, Fill: c.fill, Started: time.Now().UTC(),
-		APIServerGOGC: c.gogc, GoawayChance: c.goaway, KwokLeaseSeconds: kwokLeaseSeconds(c.kwokLease), SteadyRate: c.steadyRate, ChurnSeconds: c.churn.Seconds(), ChurnRate: c.churnRate}
+		APIServerGOGC: c.gogc, GoawayChance: c.goaway, KwokLeaseSeconds: kwokLeaseSeconds(c.kwokLease), SteadyRate: c.steadyRate, ChurnSeconds: c.churn.Seconds(), ChurnRate: c.churnRate, WaveGapSeconds: c.waveGap.Seconds()}
 	res.Machine = machine()
 
 	started := time.Now()

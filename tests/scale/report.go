@@ -29,6 +29,8 @@ type results struct {
 	// KwokLeaseSeconds is the fake nodes' Lease duration where -kwok-lease
 	// lengthened it (0: the kubelet's default, 40 s).
 	KwokLeaseSeconds int `json:"kwokLeaseSeconds,omitempty"`
+	// WaveGapSeconds is the pause after each wave's teardown (-wave-gap; 0: none).
+	WaveGapSeconds float64 `json:"waveGapSeconds,omitempty"`
 }
 
 // repeat is one more run of both stacks.
@@ -94,6 +96,9 @@ func (r results) markdown() string {
 	fmt.Fprintf(&b, "Feature gates: %s. Client QPS of the schedulers, the controller-manager and the harness: %d (burst %d). "+
 		"Steady waves at %g pods/s; the churn workload %g s at %g pods/s, sizes 1, 2 and 4 mixed, %.0f%% of the GPUs busy once settled.\n\n",
 		orDash(r.DRA.FeatureGates), clientQPS, 2*clientQPS, r.SteadyRate, r.ChurnSeconds, r.ChurnRate, churnBusy*100)
+	if r.WaveGapSeconds > 0 {
+		fmt.Fprintf(&b, "Each wave's teardown is followed by a pause of %g s before the next wave (-wave-gap).\n\n", r.WaveGapSeconds)
+	}
 	fmt.Fprintf(&b, "kube-apiserver: %s, %s.\n\n", r.gogcText(), r.goawayText())
 	if line := r.schedulersText(); line != "" {
 		b.WriteString(line)

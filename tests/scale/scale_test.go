@@ -97,8 +97,30 @@ func TestNvidiaEquivalentKeepsTheirAttributeSet(t *testing.T) {
 	}
 }
 
+// NFD's updater writes a node on an admission (its state-directory trigger),
+// not on a removal; -updater-on-delete adds the removal.
+func TestUpdaterTriggersOnDeletionOnlyWhenAsked(t *testing.T) {
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "a", Namespace: "scale", UID: k8stypes.UID("uid-a")},
+		Spec: corev1.PodSpec{NodeName: nodeName(0), Containers: []corev1.Container{{
+			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu": *resource.NewQuantity(1, resource.DecimalSI)}}}}},
+	}
+	for _, onDelete := range []bool{false, true} {
+		u := newUpdater(nil, nil, 1, onDelete)
+		u.bound(pod)
+		if !u.triggered[nodeName(0)] {
+			t.Fatalf("onDelete %v: an admission does not trigger a write", onDelete)
+		}
+		delete(u.triggered, nodeName(0)) // written
+		u.gone(pod)
+		if u.triggered[nodeName(0)] != onDelete || !u.dirty[nodeName(0)] {
+			t.Errorf("onDelete %v: after the pod left, triggered %v, dirty %v", onDelete, u.triggered[nodeName(0)], u.dirty[nodeName(0)])
+		}
+	}
+}
+
 func TestUpdaterPlacesLikeTheTopologyManager(t *testing.T) {
-	u := newUpdater(nil, nil, 1)
+	u := newUpdater(nil, nil, 1, false)
 	pod := func(name string, k int) *corev1.Pod {
 		q := *resource.NewQuantity(int64(k), resource.DecimalSI)
 		return &corev1.Pod{
@@ -166,9 +188,10 @@ func TestControllerWritesCutShortSaySo(t *testing.T) {
 	if strings.Contains(got, "Until no node waited") || !strings.Contains(got, "7 nodes still waiting for a write, so the count is cut short): 40") {
 		t.Errorf("cut short: got %q", got)
 	}
-	// The limit leaves the default budget (one write a second) room for every node.
-	for nodes, want := range map[int]time.Duration{100: 20 * time.Minute, 500: 20 * time.Minute, 2000: 50 * time.Minute} {
-		if got := settleLimit(nodes); got != want {
+	// The limit leaves the budget room for every node: here half a write a second.
+	half := &controllerPacing{10, 60, 0.5}
+	for nodes, want := range map[int]time.Duration{100: 20 * time.Minute, 500: 25 * time.Minute, 2000: 100 * time.Minute} {
+		if got := settleLimit(nodes, half); got != want {
 			t.Errorf("settleLimit(%d) = %s, want %s", nodes, got, want)
 		}
 	}

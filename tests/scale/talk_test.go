@@ -80,7 +80,7 @@ func TestRequestShares(t *testing.T) {
 // The committed reports of the fair-method runs are what the report's code
 // renders from the results beside them (go run . -rerender DIR writes them again).
 func TestCommittedReportsRenderFromTheirData(t *testing.T) {
-	for _, name := range []string{"scale-100-fair", "scale-500-fair", "scale-500-no-nrt", "scale-100-list-form", "controller-writes-100", "controller-writes-500", "controller-writes-2000", "attribute-sets-500"} {
+	for _, name := range []string{"scale-100-fair", "scale-500-fair", "scale-500-no-nrt", "scale-100-list-form", "controller-writes-100", "controller-writes-500", "controller-writes-2000", "controller-writes-2000-one-a-second", "attribute-sets-500"} {
 		raw, err := os.ReadFile(filepath.Join("../../docs/benchmarks", name+".json"))
 		if err != nil {
 			t.Fatal(err)

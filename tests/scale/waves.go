@@ -192,8 +192,19 @@ func percentile(sorted []float64, q float64) float64 {
 // claims to be gone, so the next wave starts on an empty fleet.
 func clearWave(ctx context.Context, cs kubernetes.Interface, ns, wave string) error {
 	sel := metav1.ListOptions{LabelSelector: waveLabel + "=" + wave}
-	if err := cs.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, sel); err != nil {
-		return err
+	// A busy API server can spend its request timeout (60 s) on a collection of
+	// thousands of pods, as a 2,000-node run's first teardown did (504, then the
+	// connection's stream reset): what it deleted stays deleted, so ask again for
+	// the rest, as the namespace controller does.
+	for attempt := 1; ; attempt++ {
+		err := cs.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, sel)
+		if err == nil {
+			break
+		}
+		if attempt == 5 || ctx.Err() != nil {
+			return err
+		}
+		progress("wave %s: deleting its pods, attempt %d: %v; again", wave, attempt, err)
 	}
 	deadline := time.Now().Add(5 * time.Minute)
 	for time.Now().Before(deadline) {
