@@ -33,27 +33,22 @@ func (p *controllerPacing) writesPerSecond() float64 {
 // pacingOf reads the pacing from the controller's metrics (parseMetrics's keys,
 // labels included); nil where the series is missing or incomplete.
 func pacingOf(metrics map[string]float64) *controllerPacing {
-	const name = "topodra_controller_nrt_pacing_info{"
 	for k := range metrics {
-		labels, ok := strings.CutPrefix(k, name)
-		if !ok {
+		if !strings.HasPrefix(k, "topodra_controller_nrt_pacing_info{") {
 			continue
 		}
-		values := map[string]float64{}
-		for _, kv := range strings.Split(strings.TrimSuffix(labels, "}"), ",") {
-			key, v, ok := strings.Cut(kv, "=")
-			if !ok {
-				continue
+		var values [3]float64
+		for i, name := range []string{"write_delay_seconds", "node_interval_seconds", "writes_per_second"} {
+			v, err := strconv.ParseFloat(label(k, name), 64)
+			if err != nil {
+				return nil
 			}
-			if f, err := strconv.ParseFloat(strings.Trim(v, `"`), 64); err == nil {
-				values[key] = f
-			}
+			values[i] = v
 		}
-		p := controllerPacing{values["write_delay_seconds"], values["node_interval_seconds"], values["writes_per_second"]}
-		if p.WritesPerSecond <= 0 || len(values) != 3 {
+		if values[2] <= 0 {
 			return nil
 		}
-		return &p
+		return &controllerPacing{values[0], values[1], values[2]}
 	}
 	return nil
 }
